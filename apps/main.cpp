@@ -1,0 +1,59 @@
+// The `longhaul` entry point: builds the CLI from the command registry and runs the chosen subcommand.
+// Used by users, scripts and the integration tests.
+#include <cstdio>
+#include <iostream>
+
+#include "apps/commands.h"
+#include "core/cuda_runtime.h"
+#include "core/exec.h"
+#include "core/log.h"
+
+namespace lh::app {
+
+std::vector<CommandRegistration>& command_registry() {
+  static std::vector<CommandRegistration> r;
+  return r;
+}
+
+void fail(const std::string& message, int code) {
+  std::fprintf(stderr, "longhaul: error: %s\n", message.c_str());
+  throw CLI::RuntimeError(code);
+}
+
+}  // namespace lh::app
+
+int main(int argc, char** argv) {
+  using namespace lh::app;
+  CLI::App app{"longhaul: train neural networks across far-apart machines over slow links,\n"
+               "with compressed activations, gradients and partial sums."};
+  app.require_subcommand(0, 1);
+  app.set_version_flag("--version", std::string("longhaul ") + LH_VERSION + " (" + lh::cuda_device_summary() + ")");
+  std::string log_level = "info";
+  int threads = 0;
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads for BLAS and OpenMP (default: all cores)")
+      ->check(CLI::Range(0, 4096));
+
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks that print ratios against a baseline run beside them");
+  bench->require_subcommand(1);
+
+  auto regs = command_registry();
+  std::stable_sort(regs.begin(), regs.end(), [](auto& a, auto& b) { return a.order < b.order; });
+  for (auto& r : regs) r.add(r.parent_name == "bench" ? *bench : app);
+
+  app.parse_complete_callback([&] {
+    lh::Status s = lh::set_log_level(log_level);
+    if (!s.ok()) fail(s.message(), 2);
+    if (threads > 0) lh::set_num_threads(threads);
+  });
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (argc == 1) {
+    std::cout << app.help();
+    return 0;
+  }
+  return 0;
+}
