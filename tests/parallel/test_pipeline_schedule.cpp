@@ -1,0 +1,161 @@
+// Tests for PipelineSchedule (GPipe, 1F1B) and the discrete-event pipeline simulator.
+// Run by ctest with label `parallel`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/parallel/result_value.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_sim.h"
+
+namespace lh {
+namespace {
+
+const ScheduleKind kKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B};
+
+int count(const std::vector<Action>& list, Action a) {
+  int n = 0;
+  for (const Action& x : list) n += x == a;
+  return n;
+}
+
+TEST(PipelineSchedule, EveryForwardAndBackwardOncePerStage) {
+  for (ScheduleKind kind : kKinds)
+    for (int S : {1, 2, 3, 4, 8})
+      for (int M = 1; M <= 8; ++M) {
+        auto sched = PipelineSchedule::build(kind, S, M);
+        ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+        for (int s = 0; s < S; ++s) {
+          const auto& list = sched->actions(s);
+          for (int mb = 0; mb < M; ++mb) {
+            EXPECT_EQ(count(list, forward(mb)), 1);
+            EXPECT_EQ(count(list, backward(mb)), 1);
+            EXPECT_EQ(count(list, recv_act(mb)), s > 0 ? 1 : 0);
+            EXPECT_EQ(count(list, send_grad(mb)), s > 0 ? 1 : 0);
+            EXPECT_EQ(count(list, send_act(mb)), s < S - 1 ? 1 : 0);
+            EXPECT_EQ(count(list, recv_grad(mb)), s < S - 1 ? 1 : 0);
+          }
+          EXPECT_EQ(list.back(), optimizer_step());
+          EXPECT_EQ(count(list, optimizer_step()), 1);
+          EXPECT_TRUE(sched->validate().ok());
+        }
+      }
+}
+
+TEST(PipelineSchedule, SimulationCompletesWithoutDeadlock) {
+  for (ScheduleKind kind : kKinds)
+    for (int S : {1, 2, 3, 4, 8})
+      for (int M = 1; M <= 8; ++M) {
+        auto sched = value_of(PipelineSchedule::build(kind, S, M));
+        for (PipelineCosts c : {PipelineCosts{}, PipelineCosts{1, 2, 0.5, 0.25, 0.1}, PipelineCosts{1, 3, 4, 2, 0}}) {
+          auto r = simulate_pipeline(sched, c);
+          ASSERT_TRUE(r.ok()) << schedule_kind_name(kind) << " S=" << S << " M=" << M << ": " << r.status().to_string();
+          for (int s = 0; s < S; ++s) EXPECT_DOUBLE_EQ(r->busy[s], M * (c.forward + c.backward));
+        }
+      }
+}
+
+TEST(PipelineSchedule, OneFOneBBoundsActivationsInFlight) {
+  for (int S : {1, 2, 3, 4, 8})
+    for (int M = 1; M <= 8; ++M) {
+      auto f1b = value_of(PipelineSchedule::build(ScheduleKind::k1F1B, S, M));
+      auto gpipe = value_of(PipelineSchedule::build(ScheduleKind::kGPipe, S, M));
+      auto sim = value_of(simulate_pipeline(f1b));
+      for (int s = 0; s < S; ++s) {
+        EXPECT_EQ(f1b.max_in_flight(s), std::min(S - s, M)) << "S=" << S << " M=" << M << " s=" << s;
+        EXPECT_EQ(sim.max_in_flight[s], f1b.max_in_flight(s));
+        EXPECT_EQ(gpipe.max_in_flight(s), M);
+      }
+    }
+}
+
+TEST(PipelineSchedule, BubbleFractionMatchesTheory) {
+  for (ScheduleKind kind : kKinds)
+    for (int S : {1, 2, 3, 4, 8})
+      for (int M = 1; M <= 8; ++M) {
+        auto r = value_of(simulate_pipeline(value_of(PipelineSchedule::build(kind, S, M))));
+        const double expected = double(S - 1) / (M + S - 1);
+        EXPECT_NEAR(r.bubble_fraction, expected, 1e-12) << schedule_kind_name(kind) << " S=" << S << " M=" << M;
+        EXPECT_DOUBLE_EQ(r.makespan, 2.0 * (M + S - 1));
+      }
+}
+
+TEST(PipelineSchedule, LinkCostsLengthenTheStep) {
+  auto sched = value_of(PipelineSchedule::build(ScheduleKind::k1F1B, 4, 8));
+  double free_link = value_of(simulate_pipeline(sched)).makespan;
+  double slow_link = value_of(simulate_pipeline(sched, PipelineCosts{1, 1, 3, 0, 0})).makespan;
+  EXPECT_GT(slow_link, free_link);
+  // A link busier than compute bounds the step: 8 messages each way per link at 3 units each.
+  EXPECT_GE(slow_link, 8 * 3.0);
+}
+
+TEST(PipelineSchedule, ParsesKindNames) {
+  EXPECT_EQ(value_of(parse_schedule_kind("gpipe")), ScheduleKind::kGPipe);
+  EXPECT_EQ(value_of(parse_schedule_kind("1f1b")), ScheduleKind::k1F1B);
+  auto bad = parse_schedule_kind("zb");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gpipe or 1f1b"), std::string::npos);
+  EXPECT_FALSE(PipelineSchedule::build(ScheduleKind::kGPipe, 0, 4).ok());
+  EXPECT_NE(PipelineSchedule::build(ScheduleKind::kGPipe, 2, 0).status().message().find("--microbatches"),
+            std::string::npos);
+}
+
+TEST(PipelineSchedule, ValidateNamesBrokenRules) {
+  struct Case { std::vector<std::vector<Action>> lists; const char* says; };
+  const Case cases[] = {
+      {{{forward(0), backward(0)}}, "no optimizer step"},
+      {{{forward(0), optimizer_step(), backward(0)}}, "must be the last"},
+      {{{forward(0), forward(0), backward(0), optimizer_step()}}, "appears twice"},
+      {{{backward(0), forward(0), optimizer_step()}}, "F0 must come before B0"},
+      {{{forward(0), optimizer_step()}}, "no backward of microbatch 0"},
+      {{{forward(1), backward(1), optimizer_step()}}, "microbatch outside"},
+      {{{recv_act(0), forward(0), backward(0), optimizer_step()}}, "no previous stage"},
+      {{{forward(0), send_act(0), recv_grad(0), backward(0), optimizer_step()},
+        {forward(0), recv_act(0), backward(0), send_grad(0), optimizer_step()}},
+       "RA0 must come before F0"},
+      {{{forward(0), send_act(0), backward(0), recv_grad(0), optimizer_step()},
+        {recv_act(0), forward(0), backward(0), send_grad(0), optimizer_step()}},
+       "RG0 must come before B0"},
+      {{{forward(0), send_act(0), recv_grad(0), backward(0), optimizer_step()},
+        {recv_act(0), forward(0), backward(0), optimizer_step()}},
+       "no gradient send"},
+  };
+  for (const Case& c : cases) {
+    auto r = PipelineSchedule::from_lists(ScheduleKind::kGPipe, 1, c.lists);
+    ASSERT_FALSE(r.ok()) << c.says;
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << r.status().message();
+  }
+  // Neighbours that disagree on the order of activations.
+  std::vector<std::vector<Action>> swapped = {
+      {forward(0), send_act(0), forward(1), send_act(1), recv_grad(0), backward(0), recv_grad(1), backward(1),
+       optimizer_step()},
+      {recv_act(1), forward(1), recv_act(0), forward(0), backward(0), send_grad(0), backward(1), send_grad(1),
+       optimizer_step()}};
+  auto r = PipelineSchedule::from_lists(ScheduleKind::kGPipe, 2, swapped);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("order of activations"), std::string::npos) << r.status().message();
+}
+
+TEST(PipelineSchedule, SimulatorReportsADeadlock) {
+  // Valid per stage, but stage 0 waits for a gradient before it has sent the activation.
+  auto sched = PipelineSchedule::from_lists(
+      ScheduleKind::kGPipe, 1,
+      {{forward(0), recv_grad(0), send_act(0), backward(0), optimizer_step()},
+       {recv_act(0), forward(0), backward(0), send_grad(0), optimizer_step()}});
+  ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+  auto r = simulate_pipeline(*sched);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stage 0 waits at RG0"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("stage 1 waits at RA0"), std::string::npos);
+}
+
+TEST(PipelineSchedule, DescribeListsEveryStage) {
+  auto sched = value_of(PipelineSchedule::build(ScheduleKind::k1F1B, 2, 2));
+  EXPECT_EQ(sched.describe(),
+            "1f1b, 2 stages, 2 microbatches\n"
+            "  stage 0: F0 SA0 F1 SA1 RG0 B0 RG1 B1 OPT\n"
+            "  stage 1: RA0 F0 B0 SG0 RA1 F1 B1 SG1 OPT\n");
+}
+
+}  // namespace
+}  // namespace lh
