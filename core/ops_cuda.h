@@ -10,6 +10,10 @@
 namespace lh::cuda {
 void matmul(void* stream, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc);
+// Row-major strided-batched GEMM: batch i uses A + i·stride_a, B + i·stride_b, C + i·stride_c (attention).
+void matmul_strided_batched(void* stream, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b, float beta, float* C,
+                            int ldc, int64_t stride_c, int batch);
 void linear_forward(void* stream, float* out, const float* inp, const float* weight, const float* bias, int BT, int C,
                     int OC);
 void linear_backward(void* stream, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
