@@ -1,0 +1,53 @@
+// defines: lh::Checkpoint (model, optimizer state, RNG and data position, step, config) and its atomic,
+// checksummed file format. Used by the trainer (`longhaul train --checkpoint-dir/--resume`) and stages.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/gpt.h"
+#include "core/rng.h"
+#include "core/status.h"
+
+namespace lh {
+
+// File layout (little-endian): 8-byte magic "LHCKPT\0\1", u32 format version, u32 zero, u64 payload
+// length, u64 xxHash64 of the payload, then the payload: a cereal portable-binary archive of Checkpoint.
+// The header is checked before the payload is decoded, so a truncated or damaged file never gets as far
+// as cereal; cereal's own failures are caught too.
+constexpr uint32_t kCheckpointVersion = 1;
+constexpr size_t kCheckpointHeaderBytes = 32;
+
+struct CheckpointGroup {
+  std::string name;  // ParamGroup::name
+  std::vector<float> params, adam_m, adam_v;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(name, params, adam_m, adam_v); }
+};
+
+struct Checkpoint {
+  GptConfig model;
+  std::string train_config_json;  // the run's settings (batch, lr schedule, seed …) as JSON
+  int64_t step = 0;               // optimizer steps completed
+  Rng data_rng;                   // the train sampler's position
+  uint64_t data_fingerprint = 0;  // TextDataset::fingerprint of the data trained on
+  std::vector<CheckpointGroup> groups;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(model, train_config_json, step, data_rng, data_fingerprint, groups); }
+};
+
+// Writes `path` atomically: a temp file in the same directory, fsync, rename, fsync of the directory.
+Status save_checkpoint(const std::string& path, const Checkpoint& ckpt);
+// Reads and verifies a checkpoint; a truncated, corrupted or foreign file is a kCorrupt error that says
+// what is wrong, and nothing of it is returned.
+Result<Checkpoint> load_checkpoint(const std::string& path);
+
+// "step_00000100.lhckpt": checkpoints of one run sort by step.
+std::string checkpoint_filename(int64_t step);
+// The checkpoint with the highest step in `dir`, or kNotFound.
+Result<std::string> latest_checkpoint(const std::string& dir);
+// A file is used as is; a directory means its latest checkpoint.
+Result<std::string> resolve_checkpoint_path(const std::string& file_or_dir);
+
+}  // namespace lh

@@ -1,0 +1,168 @@
+// defines: lh::Gpt — a byte-level GPT as embedding + a list of pre-norm blocks + head, each with its own
+// parameter/gradient buffers, and per-microbatch ActivationCache. Used by the trainer, pipeline stages, tests.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/exec.h"
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace lh {
+
+struct GptConfig {
+  int vocab = 256;      // byte-level
+  int seq = 128;        // context length: the number of learned positions
+  int layers = 4;
+  int d_model = 128;
+  int heads = 4;
+  bool tied_head = false;  // untied by default: a pipeline's first and last stage then share no weights
+  // > 0: the subspace reparametrisation of Ramasinghe et al. 2025 (see REFERENCES.md) — block output
+  // projections and the token/position embeddings write through a fixed, seeded d×K orthonormal U, so
+  // the residual stream is F[tok] + U·c. The last block stays full rank.
+  int subspace_k = 0;
+
+  Status validate() const;    // every bad field named
+  std::string describe() const;  // "layers=4 d_model=128 heads=4 seq=128 vocab=256 head=untied"
+  bool operator==(const GptConfig& o) const;
+  bool operator!=(const GptConfig& o) const { return !(*this == o); }
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(vocab, seq, layers, d_model, heads, tied_head, subspace_k);
+  }
+};
+
+// "tiny" (tests, benchmarks), "small" (the default run: about a minute on 2 cores), "base".
+Result<GptConfig> gpt_preset(const std::string& name);
+const char* gpt_preset_names();  // "tiny|small|base"
+
+// One named tensor inside a parameter buffer.
+struct ParamSlice {
+  std::string name;
+  int64_t offset = 0;  // elements from the start of the group's buffer
+  Shape shape;
+  bool decay = false;  // weight decay applies to matrices, not to biases and norm gains
+  float init_std = 0;  // > 0: N(0, init_std²); else the constant init_value
+  float init_value = 0;
+  int64_t numel() const { return shape_numel(shape); }
+};
+
+// A contiguous parameter buffer and its gradient: the embedding, one block, or the head. A pipeline
+// stage owns whole groups; data-parallel sync sees each slice as a matrix.
+struct ParamGroup {
+  std::string name;  // "embedding", "block.3", "head"
+  std::vector<ParamSlice> slices;
+  Tensor params, grads;  // [numel] on the model's device
+  int64_t numel = 0;
+  float* param(int i) const { return params.data<float>() + slices[i].offset; }
+  float* grad(int i) const { return grads.data<float>() + slices[i].offset; }
+  bool defined() const { return params.defined(); }
+};
+
+// Slice order inside each group.
+enum BlockSlice : int {
+  kLn1W, kLn1B, kQkvW, kQkvB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumBlockSlices
+};
+enum EmbedSlice : int { kWte, kWpe };              // [V,C] and [seq,C]; [V,K] and [seq,K] with subspace
+enum HeadSlice : int { kLnfW, kLnfB, kLmHead };  // kLmHead [V,C] only when untied
+
+// What one block saves in forward for its backward.
+struct BlockActivations {
+  Tensor in;  // the block's input (shared with the previous block's `out` or the caller's buffer)
+  Tensor ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fch_gelu, out;
+  Tensor attn_k, fc_k;  // subspace coordinates of the two output projections [BT,K]
+};
+
+// Everything a forward pass of one microbatch keeps for its backward. A pipeline schedule with M
+// microbatches in flight holds M of these; the model itself keeps only scratch shared by backwards.
+class ActivationCache {
+ public:
+  int B = 0, T = 0;
+  Tensor tokens, targets;  // int32 [B*T] on the model's device
+  Tensor embed_out, embed_k;  // [B,T,C]; embed_k [B,T,K] with subspace
+  std::vector<BlockActivations> blocks;  // indexed by global block index; only the blocks run are filled
+  Tensor head_in;  // the head's input (kept for its layernorm backward)
+  Tensor lnf, lnf_mean, lnf_rstd, logits, probs, losses;
+  Tensor grad;  // [B,T,C]: the residual-stream gradient buffer the full-model backward runs in place in
+};
+
+struct GptParts {  // which groups a process holds: the whole model by default
+  bool embedding = true;
+  int first_block = 0, last_block = -1;  // -1: all layers
+  bool head = true;
+};
+
+class Gpt {
+ public:
+  // Allocates the owned groups on `device` and initialises them from `seed` (each group from its own
+  // Philox stream, so a stage holding blocks [a,b) gets the very weights a full model would).
+  static Result<Gpt> create(const GptConfig& cfg, Device device, uint64_t seed, GptParts parts = {});
+
+  const GptConfig& config() const { return cfg_; }
+  const Exec& exec() const { return ex_; }
+  Device device() const { return ex_.device; }
+  const GptParts& parts() const { return parts_; }
+  int num_blocks() const { return cfg_.layers; }
+
+  ParamGroup& embedding() { return embed_; }
+  ParamGroup& block(int i) { return blocks_.at(i); }
+  ParamGroup& head() { return head_; }
+  // The groups this process holds, in model order.
+  std::vector<ParamGroup*> param_groups();
+  int64_t num_params();  // of the groups held
+  Status zero_grad();
+
+  // (a) tokens [B*T] int32 (host or device) -> cache.embed_out [B,T,C]; returns that tensor.
+  Result<Tensor> embed_forward(ActivationCache& c, const int32_t* tokens, Device tokens_device, int B, int T);
+  // Adds d(embed_out) into the embedding gradients.
+  Status embed_backward(ActivationCache& c, const Tensor& dout);
+
+  // (b) blocks [first, last) on input `in` [B,T,C]; returns the last block's output (held by the cache).
+  // The cache keeps `in` for backward: the caller must not write into it until backward has run.
+  Result<Tensor> blocks_forward(int first, int last, ActivationCache& c, const Tensor& in);
+  // d: d(output of block last-1) on entry, d(input of block first) on return — in place. Adds into the
+  // blocks' parameter gradients.
+  Status blocks_backward(int first, int last, ActivationCache& c, Tensor& d);
+
+  // (c) final layernorm + head + cross-entropy against targets [B*T] (host or device): mean loss.
+  Result<float> head_forward(ActivationCache& c, const Tensor& in, const int32_t* targets, Device targets_device);
+  // dx := d(loss_scale · mean loss)/d(in) (overwritten, [B,T,C]); adds into the head's gradients.
+  Status head_backward(ActivationCache& c, float loss_scale, Tensor& dx);
+  // Logits of the last head_forward/logits_forward: [B,T,V] in the cache.
+  Status logits_forward(ActivationCache& c, const Tensor& in);  // head without a loss (sampling)
+
+  // The whole model: the three parts in sequence.
+  Result<float> forward(ActivationCache& c, const int32_t* tokens, const int32_t* targets, int B, int T,
+                        Device host_or_device = Device::cpu);
+  Status backward(ActivationCache& c, float loss_scale = 1.0f);
+
+  // Subspace buffers (fixed, seeded, shared by all stages): U [C,K] orthonormal columns, F [V,C].
+  const Tensor& subspace_basis() const { return basis_; }
+  const Tensor& subspace_fixed_embedding() const { return fixed_embed_; }
+
+  // Training FLOPs per token (forward + backward, matmuls and attention; 6·N + 6·L·T·C).
+  double train_flops_per_token(int T) const;
+
+ private:
+  Status init_group(ParamGroup& g, uint64_t seed, uint64_t stream);
+  Status ensure_scratch(int B, int T);
+  Status block_forward(int l, ActivationCache& c, const Tensor& in);
+  Status block_backward(int l, ActivationCache& c, float* d);
+  // y[BT,C] = U · (x W_kᵀ + b_k) stored as z = x W_kᵀ + b_k [BT,K] and y = z Uᵀ.
+  bool subspace_block(int l) const { return cfg_.subspace_k > 0 && l < cfg_.layers - 1; }
+
+  GptConfig cfg_;
+  GptParts parts_;
+  Exec ex_;
+  ParamGroup embed_, head_;
+  std::vector<ParamGroup> blocks_;
+  Tensor basis_, fixed_embed_, zero_pos_;
+
+  // Backward scratch (one backward runs at a time per model), sized for the largest B·T seen.
+  int64_t scratch_bt_ = 0;
+  Tensor s_tmp_, s_dln_, s_dqkv_, s_datty_, s_dfch_, s_dfchg_, s_dlogits_, s_dk_, s_attn_ws_;
+};
+
+}  // namespace lh

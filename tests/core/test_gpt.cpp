@@ -1,0 +1,247 @@
+// Tests for the GPT model: full-model finite-difference gradient checks (untied, tied, subspace),
+// stage-wise forward/backward equal to the whole model, seeded init per group, config errors (label core).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/gpt.h"
+#include "core/ops.h"
+#include "core/rng.h"
+
+namespace lh {
+namespace {
+
+GptConfig tiny_config() {
+  GptConfig c;
+  c.vocab = 16;
+  c.seq = 6;
+  c.layers = 2;
+  c.d_model = 8;
+  c.heads = 2;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+  int B, T;
+};
+
+Batch make_batch(const GptConfig& c, int B, int T, uint64_t seed) {
+  Batch b{{}, {}, B, T};
+  Rng rng(seed);
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng.below(c.vocab)));
+    b.targets.push_back(static_cast<int32_t>(rng.below(c.vocab)));
+  }
+  return b;
+}
+
+float loss_of(Gpt& m, const Batch& b) {
+  ActivationCache c;
+  auto r = m.forward(c, b.tokens.data(), b.targets.data(), b.B, b.T);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : NAN;
+}
+
+// For every parameter slice: the analytic gradient along a random direction d against the central
+// difference (L(θ+εd) − L(θ−εd)) / 2ε. A direction sums many coordinates, so the signal stays far above
+// float32 rounding, and a per-slice check points at the tensor whose gradient is wrong.
+void check_gradients(const GptConfig& cfg, uint64_t seed) {
+  auto made = Gpt::create(cfg, Device::cpu, seed);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Gpt& m = *made;
+  // Larger-than-default weights so every path carries a gradient well above rounding noise.
+  Rng init(seed + 99);
+  for (auto* g : m.param_groups())
+    for (int64_t i = 0; i < g->numel; ++i) g->params.at(i) += 0.3f * init.normal();
+  const Batch b = make_batch(cfg, 2, cfg.seq, seed + 1);
+  ActivationCache cache;
+  ASSERT_TRUE(m.zero_grad().ok());
+  auto loss = m.forward(cache, b.tokens.data(), b.targets.data(), b.B, b.T);
+  ASSERT_TRUE(loss.ok()) << loss.status().to_string();
+  ASSERT_TRUE(m.backward(cache).ok());
+
+  Rng dir_rng(seed + 7);
+  int checked = 0;
+  for (auto* g : m.param_groups()) {
+    for (const auto& s : g->slices) {
+      std::vector<float> d(s.numel());
+      double analytic = 0, dnorm = 0;
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        d[i] = dir_rng.normal();
+        dnorm += double(d[i]) * d[i];
+      }
+      dnorm = std::sqrt(dnorm);
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        d[i] = static_cast<float>(d[i] / dnorm);
+        analytic += double(d[i]) * g->grads.at(s.offset + i);
+      }
+      const float eps = 1e-2f;
+      float* p = g->params.data<float>() + s.offset;
+      std::vector<float> saved(p, p + s.numel());
+      for (int64_t i = 0; i < s.numel(); ++i) p[i] = saved[i] + eps * d[i];
+      const double lp = loss_of(m, b);
+      for (int64_t i = 0; i < s.numel(); ++i) p[i] = saved[i] - eps * d[i];
+      const double lm = loss_of(m, b);
+      std::copy(saved.begin(), saved.end(), p);
+      const double numeric = (lp - lm) / (2.0 * eps);
+      EXPECT_NEAR(numeric, analytic, 2e-2 * std::fabs(analytic) + 2e-4)
+          << g->name << "." << s.name << " (" << cfg.describe() << ")";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST(GptGradient, UntiedHeadMatchesFiniteDifferences) { check_gradients(tiny_config(), 11); }
+
+TEST(GptGradient, TiedHeadMatchesFiniteDifferences) {
+  GptConfig c = tiny_config();
+  c.tied_head = true;
+  check_gradients(c, 12);
+}
+
+TEST(GptGradient, SubspaceMatchesFiniteDifferences) {
+  GptConfig c = tiny_config();
+  c.subspace_k = 3;
+  check_gradients(c, 13);
+}
+
+TEST(Gpt, SubspaceKeepsResidualStreamInFPlusSpanU) {
+  GptConfig c = tiny_config();
+  c.layers = 3;
+  c.subspace_k = 3;
+  auto m = Gpt::create(c, Device::cpu, 5);
+  ASSERT_TRUE(m.ok());
+  const Batch b = make_batch(c, 2, c.seq, 6);
+  ActivationCache cache;
+  auto x = m->embed_forward(cache, b.tokens.data(), Device::cpu, b.B, b.T);
+  ASSERT_TRUE(x.ok());
+  auto y = m->blocks_forward(0, 2, cache, *x);  // the last block (2) is full rank, so stop before it
+  ASSERT_TRUE(y.ok());
+  // r = x − F[tok] must lie in span(U): r − U Uᵀ r = 0.
+  const Tensor& U = m->subspace_basis();
+  const Tensor& F = m->subspace_fixed_embedding();
+  const int C = c.d_model, K = c.subspace_k;
+  for (const Tensor* t : {&*x, &*y}) {
+    for (int bt = 0; bt < b.B * b.T; ++bt) {
+      std::vector<double> r(C), coef(K, 0.0);
+      for (int j = 0; j < C; ++j) r[j] = t->at(int64_t(bt) * C + j) - F.at(int64_t(b.tokens[bt]) * C + j);
+      for (int k = 0; k < K; ++k)
+        for (int j = 0; j < C; ++j) coef[k] += U.at(j * K + k) * r[j];
+      for (int j = 0; j < C; ++j) {
+        double proj = 0;
+        for (int k = 0; k < K; ++k) proj += U.at(j * K + k) * coef[k];
+        EXPECT_NEAR(proj, r[j], 1e-5);
+      }
+    }
+  }
+}
+
+TEST(Gpt, StagesInSequenceEqualTheWholeModel) {
+  GptConfig c = tiny_config();
+  c.layers = 3;
+  auto whole = Gpt::create(c, Device::cpu, 21);
+  ASSERT_TRUE(whole.ok());
+  const Batch b = make_batch(c, 3, c.seq, 22);
+  ActivationCache full;
+  auto loss = whole->forward(full, b.tokens.data(), b.targets.data(), b.B, b.T);
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(whole->backward(full).ok());
+
+  // Three "stages", each its own model part built from the same seed, each with its own cache.
+  GptParts p0{true, 0, 1, false}, p1{false, 1, 2, false}, p2{false, 2, 3, true};
+  auto s0 = Gpt::create(c, Device::cpu, 21, p0), s1 = Gpt::create(c, Device::cpu, 21, p1),
+       s2 = Gpt::create(c, Device::cpu, 21, p2);
+  ASSERT_TRUE(s0.ok() && s1.ok() && s2.ok());
+  EXPECT_FALSE(s1->embedding().defined());
+  EXPECT_EQ(s1->param_groups().size(), 1u);
+  EXPECT_EQ(s1->block(1).params.to_vector(), whole->block(1).params.to_vector());
+  ActivationCache c0, c1, c2;
+  auto a0 = s0->embed_forward(c0, b.tokens.data(), Device::cpu, b.B, b.T);
+  ASSERT_TRUE(a0.ok());
+  auto a1 = s0->blocks_forward(0, 1, c0, *a0);
+  ASSERT_TRUE(a1.ok());
+  Tensor recv1 = a1->clone();  // what crosses the wire
+  auto a2 = s1->blocks_forward(1, 2, c1, recv1);
+  ASSERT_TRUE(a2.ok());
+  Tensor recv2 = a2->clone();
+  auto a3 = s2->blocks_forward(2, 3, c2, recv2);
+  ASSERT_TRUE(a3.ok());
+  auto l2 = s2->head_forward(c2, *a3, b.targets.data(), Device::cpu);
+  ASSERT_TRUE(l2.ok());
+  EXPECT_EQ(*l2, *loss);
+  Tensor d = Tensor::zeros({b.B, b.T, c.d_model});
+  ASSERT_TRUE(s2->head_backward(c2, 1.0f, d).ok());
+  ASSERT_TRUE(s2->blocks_backward(2, 3, c2, d).ok());
+  ASSERT_TRUE(s1->blocks_backward(1, 2, c1, d).ok());
+  ASSERT_TRUE(s0->blocks_backward(0, 1, c0, d).ok());
+  ASSERT_TRUE(s0->embed_backward(c0, d).ok());
+  EXPECT_EQ(s0->embedding().grads.to_vector(), whole->embedding().grads.to_vector());
+  EXPECT_EQ(s0->block(0).grads.to_vector(), whole->block(0).grads.to_vector());
+  EXPECT_EQ(s1->block(1).grads.to_vector(), whole->block(1).grads.to_vector());
+  EXPECT_EQ(s2->block(2).grads.to_vector(), whole->block(2).grads.to_vector());
+  EXPECT_EQ(s2->head().grads.to_vector(), whole->head().grads.to_vector());
+  // Blocks outside a part are refused, not run on missing weights.
+  EXPECT_EQ(s1->blocks_forward(0, 1, c1, recv1).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Gpt, MicrobatchCachesAccumulateGradients) {
+  GptConfig c = tiny_config();
+  auto m = Gpt::create(c, Device::cpu, 31);
+  ASSERT_TRUE(m.ok());
+  const Batch b = make_batch(c, 4, c.seq, 32);
+  ActivationCache whole;
+  ASSERT_TRUE(m->zero_grad().ok());
+  ASSERT_TRUE(m->forward(whole, b.tokens.data(), b.targets.data(), 4, c.seq).ok());
+  ASSERT_TRUE(m->backward(whole).ok());
+  std::vector<float> g_whole = m->block(0).grads.to_vector();
+  // Two microbatches of 2 in flight at once (both forwards before both backwards), each scaled by 1/2.
+  ASSERT_TRUE(m->zero_grad().ok());
+  ActivationCache mb[2];
+  const int half = 2 * c.seq;
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(m->forward(mb[i], b.tokens.data() + i * half, b.targets.data() + i * half, 2, c.seq).ok());
+  for (int i = 1; i >= 0; --i) ASSERT_TRUE(m->backward(mb[i], 0.5f).ok());
+  std::vector<float> g_mb = m->block(0).grads.to_vector();
+  for (size_t i = 0; i < g_whole.size(); ++i) EXPECT_NEAR(g_mb[i], g_whole[i], 1e-5f + 1e-4f * std::fabs(g_whole[i]));
+}
+
+TEST(Gpt, ConfigErrorsNameTheField) {
+  GptConfig c = tiny_config();
+  c.heads = 3;
+  Status s = c.validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("heads=3"), std::string::npos) << s.message();
+  c = tiny_config();
+  c.layers = 0;
+  EXPECT_NE(c.validate().message().find("layers=0"), std::string::npos);
+  c = tiny_config();
+  c.subspace_k = 9;
+  EXPECT_NE(c.validate().message().find("subspace_k=9"), std::string::npos);
+  auto bad = gpt_preset("huge");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tiny|small|base"), std::string::npos);
+  EXPECT_TRUE(gpt_preset("small").ok());
+  EXPECT_EQ(Gpt::create(tiny_config(), Device::cpu, 1, GptParts{true, 1, 0, true}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(Gpt, RejectsSequenceLongerThanContext) {
+  GptConfig c = tiny_config();
+  auto m = Gpt::create(c, Device::cpu, 1);
+  ASSERT_TRUE(m.ok());
+  const Batch b = make_batch(c, 1, c.seq + 1, 2);
+  ActivationCache cache;
+  auto r = m->forward(cache, b.tokens.data(), b.targets.data(), 1, c.seq + 1);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Gpt, CudaDeviceIsAClearErrorWithoutOne) {
+  auto m = Gpt::create(tiny_config(), Device::cuda, 1);
+  if (m.ok()) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_EQ(m.status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace lh
