@@ -1,0 +1,192 @@
+// Tests of UcxDataPlane inside one process (two or three planes, each with its own UCX worker): sizes from
+// 0 bytes to 64 MiB, out-of-order posting, drop of packets from ranks outside the plan, bad addresses, metering.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <random>
+
+#include "transport/ucx_data_plane.h"
+
+namespace lh {
+namespace {
+
+Bytes pattern(size_t n, uint32_t seed) {
+  Bytes b(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    b[i] = uint8_t(x >> 24);
+  }
+  return b;
+}
+
+std::unique_ptr<UcxDataPlane> make_plane() {
+  UcxOptions o;
+  o.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
+  auto p = UcxDataPlane::create(o);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return std::move(p).value();
+}
+
+struct Pair {
+  std::unique_ptr<UcxDataPlane> a = make_plane(), b = make_plane();
+  Pair() {
+    EXPECT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+    EXPECT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  }
+};
+
+TEST(Tag, PacksAndUnpacks) {
+  Tag t = make_tag(123456, 4095, Role::kActivationGrad, 7);
+  auto u = Tag::unpack(t.pack());
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->step, 123456u);
+  EXPECT_EQ(u->microbatch, 4095);
+  EXPECT_EQ(u->role, Role::kActivationGrad);
+  EXPECT_EQ(u->shard, 7);
+  EXPECT_LT(t.pack(), uint64_t(1) << Tag::kBits);
+  EXPECT_FALSE(Tag::unpack(uint64_t(1) << 60).ok());
+  EXPECT_FALSE(Tag::unpack(uint64_t(200) << 8).ok());  // role 200 does not exist
+  EXPECT_NE(make_tag(1, 0, Role::kActivation).pack(), make_tag(1, 0, Role::kActivationGrad).pack());
+}
+
+TEST(WorkerAddress, RejectsCorruptEnvelopes) {
+  auto p = make_plane();
+  auto ok = unwrap_worker_address(p->address());
+  ASSERT_TRUE(ok.ok()) << ok.status().to_string();
+  Bytes bad = p->address();
+  bad.back() ^= 0x5a;
+  EXPECT_EQ(unwrap_worker_address(bad).status().code(), StatusCode::kCorrupt);
+  EXPECT_FALSE(unwrap_worker_address(Bytes{1, 2, 3}).ok());
+  Bytes truncated(p->address().begin(), p->address().end() - 5);
+  EXPECT_FALSE(unwrap_worker_address(truncated).ok());
+  Bytes garbage = pattern(200, 9);
+  EXPECT_FALSE(unwrap_worker_address(garbage).ok());
+  // connect() refuses a bad address and names the rank.
+  Status s = p->connect(0, {{1, bad}});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("rank 1"), std::string::npos) << s.to_string();
+  EXPECT_FALSE(p->connect(-1, {}).ok());
+  EXPECT_FALSE(p->connect(0, {{5000, p->address()}}).ok());
+}
+
+TEST(UcxDataPlane, SizesFromZeroTo64MiBArriveIntact) {
+  Pair pr;
+  std::vector<size_t> sizes = {0, 1, 7, 64, 4096, 65536, 1 << 20, 8 << 20, 64 << 20};
+  std::vector<Transfer> sends, recvs;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    recvs.push_back(pr.b->recv(0, make_tag(uint32_t(i), 0, Role::kActivation)));
+    sends.push_back(pr.a->send(1, make_tag(uint32_t(i), 0, Role::kActivation), pattern(sizes[i], uint32_t(i))));
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_TRUE(sends[i].wait(std::chrono::seconds(60)).ok()) << sends[i].status().to_string();
+    ASSERT_TRUE(recvs[i].wait(std::chrono::seconds(60)).ok()) << recvs[i].status().to_string();
+    Bytes got = recvs[i].take();
+    ASSERT_EQ(got.size(), sizes[i]);
+    EXPECT_TRUE(got == pattern(sizes[i], uint32_t(i))) << "size " << sizes[i];
+  }
+}
+
+TEST(UcxDataPlane, OutOfOrderPostingAndBothDirections) {
+  Pair pr;
+  const int n = 40;
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::mt19937 rng(3);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<Transfer> sends;
+  // Half the sends go out before any receive is posted (unexpected path), half after.
+  for (int k = 0; k < n / 2; ++k)
+    sends.push_back(pr.a->send(1, make_tag(order[k], 1, Role::kWeightGrad, 2), pattern(1000 + order[k] * 997, order[k])));
+  std::vector<Transfer> recvs(n);
+  std::vector<int> recv_order = order;
+  std::shuffle(recv_order.begin(), recv_order.end(), rng);
+  for (int i : recv_order) recvs[i] = pr.b->recv(0, make_tag(i, 1, Role::kWeightGrad, 2));
+  for (int k = n / 2; k < n; ++k)
+    sends.push_back(pr.a->send(1, make_tag(order[k], 1, Role::kWeightGrad, 2), pattern(1000 + order[k] * 997, order[k])));
+  // And the other way at the same time.
+  Transfer back = pr.b->send(0, make_tag(0, 0, Role::kActivationGrad), pattern(300000, 77));
+  auto got_back = pr.a->recv_blocking(1, make_tag(0, 0, Role::kActivationGrad), std::chrono::seconds(30));
+  ASSERT_TRUE(got_back.ok()) << got_back.status().to_string();
+  EXPECT_TRUE(*got_back == pattern(300000, 77));
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(recvs[i].wait(std::chrono::seconds(30)).ok());
+    EXPECT_TRUE(recvs[i].take() == pattern(1000 + i * 997, i)) << "packet " << i;
+  }
+  for (auto& s : sends) EXPECT_TRUE(s.wait(std::chrono::seconds(30)).ok());
+}
+
+TEST(UcxDataPlane, SameTagPacketsMatchInSendOrder) {
+  Pair pr;
+  for (int i = 0; i < 5; ++i) pr.a->send(1, make_tag(9, 0, Role::kOther), Bytes(10, uint8_t(i)));
+  for (int i = 0; i < 5; ++i) {
+    auto got = pr.b->recv_blocking(0, make_tag(9, 0, Role::kOther), std::chrono::seconds(30));
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->at(0), i);
+  }
+}
+
+TEST(UcxDataPlane, PacketsFromRanksOutsideThePlanAreDropped) {
+  auto a = make_plane(), b = make_plane(), stranger = make_plane();
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  // The stranger calls itself rank 2 and knows b's address, but b's plan has no rank 2.
+  ASSERT_TRUE(stranger->connect(2, {{1, b->address()}}).ok());
+  ASSERT_TRUE(stranger->send(1, make_tag(0, 0, Role::kActivation), pattern(5000, 1)).wait(std::chrono::seconds(30)).ok());
+  // A rank-2 receive on b is refused outright, and the stranger's packet never matches a rank-0 receive.
+  EXPECT_EQ(b->recv(2, make_tag(0, 0, Role::kActivation)).wait(std::chrono::seconds(5)).code(),
+            StatusCode::kInvalidArgument);
+  Transfer r = b->recv(0, make_tag(0, 0, Role::kActivation));
+  for (int i = 0; i < 200 && b->dropped_packets() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(b->dropped_packets(), 1u);
+  EXPECT_FALSE(r.done());
+  ASSERT_TRUE(a->send(1, make_tag(0, 0, Role::kActivation), pattern(10, 2)).wait(std::chrono::seconds(30)).ok());
+  ASSERT_TRUE(r.wait(std::chrono::seconds(30)).ok());
+  EXPECT_TRUE(r.take() == pattern(10, 2));
+  // Sending to a rank outside the plan fails without touching the network.
+  EXPECT_EQ(a->send(7, make_tag(0, 0, Role::kOther), Bytes(3)).wait(std::chrono::seconds(5)).code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(UcxDataPlane, FailedPeerFailsPendingAndNewTransfers) {
+  Pair pr;
+  Transfer r = pr.b->recv(0, make_tag(1, 0, Role::kActivation));
+  pr.b->fail_peer(0, "declared dead by the coordinator");
+  Status s = r.wait(std::chrono::seconds(10));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("declared dead"), std::string::npos);
+  EXPECT_EQ(pr.b->send(0, make_tag(1, 0, Role::kActivation), Bytes(4)).wait(std::chrono::seconds(10)).code(),
+            StatusCode::kUnavailable);
+}
+
+TEST(UcxDataPlane, MeterCountsRawWireAndBusyTime) {
+  Pair pr;
+  auto ma = std::make_shared<LinkMeter>(0), mb = std::make_shared<LinkMeter>(1);
+  pr.a->set_meter(ma);
+  pr.b->set_meter(mb);
+  for (int i = 0; i < 4; ++i) {
+    Transfer r = pr.b->recv(0, make_tag(i, 0, Role::kActivation), 4000000);
+    ASSERT_TRUE(pr.a->send(1, make_tag(i, 0, Role::kActivation), pattern(1000000, i), 4000000).wait().ok());
+    ASSERT_TRUE(r.wait(std::chrono::seconds(30)).ok());
+  }
+  ASSERT_TRUE(pr.a->send_blocking(1, make_tag(0, 0, Role::kWeightGrad), Bytes(100)).ok());
+  LinkStats s = ma->stats(1, Role::kActivation, Direction::kSend);
+  EXPECT_EQ(s.messages, 4u);
+  EXPECT_EQ(s.raw_bytes, 16000000u);
+  EXPECT_EQ(s.wire_bytes, 4000000u);
+  EXPECT_GT(s.busy_seconds, 0.0);
+  LinkStats g = ma->stats(1, Role::kWeightGrad, Direction::kSend);
+  EXPECT_EQ(g.raw_bytes, 100u);  // raw 0 means "same as wire"
+  LinkStats r = mb->stats(0, Role::kActivation, Direction::kRecv);
+  EXPECT_EQ(r.messages, 4u);
+  EXPECT_EQ(r.wire_bytes, 4000000u);
+  EXPECT_EQ(r.raw_bytes, 16000000u);
+  EXPECT_GT(ma->bandwidth_bps(1, Direction::kSend), 0.0);
+  auto j = ma->to_json();
+  EXPECT_EQ(j["rank"], 0);
+  EXPECT_EQ(j["links"].size(), 2u);
+}
+
+}  // namespace
+}  // namespace lh

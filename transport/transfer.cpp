@@ -1,0 +1,88 @@
+// Completion handles for non-blocking transfers. Used by UcxDataPlane, LinkShaper and their callers.
+#include "transport/transfer.h"
+
+namespace lh {
+
+void TransferState::complete(Status st) {
+  std::vector<std::function<void(TransferState&)>> run;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (completing) return;
+    completing = true;
+    status = std::move(st);
+    if (t_end == Clock::time_point{}) t_end = Clock::now();
+    run.swap(hooks);
+  }
+  // Hooks (the meter, a decorator's chaining) run before waiters wake, so a caller returning from
+  // wait() already sees the meter updated.
+  for (auto& fn : run) fn(*this);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+bool TransferState::is_done() const {
+  std::lock_guard<std::mutex> lock(mu);
+  return done;
+}
+
+void TransferState::on_done(std::function<void(TransferState&)> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!completing) {
+      hooks.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(*this);
+}
+
+Transfer Transfer::failed(Direction dir, int peer, Tag tag, Status why) {
+  auto s = std::make_shared<TransferState>();
+  s->direction = dir;
+  s->peer = peer;
+  s->tag = tag;
+  s->t_start = Clock::now();
+  s->complete(std::move(why));
+  return Transfer(std::move(s));
+}
+
+bool Transfer::done() const { return s_ && s_->is_done(); }
+
+Status Transfer::wait(std::chrono::milliseconds timeout) const {
+  if (!s_) return invalid_argument("wait on an empty Transfer");
+  std::unique_lock<std::mutex> lock(s_->mu);
+  if (!s_->cv.wait_for(lock, timeout, [&] { return s_->done; }))
+    return unavailable("transfer " + std::string(direction_name(s_->direction)) + " peer " +
+                       std::to_string(s_->peer) + " " + s_->tag.to_string() + " not done after " +
+                       std::to_string(timeout.count()) + " ms");
+  return s_->status;
+}
+
+Status Transfer::status() const {
+  if (!s_) return invalid_argument("status of an empty Transfer");
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (!s_->done) return unavailable("transfer still in flight");
+  return s_->status;
+}
+
+Bytes Transfer::take() {
+  if (!s_) return {};
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (!s_->done || s_->direction != Direction::kRecv) return {};
+  return std::move(s_->owned);
+}
+
+uint64_t Transfer::wire_bytes() const { return s_ ? s_->wire_bytes : 0; }
+int Transfer::peer() const { return s_ ? s_->peer : -1; }
+Tag Transfer::tag() const { return s_ ? s_->tag : Tag{}; }
+Direction Transfer::direction() const { return s_ ? s_->direction : Direction::kSend; }
+
+void Transfer::on_done(std::function<void(const Status&)> fn) {
+  if (!s_) return;
+  s_->on_done([fn = std::move(fn)](TransferState& st) { fn(st.status); });
+}
+
+}  // namespace lh

@@ -1,0 +1,458 @@
+// UcxDataPlane: UCX tagged send/receive with our own matching by (peer, tag), a progress thread that
+// sleeps on epoll(UCX event fd + wake eventfd) when idle, and drop-and-log for ranks outside the plan.
+// Used by workers, `bench link` and tests.
+#include "transport/ucx_data_plane.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <future>
+
+#include "core/log.h"
+
+namespace lh {
+namespace {
+
+constexpr uint32_t kAddrMagic = 0x41554c48;  // "LHUA" little-endian
+constexpr uint16_t kAddrVersion = 1;
+constexpr size_t kAddrHeader = 4 + 2 + 2 + 4 + 8;
+constexpr size_t kMaxAddress = 1 << 20;
+constexpr int kRankShift = Tag::kBits;  // wire tag: [src rank:12][Tag:52]
+constexpr uint64_t kTagMask = (uint64_t(1) << Tag::kBits) - 1;
+
+template <class T>
+void put(Bytes& b, T v) {
+  uint8_t tmp[sizeof(T)];
+  std::memcpy(tmp, &v, sizeof(T));
+  b.insert(b.end(), tmp, tmp + sizeof(T));
+}
+template <class T>
+T get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+uint8_t g_empty_byte = 0;  // a valid pointer for 0-byte packets
+
+}  // namespace
+
+Bytes wrap_worker_address(const void* ucx_address, size_t length) {
+  Bytes b;
+  b.reserve(kAddrHeader + length);
+  put<uint32_t>(b, kAddrMagic);
+  put<uint16_t>(b, kAddrVersion);
+  put<uint16_t>(b, 0);
+  put<uint32_t>(b, uint32_t(length));
+  put<uint64_t>(b, XXH64(ucx_address, length, 0));
+  const uint8_t* p = static_cast<const uint8_t*>(ucx_address);
+  b.insert(b.end(), p, p + length);
+  return b;
+}
+
+Result<Bytes> unwrap_worker_address(const Bytes& e) {
+  if (e.size() < kAddrHeader)
+    return corrupt("worker address: " + std::to_string(e.size()) + " bytes, shorter than its " +
+                   std::to_string(kAddrHeader) + "-byte header");
+  if (get<uint32_t>(e.data()) != kAddrMagic) return corrupt("worker address: bad magic (not a longhaul UCX address)");
+  if (get<uint16_t>(e.data() + 4) != kAddrVersion)
+    return corrupt("worker address: version " + std::to_string(get<uint16_t>(e.data() + 4)) + ", expected " +
+                   std::to_string(kAddrVersion));
+  uint32_t len = get<uint32_t>(e.data() + 8);
+  if (len == 0 || len > kMaxAddress || len != e.size() - kAddrHeader)
+    return corrupt("worker address: length field " + std::to_string(len) + " does not match the " +
+                   std::to_string(e.size() - kAddrHeader) + " bytes present");
+  if (XXH64(e.data() + kAddrHeader, len, 0) != get<uint64_t>(e.data() + 12))
+    return corrupt("worker address: checksum mismatch");
+  return Bytes(e.begin() + kAddrHeader, e.end());
+}
+
+struct UcxDataPlane::Inbound {
+  UcxDataPlane* plane = nullptr;
+  int peer = -1;
+  uint64_t tag = 0;
+  bool discard = false;
+  Bytes bytes;
+  Clock::time_point arrived{}, finished{};
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+  std::shared_ptr<TransferState> target;  // the receive it was matched to, if any yet
+};
+
+Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& options) {
+  std::unique_ptr<UcxDataPlane> p(new UcxDataPlane());
+  LH_RETURN_IF_ERROR(p->init(options));
+  return p;
+}
+
+Status UcxDataPlane::init(const UcxOptions& options) {
+  options_ = options;
+  ucp_config_t* config = nullptr;
+  LH_CHECK_CODE(ucp_config_read(nullptr, nullptr, &config));
+  if (!options.tls.empty()) {
+    ucs_status_t s = ucp_config_modify(config, "TLS", options.tls.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return invalid_argument("UCX transports '" + options.tls + "': " + ucs_status_string(s));
+    }
+  }
+  const char* env_tls = std::getenv("UCX_TLS");
+  tls_in_use_ = !options.tls.empty() ? options.tls : (env_tls ? env_tls : "ucx-default");
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 0;
+  ucs_status_t s = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  LH_CHECK_CODE(s);
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
+  LH_CHECK_CODE(ucp_worker_create(context_, &wp, &worker_));
+
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  LH_CHECK_CODE(ucp_worker_get_address(worker_, &addr, &len));
+  address_ = wrap_worker_address(addr, len);
+  ucp_worker_release_address(worker_, addr);
+
+  LH_CHECK_CODE(ucp_worker_get_efd(worker_, &ucx_fd_));
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (wake_fd_ < 0 || epoll_fd_ < 0) return io_error(std::string("eventfd/epoll: ") + std::strerror(errno));
+  for (int fd : {ucx_fd_, wake_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return io_error(std::string("epoll_ctl: ") + std::strerror(errno));
+  }
+  thread_ = std::thread([this] { progress_loop(); });
+  LH_LOG_DEBUG("UCX data plane up (transports {}, address {} bytes)", tls_in_use_, address_.size());
+  return Status::Ok();
+}
+
+UcxDataPlane::~UcxDataPlane() {
+  if (thread_.joinable()) {
+    stop_ = true;
+    wake();
+    thread_.join();
+  }
+  if (worker_) ucp_worker_destroy(worker_);
+  if (context_) ucp_cleanup(context_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+void UcxDataPlane::wake() {
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // EAGAIN means the counter is already non-zero: the thread will wake anyway
+}
+
+void UcxDataPlane::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(cmd_mu_);
+    commands_.push_back(std::move(fn));
+  }
+  wake();
+}
+
+Status UcxDataPlane::run_on_progress(std::function<Status()> fn) {
+  auto done = std::make_shared<std::promise<Status>>();
+  auto fut = done->get_future();
+  post([fn = std::move(fn), done] { done->set_value(fn()); });
+  return fut.get();
+}
+
+void UcxDataPlane::progress_loop() {
+  std::vector<std::function<void()>> batch;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(cmd_mu_);
+      batch.swap(commands_);
+    }
+    for (auto& fn : batch) fn();
+    bool had_commands = !batch.empty();
+    batch.clear();
+    if (stop_) break;
+    bool busy = false;
+    while (ucp_worker_progress(worker_) != 0) busy = true;
+    while (probe_inbound()) busy = true;
+    if (busy || had_commands) continue;
+    ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) continue;
+    if (s != UCS_OK) LH_LOG_ERROR("ucp_worker_arm: {}", ucs_status_string(s));
+    epoll_event evs[2];
+    // The timeout is only a safety net; events wake the thread.
+    int n = epoll_wait(epoll_fd_, evs, 2, s == UCS_OK ? 200 : 1);
+    for (int i = 0; i < n; ++i)
+      if (evs[i].data.fd == wake_fd_) {
+        uint64_t v;
+        ssize_t r = read(wake_fd_, &v, sizeof(v));
+        (void)r;
+      }
+  }
+  close_endpoints();
+  // Whatever is still pending can no longer finish.
+  Status closed = unavailable("data plane closed");
+  for (auto& [k, v] : posted_)
+    for (auto& st : v) st->complete(closed);
+  for (auto& [p, ctx] : sends_in_flight_) ctx.st->complete(closed);
+  posted_.clear();
+  unexpected_.clear();
+}
+
+void UcxDataPlane::close_endpoints() {
+  std::vector<void*> reqs;
+  reqs.swap(closing_);
+  for (auto& [rank, peer] : peer_table_) {
+    if (!peer.ep) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = peer.failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &p);
+    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+    peer.ep = nullptr;
+  }
+  auto deadline = Clock::now() + options_.close_timeout;
+  for (void* r : reqs) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+    if (ucp_request_check_status(r) == UCS_INPROGRESS) LH_LOG_WARN("closing a UCX endpoint timed out");
+    ucp_request_free(r);
+  }
+  // Let in-flight receives drain so their requests are released before the worker goes.
+  auto end = Clock::now() + std::chrono::milliseconds(50);
+  while (!inbound_in_flight_.empty() && Clock::now() < end) ucp_worker_progress(worker_);
+}
+
+Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers) {
+  if (self_rank < 0 || self_rank > UcxOptions::kMaxRank)
+    return invalid_argument("rank " + std::to_string(self_rank) + " outside [0, " +
+                            std::to_string(UcxOptions::kMaxRank) + "]");
+  std::map<int, Bytes> raw;
+  for (const auto& [r, env] : peers) {
+    if (r < 0 || r > UcxOptions::kMaxRank) return invalid_argument("peer rank " + std::to_string(r) + " out of range");
+    auto a = unwrap_worker_address(env);
+    if (!a.ok()) return Status(a.status()).prepend("address of rank " + std::to_string(r));
+    raw[r] = std::move(a).value();
+  }
+  Status st = run_on_progress([&]() -> Status {
+    for (auto it = peer_table_.begin(); it != peer_table_.end();) {
+      if (raw.count(it->first)) {
+        ++it;
+        continue;
+      }
+      fail_peer_locked(it->first, "no longer in the plan");
+      it = peer_table_.erase(it);
+    }
+    for (const auto& [r, addr] : raw) {
+      if (peer_table_.count(r) && peer_table_[r].ep && !peer_table_[r].failed) continue;
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_handler.cb = &UcxDataPlane::on_ep_error;
+      ep.err_handler.arg = this;
+      Peer p;
+      ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
+      if (s != UCS_OK) return unavailable("endpoint to rank " + std::to_string(r) + ": " + ucs_status_string(s));
+      peer_table_[r] = p;
+    }
+    rank_ = self_rank;
+    return Status::Ok();
+  });
+  LH_RETURN_IF_ERROR(st);
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peer_ranks_.clear();
+    for (const auto& [r, a] : raw) peer_ranks_.push_back(r);
+  }
+  if (meter() && meter()->self_rank() < 0) meter()->set_self_rank(self_rank);
+  LH_LOG_DEBUG("rank {} connected to {} peers over UCX", self_rank, raw.size());
+  return Status::Ok();
+}
+
+std::vector<int> UcxDataPlane::peers() const {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  return peer_ranks_;
+}
+
+void UcxDataPlane::fail_peer(int peer, const std::string& reason) {
+  post([this, peer, reason] { fail_peer_locked(peer, reason); });
+}
+
+void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
+  auto it = peer_table_.find(peer);
+  if (it == peer_table_.end() || it->second.failed) return;
+  LH_LOG_WARN("data plane: rank {} failed: {}", peer, reason);
+  it->second.failed = true;
+  it->second.why = reason;
+  Status why = unavailable("rank " + std::to_string(peer) + " failed: " + reason);
+  for (auto p = posted_.begin(); p != posted_.end();) {
+    if (p->first.first != peer) {
+      ++p;
+      continue;
+    }
+    for (auto& st : p->second) st->complete(why);
+    p = posted_.erase(p);
+  }
+  // Force-closing the endpoint cancels its in-flight sends; their callbacks fail them once UCX has
+  // let go of the buffers (a send_view's memory must stay valid until then).
+  if (it->second.ep) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(it->second.ep, &p);
+    if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+    it->second.ep = nullptr;
+  }
+  for (auto& [ptr, in] : inbound_in_flight_)
+    if (in->peer == peer && in->target) in->target->complete(why);
+}
+
+void UcxDataPlane::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* self = static_cast<UcxDataPlane*>(arg);
+  for (auto& [r, p] : self->peer_table_)
+    if (p.ep == ep) self->fail_peer_locked(r, std::string("UCX endpoint error: ") + ucs_status_string(status));
+}
+
+void UcxDataPlane::start_send(std::shared_ptr<TransferState> st) {
+  post([this, st = std::move(st)] { issue_send(st); });
+}
+
+void UcxDataPlane::start_recv(std::shared_ptr<TransferState> st) {
+  post([this, st = std::move(st)] { issue_recv(st); });
+}
+
+void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st) {
+  auto it = peer_table_.find(st->peer);
+  if (it == peer_table_.end())
+    return st->complete(invalid_argument("send to rank " + std::to_string(st->peer) + ", which is not in the plan"));
+  if (it->second.failed)
+    return st->complete(unavailable("send to failed rank " + std::to_string(st->peer) + ": " + it->second.why));
+  uint64_t wire_tag = (uint64_t(rank_.load()) << kRankShift) | st->tag.pack();
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_contig(1);
+  p.cb.send = &UcxDataPlane::on_send_done;
+  SendCtx& ctx = sends_in_flight_[st.get()];
+  ctx = SendCtx{this, st};
+  p.user_data = &ctx;
+  const void* buf = st->size ? st->data : &g_empty_byte;
+  ucs_status_ptr_t r = ucp_tag_send_nbx(it->second.ep, buf, st->size, wire_tag, &p);
+  if (UCS_PTR_IS_PTR(r)) return;  // on_send_done finishes it
+  sends_in_flight_.erase(st.get());
+  ucs_status_t s = UCS_PTR_STATUS(r);
+  st->complete(s == UCS_OK ? Status::Ok()
+                           : unavailable(std::string("UCX send to rank ") + std::to_string(st->peer) + ": " +
+                                         ucs_status_string(s)));
+}
+
+void UcxDataPlane::on_send_done(void* request, ucs_status_t status, void* user) {
+  auto* ctx = static_cast<SendCtx*>(user);
+  ucp_request_free(request);
+  std::shared_ptr<TransferState> st = std::move(ctx->st);
+  ctx->plane->sends_in_flight_.erase(st.get());
+  st->complete(status == UCS_OK ? Status::Ok()
+                                : unavailable(std::string("UCX send to rank ") + std::to_string(st->peer) + ": " +
+                                              ucs_status_string(status)));
+}
+
+void UcxDataPlane::issue_recv(const std::shared_ptr<TransferState>& st) {
+  auto it = peer_table_.find(st->peer);
+  if (it == peer_table_.end())
+    return st->complete(invalid_argument("receive from rank " + std::to_string(st->peer) + ", which is not in the plan"));
+  if (it->second.failed)
+    return st->complete(unavailable("receive from failed rank " + std::to_string(st->peer) + ": " + it->second.why));
+  Key key{st->peer, st->tag.pack()};
+  auto u = unexpected_.find(key);
+  if (u != unexpected_.end() && !u->second.empty()) {
+    std::shared_ptr<Inbound> in = u->second.front();
+    u->second.erase(u->second.begin());
+    if (u->second.empty()) unexpected_.erase(u);
+    if (in->done) return deliver(in, st);
+    in->target = st;  // still arriving; on_recv_done delivers
+    return;
+  }
+  posted_[key].push_back(st);
+}
+
+void UcxDataPlane::deliver(const std::shared_ptr<Inbound>& in, const std::shared_ptr<TransferState>& st) {
+  if (in->status != UCS_OK)
+    return st->complete(unavailable(std::string("UCX receive from rank ") + std::to_string(in->peer) + ": " +
+                                    ucs_status_string(in->status)));
+  st->owned = std::move(in->bytes);
+  st->wire_bytes = st->owned.size();
+  st->t_start = in->arrived;
+  st->t_end = in->finished;
+  st->complete(Status::Ok());
+}
+
+bool UcxDataPlane::probe_inbound() {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/1, &info);
+  if (!msg) return false;
+  auto in = std::make_shared<Inbound>();
+  in->plane = this;
+  in->arrived = Clock::now();
+  in->peer = int(info.sender_tag >> kRankShift);
+  in->tag = info.sender_tag & kTagMask;
+  auto tag = Tag::unpack(in->tag);
+  auto pit = peer_table_.find(in->peer);
+  if (!tag.ok() || pit == peer_table_.end() || pit->second.failed) {
+    in->discard = true;
+    dropped_ += 1;
+    LH_LOG_WARN("data plane: dropping a {}-byte packet from rank {}: {}", info.length, in->peer,
+                !tag.ok() ? tag.status().message()
+                          : pit == peer_table_.end() ? std::string("not in the current plan") : "rank has failed");
+  }
+  in->bytes.resize(info.length);
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  p.datatype = ucp_dt_make_contig(1);
+  p.cb.recv = &UcxDataPlane::on_recv_done;
+  p.user_data = in.get();
+  if (!in->discard) {
+    Key key{in->peer, in->tag};
+    auto posted = posted_.find(key);
+    if (posted != posted_.end() && !posted->second.empty()) {
+      in->target = posted->second.front();
+      posted->second.erase(posted->second.begin());
+      if (posted->second.empty()) posted_.erase(posted);
+    } else {
+      unexpected_[key].push_back(in);
+    }
+  }
+  inbound_in_flight_[in.get()] = in;
+  void* buf = info.length ? static_cast<void*>(in->bytes.data()) : static_cast<void*>(&g_empty_byte);
+  ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, buf, info.length, msg, &p);
+  if (UCS_PTR_IS_PTR(r)) return true;
+  on_recv_done(nullptr, UCS_PTR_STATUS(r), nullptr, in.get());
+  return true;
+}
+
+void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
+  auto* raw = static_cast<Inbound*>(user);
+  if (request) ucp_request_free(request);
+  UcxDataPlane* self = raw->plane;
+  auto it = self->inbound_in_flight_.find(raw);
+  if (it == self->inbound_in_flight_.end()) return;
+  std::shared_ptr<Inbound> in = it->second;
+  self->inbound_in_flight_.erase(it);
+  in->done = true;
+  in->status = status;
+  in->finished = Clock::now();
+  if (in->discard) return;
+  if (in->target) {
+    auto target = std::move(in->target);
+    self->deliver(in, target);
+  }
+}
+
+}  // namespace lh

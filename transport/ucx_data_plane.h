@@ -1,0 +1,128 @@
+// defines: lh::UcxDataPlane (the DataPlane over UCX tagged messages, one UCP context and worker per process,
+// progressed by its own thread that sleeps on the worker's event fd when idle), the checked worker-address
+// envelope, and ErrorDomain<ucs_status_t> for LH_CHECK_CODE. Used by workers, `bench link` and tests.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "transport/data_plane.h"
+
+namespace lh {
+
+template <>
+struct ErrorDomain<ucs_status_t> {
+  static bool ok(ucs_status_t s) { return s == UCS_OK; }
+  static const char* name() { return "UCX"; }
+  static std::string describe(ucs_status_t s) { return ucs_status_string(s); }
+  static StatusCode status_code(ucs_status_t) { return StatusCode::kUnavailable; }
+};
+
+// A UCX worker address in a checked envelope ("LHUA", version, length, xxHash64), so a corrupt or
+// foreign address from the control plane is refused before UCX parses it.
+Bytes wrap_worker_address(const void* ucx_address, size_t length);
+// The UCX address inside `envelope`, or Corrupt naming the bad field.
+Result<Bytes> unwrap_worker_address(const Bytes& envelope);
+
+struct UcxOptions {
+  // UCX transports ("tcp", "shm,tcp", "rc,cuda_copy" …). Empty: the UCX_TLS environment variable, or
+  // UCX's own choice when that is unset.
+  std::string tls;
+  // How long closing waits for in-flight sends to flush before cutting endpoints.
+  std::chrono::milliseconds close_timeout{2000};
+  // Largest rank that fits the wire tag (12 bits).
+  static constexpr int kMaxRank = 4095;
+};
+
+class UcxDataPlane final : public DataPlane {
+ public:
+  static Result<std::unique_ptr<UcxDataPlane>> create(const UcxOptions& options = {});
+  ~UcxDataPlane() override;
+
+  // This worker's address envelope: put it in the Join message.
+  const Bytes& address() const { return address_; }
+  // Joins the plan: this process is `self_rank`; `peers` maps every other rank (self may be included)
+  // to its address envelope from the Plan. Endpoints are created now; packets from ranks outside
+  // `peers` are dropped and logged from then on. Call before the plan's start barrier. Calling it
+  // again replaces the peer set (transfers with removed peers fail).
+  Status connect(int self_rank, const std::map<int, Bytes>& peers);
+
+  int rank() const override { return rank_.load(); }
+  std::vector<int> peers() const override;
+  void fail_peer(int peer, const std::string& reason) override;
+
+  // Packets received from ranks outside the plan (or with a malformed tag) and thrown away.
+  uint64_t dropped_packets() const { return dropped_.load(); }
+  // The transports UCX chose, as "tcp" / "posix,sysv,cma,tcp"… (for logs and the bench).
+  const std::string& transports() const { return tls_in_use_; }
+
+ protected:
+  void start_send(std::shared_ptr<TransferState> st) override;
+  void start_recv(std::shared_ptr<TransferState> st) override;
+
+ private:
+  struct Inbound;
+  struct Peer {
+    ucp_ep_h ep = nullptr;
+    bool failed = false;
+    std::string why;
+  };
+  using Key = std::pair<int, uint64_t>;  // peer, packed tag
+
+  UcxDataPlane() = default;
+  Status init(const UcxOptions& options);
+  // Runs `fn` on the progress thread (which owns every UCX object) and waits for its status.
+  Status run_on_progress(std::function<Status()> fn);
+  void post(std::function<void()> fn);
+  void wake();
+  void progress_loop();
+  bool probe_inbound();  // true when a message was taken
+  void issue_send(const std::shared_ptr<TransferState>& st);
+  void issue_recv(const std::shared_ptr<TransferState>& st);
+  void deliver(const std::shared_ptr<Inbound>& in, const std::shared_ptr<TransferState>& st);
+  void fail_peer_locked(int peer, const std::string& reason);
+  void close_endpoints();
+  static void on_send_done(void* request, ucs_status_t status, void* user);
+  static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  UcxOptions options_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int ucx_fd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
+  Bytes address_;
+  std::string tls_in_use_;
+  std::atomic<int> rank_{-1};
+  std::atomic<uint64_t> dropped_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  std::mutex cmd_mu_;
+  std::vector<std::function<void()>> commands_;
+  mutable std::mutex peers_mu_;       // guards peer_ranks_ for peers() from other threads
+  std::vector<int> peer_ranks_;
+
+  // Owned by the progress thread.
+  std::map<int, Peer> peer_table_;
+  std::map<Key, std::vector<std::shared_ptr<TransferState>>> posted_;   // receives waiting for a packet
+  std::map<Key, std::vector<std::shared_ptr<Inbound>>> unexpected_;     // packets waiting for a receive
+  struct SendCtx {
+    UcxDataPlane* plane;
+    std::shared_ptr<TransferState> st;
+  };
+  std::map<TransferState*, SendCtx> sends_in_flight_;  // user_data of a UCX send points at its SendCtx
+  std::vector<void*> closing_;                         // force-close requests of failed endpoints
+  std::map<Inbound*, std::shared_ptr<Inbound>> inbound_in_flight_;
+};
+
+}  // namespace lh
