@@ -1,0 +1,228 @@
+// Aggregation of step metrics into per-link totals and per-step series, and their text tables.
+// Used by the coordinator's end-of-job summary and `longhaul report`.
+#include "parallel/metrics_summary.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+namespace lh {
+namespace {
+
+int role_order(const std::string& role) {
+  const auto& names = metrics_role_names();
+  return static_cast<int>(std::find(names.begin(), names.end(), role) - names.begin());
+}
+
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// Display width in columns: UTF-8 code points, so "→" takes one column.
+size_t width(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+// Text cells laid out in columns; a column whose `align` letter is 'l' is left-aligned, others right.
+std::string layout(const std::vector<std::vector<std::string>>& rows, const std::string& align) {
+  std::vector<size_t> w;
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) {
+      if (w.size() <= c) w.push_back(0);
+      w[c] = std::max(w[c], width(r[c]));
+    }
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t c = 0; c < r.size(); ++c) {
+      const std::string pad(w[c] - width(r[c]), ' ');
+      if (c) line += "  ";
+      line += c < align.size() && align[c] == 'l' ? r[c] + pad : pad + r[c];
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string role_label(const std::string& role) {
+  if (role == "act") return "act (fwd)";
+  if (role == "act_grad") return "act_grad (bwd)";
+  return role;
+}
+
+Result<MetricsSummary> summarize_step_metrics(const std::vector<StepMetrics>& records) {
+  MetricsSummary s;
+  s.records = records.size();
+  auto line_of = [](const StepMetrics& m) {
+    return m.source_line > 0 ? "line " + std::to_string(m.source_line) : std::string("a record");
+  };
+  std::map<std::pair<int64_t, int>, const StepMetrics*> seen;  // (step, worker)
+  std::set<int> workers;
+  // Per key and counting end: totals, and per step the codec and wire bytes.
+  struct Side {
+    LinkTotals totals;
+    std::map<int64_t, std::string> codec_by_step;
+    std::map<int64_t, uint64_t> wire_by_step;
+    std::map<int64_t, const StepMetrics*> reported_by;
+  };
+  std::map<LinkKey, std::map<std::string, Side>> sides;
+  std::map<int64_t, std::vector<double>> loss, val;
+  std::map<int64_t, double> tps;
+
+  for (const StepMetrics& m : records) {
+    auto [it, fresh] = seen.emplace(std::make_pair(m.step, m.worker), &m);
+    if (!fresh)
+      return invalid_argument("metrics: " + line_of(m) + " repeats step " + std::to_string(m.step) + " of worker " +
+                              std::to_string(m.worker) + " (first at " + line_of(*it->second) + ")");
+    workers.insert(m.worker);
+    if (m.loss) loss[m.step].push_back(*m.loss);
+    if (m.val_loss) val[m.step].push_back(*m.val_loss);
+    if (m.tokens_per_s) {
+      auto t = tps.find(m.step);
+      tps[m.step] = t == tps.end() ? *m.tokens_per_s : std::min(t->second, *m.tokens_per_s);
+    }
+    for (const LinkTraffic& l : m.links) {
+      Side& side = sides[LinkKey{l.src, l.dst, l.role}][l.dir];
+      auto [rep, first] = side.reported_by.emplace(m.step, &m);
+      if (!first)
+        return invalid_argument("metrics: " + line_of(m) + " counts link " + std::to_string(l.src) + "→" +
+                                std::to_string(l.dst) + " " + l.role + " (" + l.dir + ") at step " +
+                                std::to_string(m.step) + " again (already at " + line_of(*rep->second) + ")");
+      LinkTotals& t = side.totals;
+      t.messages += l.messages;
+      t.raw_bytes += l.raw_bytes;
+      t.wire_bytes += l.wire_bytes;
+      t.seconds += l.seconds;
+      side.wire_by_step[m.step] += l.wire_bytes;
+      if (!l.codec.empty()) side.codec_by_step[m.step] = l.codec;
+    }
+  }
+  s.workers = static_cast<int>(workers.size());
+  if (!seen.empty()) {
+    s.first_step = seen.begin()->first.first;
+    s.last_step = seen.rbegin()->first.first;
+  }
+
+  s.total.role = "total";
+  for (auto& [key, by_dir] : sides) {
+    // The sender's count when there is one: a receiver cannot see bytes lost on the way.
+    const std::string dir = by_dir.count("send") ? "send" : "recv";
+    Side& side = by_dir[dir];
+    LinkTotals t = side.totals;
+    std::tie(t.src, t.dst, t.role) = key;
+    t.counted_by = dir;
+    std::string last;
+    for (const auto& [step, codec] : side.codec_by_step) {
+      if (!last.empty() && codec != last)
+        s.codec_switches.push_back({t.src, t.dst, t.role, last, codec, step});
+      if (codec != last) t.codecs.push_back(codec);
+      last = codec;
+    }
+    for (const auto& [step, bytes] : side.wire_by_step) s.wire_bytes_per_step[key].push_back({step, double(bytes)});
+    s.total.messages += t.messages;
+    s.total.raw_bytes += t.raw_bytes;
+    s.total.wire_bytes += t.wire_bytes;
+    s.total.seconds += t.seconds;
+    s.links.push_back(std::move(t));
+  }
+  std::sort(s.links.begin(), s.links.end(), [](const LinkTotals& a, const LinkTotals& b) {
+    return std::make_tuple(role_order(a.role), a.src, a.dst) < std::make_tuple(role_order(b.role), b.src, b.dst);
+  });
+  std::sort(s.codec_switches.begin(), s.codec_switches.end(), [](const CodecSwitch& a, const CodecSwitch& b) {
+    return std::make_tuple(a.step, a.src, a.dst, role_order(a.role)) <
+           std::make_tuple(b.step, b.src, b.dst, role_order(b.role));
+  });
+  auto mean = [](const std::vector<double>& v) {
+    double sum = 0;
+    for (double x : v) sum += x;
+    return sum / double(v.size());
+  };
+  for (const auto& [step, v] : loss) s.loss.push_back({step, mean(v)});
+  for (const auto& [step, v] : val) s.val_loss.push_back({step, mean(v)});
+  for (const auto& [step, v] : tps) s.tokens_per_s.push_back({step, v});
+  return s;
+}
+
+std::string format_link_table(const MetricsSummary& s) {
+  if (s.links.empty()) return "no link traffic recorded\n";
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"link", "role", "messages", "raw MB", "wire MB", "ratio", "saved", "busy s", "codec"});
+  auto cells = [](const LinkTotals& t, const std::string& link, const std::string& role, const std::string& codec) {
+    const bool any = t.wire_bytes > 0;
+    return std::vector<std::string>{
+        link,
+        role,
+        std::to_string(t.messages),
+        fmt("%.2f", t.raw_bytes / 1e6),
+        fmt("%.2f", t.wire_bytes / 1e6),
+        any ? fmt("%.2fx", t.ratio()) : "-",
+        any && t.raw_bytes ? fmt("%.1f%%", 100.0 * (1.0 - double(t.wire_bytes) / double(t.raw_bytes))) : "-",
+        fmt("%.2f", t.seconds),
+        codec};
+  };
+  bool any_recv = false;
+  for (const LinkTotals& t : s.links) {
+    std::string codec;
+    for (size_t i = 0; i < t.codecs.size(); ++i) codec += (i ? "→" : "") + t.codecs[i];
+    std::string link = std::to_string(t.src) + "→" + std::to_string(t.dst);
+    if (t.counted_by == "recv") {
+      link += "*";
+      any_recv = true;
+    }
+    rows.push_back(cells(t, link, role_label(t.role), codec));
+  }
+  rows.push_back(cells(s.total, "total", "", ""));
+  std::string out = layout(rows, "llrrrrrrl");
+  out += "MB = 10^6 bytes; raw = the same tensors sent uncompressed in fp32; busy s = seconds the link was busy\n";
+  if (any_recv) out += "* counted by the receiver (the sender reported nothing for this link)\n";
+  return out;
+}
+
+std::string format_step_summary(const MetricsSummary& s, int rows) {
+  std::string out;
+  if (s.records == 0) return "no step metrics recorded\n";
+  out += "steps " + std::to_string(s.first_step) + ".." + std::to_string(s.last_step) + ", " +
+         std::to_string(s.records) + " records from " + std::to_string(s.workers) +
+         (s.workers == 1 ? " worker\n" : " workers\n");
+  if (!s.loss.empty()) {
+    std::vector<std::vector<std::string>> table{{"step", "loss"}};
+    const size_t n = s.loss.size(), k = std::min<size_t>(n, std::max(rows, 2));
+    size_t prev = n;
+    for (size_t i = 0; i < k; ++i) {
+      size_t idx = k == 1 ? 0 : (i * (n - 1) + (k - 1) / 2) / (k - 1);  // evenly spaced, ends included
+      if (idx == prev) continue;
+      prev = idx;
+      table.push_back({std::to_string(s.loss[idx].step), fmt("%.4f", s.loss[idx].value)});
+    }
+    out += layout(table, "rr");
+    auto best = std::min_element(s.loss.begin(), s.loss.end(),
+                                 [](const StepPoint& a, const StepPoint& b) { return a.value < b.value; });
+    out += "loss: first " + fmt("%.4f", s.loss.front().value) + ", last " + fmt("%.4f", s.loss.back().value) +
+           ", min " + fmt("%.4f", best->value) + " at step " + std::to_string(best->step) + "\n";
+  } else {
+    out += "no loss recorded\n";
+  }
+  if (!s.val_loss.empty())
+    out += "validation loss: last " + fmt("%.4f", s.val_loss.back().value) + " at step " +
+           std::to_string(s.val_loss.back().step) + "\n";
+  if (!s.tokens_per_s.empty()) {
+    double sum = 0;
+    for (const StepPoint& p : s.tokens_per_s) sum += p.value;
+    out += "tokens/s: mean " + fmt("%.1f", sum / double(s.tokens_per_s.size())) + " over " +
+           std::to_string(s.tokens_per_s.size()) + " steps (the slowest worker of each step)\n";
+  }
+  for (const CodecSwitch& c : s.codec_switches)
+    out += "codec change: " + std::to_string(c.src) + "→" + std::to_string(c.dst) + " " + role_label(c.role) + " " +
+           c.from + " → " + c.to + " from step " + std::to_string(c.step) + "\n";
+  return out;
+}
+
+}  // namespace lh

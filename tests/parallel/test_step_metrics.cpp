@@ -1,0 +1,258 @@
+// Tests for StepMetrics JSON lines (round trip, validation errors naming line and field) and the
+// job summary (per-link totals, codec switches, loss and tokens/s, tables). Label `parallel`.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "parallel/metrics_summary.h"
+#include "parallel/step_metrics.h"
+#include "tests/parallel/result_value.h"
+
+namespace lh {
+namespace {
+
+LinkTraffic traffic(int src, int dst, const std::string& role, uint64_t raw, uint64_t wire, const std::string& codec = "",
+                    const std::string& dir = "send") {
+  LinkTraffic t;
+  t.src = src;
+  t.dst = dst;
+  t.role = role;
+  t.dir = dir;
+  t.codec = codec;
+  t.raw_bytes = raw;
+  t.wire_bytes = wire;
+  t.messages = 2;
+  t.seconds = 0.5;
+  return t;
+}
+
+TEST(StepMetrics, RoundTripsThroughALine) {
+  StepMetrics m;
+  m.step = 12;
+  m.worker = 3;
+  m.stage = 3;
+  m.loss = 2.75;
+  m.tokens_per_s = 1234.5;
+  m.links = {traffic(3, 2, "act_grad", 4000000, 1000000, "int8"), traffic(2, 3, "act", 4000000, 1000000, "", "recv")};
+  const std::string line = step_metrics_to_line(m);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  StepMetrics back = value_of(parse_step_metrics_line(line, 7, "m.jsonl"));
+  EXPECT_EQ(back.step, 12);
+  EXPECT_EQ(back.worker, 3);
+  EXPECT_EQ(back.stage, 3);
+  EXPECT_EQ(back.loss, 2.75);
+  EXPECT_FALSE(back.val_loss.has_value());
+  EXPECT_EQ(back.tokens_per_s, 1234.5);
+  EXPECT_EQ(back.source_line, 7);
+  ASSERT_EQ(back.links.size(), 2u);
+  EXPECT_EQ(back.links[0].role, "act_grad");
+  EXPECT_EQ(back.links[0].codec, "int8");
+  EXPECT_EQ(back.links[0].raw_bytes, 4000000u);
+  EXPECT_EQ(back.links[0].wire_bytes, 1000000u);
+  EXPECT_EQ(back.links[0].messages, 2u);
+  EXPECT_EQ(back.links[0].seconds, 0.5);
+  EXPECT_EQ(back.links[1].dir, "recv");
+  EXPECT_EQ(step_metrics_to_line(back), line);
+}
+
+TEST(StepMetrics, AcceptsMinimalAndForeignLines) {
+  // `longhaul train` lines: no worker, stage or links; extra fields are ignored.
+  StepMetrics m = value_of(parse_step_metrics_line(R"({"step":5,"loss":3.1,"lr":0.001,"extra":[1,2]})", 1, "f"));
+  EXPECT_EQ(m.worker, 0);
+  EXPECT_TRUE(m.links.empty());
+  EXPECT_EQ(m.lr, 0.001);
+  // A null loss (a diverged run writes NaN as null) is absent, not an error.
+  EXPECT_FALSE(value_of(parse_step_metrics_line(R"({"step":5,"loss":null})", 1, "f")).loss.has_value());
+}
+
+TEST(StepMetrics, MalformedLinesNameLineAndField) {
+  struct Case { const char* line; const char* says; };
+  const Case cases[] = {
+      {"{\"step\":1", "not valid JSON"},
+      {"[1,2]", "expected a JSON object"},
+      {R"({"loss":1})", "field 'step': missing"},
+      {R"({"step":-1})", "field 'step': must not be negative"},
+      {R"({"step":1.5})", "field 'step': expected a non-negative integer"},
+      {R"({"step":"3"})", "field 'step': expected a non-negative integer, got \"3\""},
+      {R"({"step":1,"worker":-2})", "field 'worker'"},
+      {R"({"step":1,"loss":"low"})", "field 'loss': expected a number"},
+      {R"({"step":1,"tokens_per_s":-5})", "field 'tokens_per_s': must not be negative"},
+      {R"({"step":1,"links":{}})", "field 'links': expected an array"},
+      {R"({"step":1,"links":[3]})", "field 'links[0]': expected an object"},
+      {R"({"step":1,"links":[{"dst":1,"role":"act"}]})", "field 'links[0].src': missing"},
+      {R"({"step":1,"links":[{"src":1,"dst":1,"role":"act"}]})", "field 'links[0].dst': equals src"},
+      {R"({"step":1,"links":[{"src":0,"dst":1}]})", "field 'links[0].role': missing"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"activations"}]})", "unknown role 'activations'"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","dir":"up"}]})", "field 'links[0].dir'"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act"},{"src":0,"dst":1,"role":"act","wire_bytes":-4}]})",
+       "field 'links[1].wire_bytes': must not be negative"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","raw_bytes":1e3}]})", "field 'links[0].raw_bytes'"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","seconds":-1}]})", "field 'links[0].seconds'"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","codec":4}]})", "field 'links[0].codec': expected a string"},
+  };
+  for (const Case& c : cases) {
+    auto r = parse_step_metrics_line(c.line, 42, "run.jsonl");
+    ASSERT_FALSE(r.ok()) << c.line;
+    EXPECT_NE(r.status().message().find("run.jsonl line 42"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find(c.says), std::string::npos) << c.line << " → " << r.status().message();
+  }
+}
+
+TEST(StepMetrics, ReadsStreamsSkippingBlankLinesAndStopsAtTheFirstBadOne) {
+  std::istringstream good("{\"step\":1}\n\n  \r\n{\"step\":2}\r\n");
+  auto all = value_of(read_step_metrics(good, "s"));
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[1].source_line, 4);
+  std::istringstream bad("{\"step\":1}\n{\"step\":2}\n{\"step\":x}\n");
+  auto r = read_step_metrics(bad, "s");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("s line 3"), std::string::npos);
+  auto missing = read_step_metrics_file("/nonexistent/metrics.jsonl");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/metrics.jsonl"), std::string::npos);
+}
+
+TEST(StepMetrics, WriterAppendsValidLines) {
+  const std::string path = ::testing::TempDir() + "lh_step_metrics_writer.jsonl";
+  {
+    auto w = value_of(StepMetricsWriter::open(path));
+    StepMetrics m;
+    m.step = 1;
+    ASSERT_TRUE(w.write(m).ok());
+    EXPECT_FALSE(w.write_line("{\"step\":2}\n{\"step\":3}").ok());
+  }
+  {
+    auto w = value_of(StepMetricsWriter::open(path, /*append=*/true));
+    ASSERT_TRUE(w.write_line("{\"step\":2,\"worker\":1}").ok());
+  }
+  auto back = value_of(read_step_metrics_file(path));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].worker, 1);
+  std::remove(path.c_str());
+  EXPECT_FALSE(StepMetricsWriter::open("/nonexistent/dir/m.jsonl").ok());
+}
+
+// A 2-stage job over 3 steps: worker 0 sends activations, worker 1 sends gradients and reports the
+// loss; the activation codec changes from int8 to int4 at step 3; worker 1 also counts receives.
+std::vector<StepMetrics> two_stage_job() {
+  std::vector<StepMetrics> out;
+  int line = 0;
+  for (int step = 1; step <= 3; ++step) {
+    StepMetrics w0;
+    w0.step = step;
+    w0.worker = 0;
+    w0.tokens_per_s = 1000 + step;
+    const bool int4 = step == 3;
+    w0.links = {traffic(0, 1, "act", 8000000, int4 ? 1000000 : 2000000, int4 ? "int4" : "int8")};
+    w0.source_line = ++line;
+    StepMetrics w1;
+    w1.step = step;
+    w1.worker = 1;
+    w1.stage = 1;
+    w1.loss = 5.0 - step;
+    w1.tokens_per_s = 900;
+    w1.links = {traffic(1, 0, "act_grad", 8000000, 4000000, "bf16"),
+                traffic(0, 1, "act", 8000000, 999, "", "recv")};  // ignored: the sender counted it
+    w1.source_line = ++line;
+    out.push_back(w0);
+    out.push_back(w1);
+  }
+  return out;
+}
+
+TEST(MetricsSummary, TotalsPerLinkPreferTheSender) {
+  MetricsSummary s = value_of(summarize_step_metrics(two_stage_job()));
+  EXPECT_EQ(s.records, 6u);
+  EXPECT_EQ(s.workers, 2);
+  EXPECT_EQ(s.first_step, 1);
+  EXPECT_EQ(s.last_step, 3);
+  ASSERT_EQ(s.links.size(), 2u);
+  const LinkTotals& act = s.links[0];
+  EXPECT_EQ(act.role, "act");
+  EXPECT_EQ(act.counted_by, "send");
+  EXPECT_EQ(act.raw_bytes, 24000000u);
+  EXPECT_EQ(act.wire_bytes, 5000000u);
+  EXPECT_EQ(act.messages, 6u);
+  EXPECT_DOUBLE_EQ(act.seconds, 1.5);
+  EXPECT_DOUBLE_EQ(act.ratio(), 4.8);
+  EXPECT_EQ(act.codecs, (std::vector<std::string>{"int8", "int4"}));
+  EXPECT_EQ(s.links[1].role, "act_grad");
+  EXPECT_EQ(s.total.raw_bytes, 48000000u);
+  EXPECT_EQ(s.total.wire_bytes, 17000000u);
+  ASSERT_EQ(s.codec_switches.size(), 1u);
+  EXPECT_EQ(s.codec_switches[0].step, 3);
+  EXPECT_EQ(s.codec_switches[0].from, "int8");
+  EXPECT_EQ(s.codec_switches[0].to, "int4");
+  ASSERT_EQ(s.loss.size(), 3u);
+  EXPECT_EQ(s.loss[2].value, 2.0);
+  ASSERT_EQ(s.tokens_per_s.size(), 3u);
+  EXPECT_EQ(s.tokens_per_s[0].value, 900);  // the slower worker
+  auto wire = s.wire_bytes_per_step.at(LinkKey{0, 1, "act"});
+  ASSERT_EQ(wire.size(), 3u);
+  EXPECT_EQ(wire[2].value, 1000000.0);
+}
+
+TEST(MetricsSummary, FallsBackToTheReceiversCount) {
+  StepMetrics m;
+  m.step = 0;
+  m.worker = 1;
+  m.links = {traffic(0, 1, "act", 100, 50, "", "recv")};
+  MetricsSummary s = value_of(summarize_step_metrics({m}));
+  ASSERT_EQ(s.links.size(), 1u);
+  EXPECT_EQ(s.links[0].counted_by, "recv");
+  EXPECT_NE(format_link_table(s).find("0→1*"), std::string::npos);
+}
+
+TEST(MetricsSummary, RefusesDoubleCounting) {
+  auto job = two_stage_job();
+  job.push_back(job[2]);
+  job.back().source_line = 99;
+  auto r = summarize_step_metrics(job);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("line 99 repeats step 2 of worker 0 (first at line 3)"), std::string::npos)
+      << r.status().message();
+  StepMetrics twice;
+  twice.step = 1;
+  twice.source_line = 5;
+  twice.links = {traffic(0, 1, "act", 1, 1), traffic(0, 1, "act", 1, 1)};
+  auto r2 = summarize_step_metrics({twice});
+  ASSERT_FALSE(r2.ok());
+  EXPECT_NE(r2.status().message().find("line 5 counts link 0→1 act (send) at step 1 again"), std::string::npos)
+      << r2.status().message();
+}
+
+TEST(MetricsSummary, LinkTableIsAligned) {
+  MetricsSummary s = value_of(summarize_step_metrics(two_stage_job()));
+  EXPECT_EQ(format_link_table(s),
+            "link   role            messages  raw MB  wire MB  ratio  saved  busy s  codec\n"
+            "0→1    act (fwd)              6   24.00     5.00  4.80x  79.2%    1.50  int8→int4\n"
+            "1→0    act_grad (bwd)         6   24.00    12.00  2.00x  50.0%    1.50  bf16\n"
+            "total                        12   48.00    17.00  2.82x  64.6%    3.00\n"
+            "MB = 10^6 bytes; raw = the same tensors sent uncompressed in fp32; busy s = seconds the link was busy\n");
+  EXPECT_EQ(format_link_table(value_of(summarize_step_metrics({}))), "no link traffic recorded\n");
+}
+
+TEST(MetricsSummary, StepSummaryShowsLossAndSwitches) {
+  MetricsSummary s = value_of(summarize_step_metrics(two_stage_job()));
+  const std::string text = format_step_summary(s);
+  EXPECT_NE(text.find("steps 1..3, 6 records from 2 workers"), std::string::npos) << text;
+  EXPECT_NE(text.find("loss: first 4.0000, last 2.0000, min 2.0000 at step 3"), std::string::npos) << text;
+  EXPECT_NE(text.find("tokens/s: mean 900.0 over 3 steps"), std::string::npos) << text;
+  EXPECT_NE(text.find("codec change: 0→1 act (fwd) int8 → int4 from step 3"), std::string::npos) << text;
+  // Evenly spaced rows with both ends.
+  std::vector<StepMetrics> many;
+  for (int i = 0; i < 100; ++i) {
+    StepMetrics m;
+    m.step = i;
+    m.loss = 100 - i;
+    many.push_back(m);
+  }
+  const std::string rows = format_step_summary(value_of(summarize_step_metrics(many)), 5);
+  for (const char* want : {"   0  100.0000\n", "  25   75.0000\n", "  50   50.0000\n", "  74   26.0000\n", "  99    1.0000\n"})
+    EXPECT_NE(rows.find(want), std::string::npos) << want << " in\n" << rows;
+}
+
+}  // namespace
+}  // namespace lh
