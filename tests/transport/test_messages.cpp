@@ -1,0 +1,119 @@
+// Tests of control-message framing: every type round-trips; wrong magic/version/type, truncation, huge
+// length prefixes, stray bytes, invalid fields and random garbage are rejected with a reason, never a crash.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "transport/messages.h"
+
+namespace lh {
+namespace {
+
+Plan sample_plan() {
+  Plan p;
+  p.rank = 1;
+  p.world_size = 4;
+  p.stage = 1;
+  p.pp = 4;
+  p.peers = {{0, "h0", "cpu", {1, 2, 3}}, {1, "h1", "cpu", {4, 5}}};
+  p.codecs = {{0, 1, "fwd", "int8"}, {1, 0, "bwd", "lowrank:rank=8+int8"}};
+  p.config = R"({"steps": 10, "model": "gpt-tiny"})";
+  return p;
+}
+
+TEST(Messages, EveryTypeRoundTrips) {
+  std::vector<ControlMessage> all = {
+      Join{"tok", "host", "cpu", 12.5, {9, 8, 7}}, sample_plan(), Ready{3}, Barrier{42}, Heartbeat{7},
+      SetCodec{0, 1, "fwd", "int4", 100}, StepMetrics{2, 5, R"({"loss":1.5})"}, Shutdown{"done"}, Reject{"no"},
+      PeerLost{3, "h3", "silent"}, CtlRequest{"tok", "status", "{}"}, CtlReply{true, "{}"}};
+  ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
+  for (const auto& m : all) {
+    auto bytes = encode_message(m);
+    auto back = decode_message(bytes);
+    ASSERT_TRUE(back.ok()) << msg_type_name(message_type(m)) << ": " << back.status().to_string();
+    EXPECT_EQ(back->index(), m.index());
+    EXPECT_EQ(encode_message(*back), bytes);
+  }
+  auto p = decode_message(encode_message(sample_plan()));
+  ASSERT_TRUE(p.ok());
+  const Plan& plan = std::get<Plan>(*p);
+  EXPECT_EQ(plan.peers[1].ucx_address, (std::vector<uint8_t>{4, 5}));
+  EXPECT_EQ(plan.codecs[1].spec, "lowrank:rank=8+int8");
+  EXPECT_EQ(plan.config, sample_plan().config);
+}
+
+TEST(Messages, HeaderErrorsNameTheProblem) {
+  auto b = encode_message(Heartbeat{1});
+  auto bad_magic = b;
+  bad_magic[0] ^= 1;
+  EXPECT_NE(decode_message(bad_magic).status().message().find("magic"), std::string::npos);
+  auto bad_version = b;
+  bad_version[4] = 7;
+  auto s = decode_message(bad_version).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find("protocol version 7"), std::string::npos) << s.to_string();
+  auto bad_type = b;
+  bad_type[6] = 99;
+  EXPECT_NE(decode_message(bad_type).status().message().find("unknown message type 99"), std::string::npos);
+  EXPECT_FALSE(decode_message(b.data(), 5).ok());
+  auto stray = b;
+  stray.push_back(0);
+  EXPECT_NE(decode_message(stray).status().message().find("stray"), std::string::npos);
+}
+
+TEST(Messages, TruncationAtEveryLengthIsRejected) {
+  auto b = encode_message(sample_plan());
+  for (size_t n = 0; n < b.size(); ++n) EXPECT_FALSE(decode_message(b.data(), n).ok()) << n;
+}
+
+TEST(Messages, HugeLengthPrefixDoesNotAllocate) {
+  // A Shutdown whose string claims 2^60 bytes.
+  auto b = encode_message(Shutdown{"x"});
+  uint64_t huge = uint64_t(1) << 60;
+  std::memcpy(b.data() + kControlHeaderBytes, &huge, 8);
+  auto s = decode_message(b).status();
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt);
+  EXPECT_NE(s.message().find("size prefix"), std::string::npos) << s.to_string();
+}
+
+TEST(Messages, InvalidFieldsAreRejected) {
+  Plan p = sample_plan();
+  p.rank = 9;  // outside world size 4
+  EXPECT_FALSE(decode_message(encode_message(p)).ok());
+  p = sample_plan();
+  p.peers.push_back(p.peers[0]);
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("twice"), std::string::npos);
+  p = sample_plan();
+  p.tp = 3;
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("grid"), std::string::npos);
+  EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", -1, {1}})).ok());
+  EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", 1, {}})).ok());
+  EXPECT_FALSE(decode_message(encode_message(Ready{-2})).ok());
+  EXPECT_FALSE(decode_message(encode_message(Join{std::string(10000, 't'), "h", "cpu", 1, {1}})).ok());
+}
+
+TEST(Messages, RandomGarbageNeverCrashes) {
+  std::mt19937_64 rng(11);
+  int accepted = 0;
+  auto valid = encode_message(sample_plan());
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> b;
+    if (i % 2 == 0) {  // pure noise behind a valid header
+      b.resize(kControlHeaderBytes + rng() % 200);
+      for (auto& x : b) x = uint8_t(rng());
+      std::memcpy(b.data(), valid.data(), 6);
+      b[6] = uint8_t(1 + rng() % 12);
+      b[7] = 0;
+    } else {  // a valid message with a few bytes flipped
+      b = valid;
+      for (int k = 0; k < 3; ++k) b[kControlHeaderBytes + rng() % (b.size() - kControlHeaderBytes)] ^= uint8_t(rng());
+    }
+    auto r = decode_message(b);
+    accepted += r.ok();
+  }
+  EXPECT_LT(accepted, 20000);  // most garbage is refused; what decodes passed validation
+}
+
+}  // namespace
+}  // namespace lh
