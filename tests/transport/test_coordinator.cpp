@@ -1,0 +1,334 @@
+// Tests of the control plane in one process (coordinator and clients on their own threads and sockets):
+// join → plan → ready → barrier → metrics → set-codec → shutdown, bad tokens, garbage and protocol errors
+// rejected while the coordinator keeps serving, dead-worker detection, ctl requests, a lost coordinator.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "transport/control_client.h"
+#include "transport/coordinator.h"
+
+namespace lh {
+namespace {
+
+using namespace std::chrono_literals;
+
+CoordinatorOptions opts(int n) {
+  CoordinatorOptions o;
+  o.token = "secret";
+  o.expected_workers = n;
+  o.heartbeat_interval = 50ms;
+  o.heartbeat_timeout = 600ms;
+  return o;
+}
+
+std::unique_ptr<ControlClient> client(const std::string& ep, const std::string& token = "secret") {
+  ControlClientOptions o;
+  o.coordinator = ep;
+  o.token = token;
+  o.hostname = "test-host";
+  o.heartbeat_interval = 50ms;
+  auto c = ControlClient::connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  return std::move(c).value();
+}
+
+std::vector<uint8_t> fake_address(int i) { return std::vector<uint8_t>(16, uint8_t(i + 1)); }
+
+// A bare DEALER that sends arbitrary frames and returns the first reply it gets.
+struct RawDealer {
+  void* ctx = zmq_ctx_new();
+  void* sock = zmq_socket(ctx, ZMQ_DEALER);
+  explicit RawDealer(const std::string& ep) {
+    int linger = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_connect(sock, ep.c_str());
+  }
+  ~RawDealer() {
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+  }
+  void send(const std::vector<std::vector<uint8_t>>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i)
+      zmq_send(sock, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+  }
+  std::optional<ControlMessage> reply(int timeout_ms = 3000) {
+    zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, timeout_ms) <= 0) return std::nullopt;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    zmq_msg_recv(&m, sock, 0);
+    auto* p = static_cast<uint8_t*>(zmq_msg_data(&m));
+    std::vector<uint8_t> b(p, p + zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    auto d = decode_message(b);
+    if (!d.ok()) return std::nullopt;
+    return d.value();
+  }
+  std::string reject_reason(int timeout_ms = 3000) {
+    for (int i = 0; i < 20; ++i) {
+      auto r = reply(timeout_ms);
+      if (!r) return "<no reply>";
+      if (auto* rej = std::get_if<Reject>(&*r)) return rej->reason;
+    }
+    return "<no reject>";
+  }
+};
+
+TEST(Coordinator, JoinPlanReadyBarrierMetricsSetCodecShutdown) {
+  std::atomic<int> joins{0}, metrics{0};
+  std::atomic<bool> all_ready{false};
+  CoordinatorHooks hooks;
+  hooks.on_join = [&](const WorkerInfo&) { ++joins; };
+  hooks.on_metrics = [&](const StepMetrics& m) { metrics += m.step == 7 ? 1 : 0; };
+  hooks.on_all_ready = [&] { all_ready = true; };
+  hooks.make_plans = [](const std::vector<WorkerInfo>& ws) -> Result<std::vector<Plan>> {
+    std::vector<Plan> plans;
+    for (size_t i = 0; i < ws.size(); ++i) {  // reverse join order, to see ranks come from the hook
+      Plan p;
+      p.rank = int(ws.size() - 1 - i);
+      p.world_size = int(ws.size());
+      p.pp = int(ws.size());
+      p.stage = p.rank;
+      p.config = R"({"steps": 3})";
+      p.codecs = {{0, 1, "fwd", "int8"}};
+      plans.push_back(p);
+    }
+    return plans;
+  };
+  auto c = Coordinator::start(opts(3), hooks);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  Coordinator& coord = **c;
+  EXPECT_NE(coord.endpoint().find("tcp://127.0.0.1:"), std::string::npos);
+
+  std::vector<std::unique_ptr<ControlClient>> cs;
+  for (int i = 0; i < 3; ++i) cs.push_back(client(coord.endpoint()));
+  std::vector<Plan> plans(3);
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 3; ++i)
+    ts.emplace_back([&, i] {
+      auto p = cs[i]->join(fake_address(i), 10s);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      plans[i] = *p;
+      ASSERT_TRUE(cs[i]->ready(10s).ok());
+      ASSERT_TRUE(cs[i]->barrier(5, 10s).ok());
+      cs[i]->send_metrics(7, R"({"loss": 2.0})");
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(joins, 3);
+  EXPECT_TRUE(all_ready);
+  std::set<int> ranks;
+  for (auto& p : plans) {
+    ranks.insert(p.rank);
+    EXPECT_EQ(p.world_size, 3);
+    EXPECT_EQ(p.config, R"({"steps": 3})");
+    ASSERT_EQ(p.peers.size(), 3u);  // filled in by the coordinator, indexed by rank
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(p.peers[r].rank, r);
+    EXPECT_EQ(p.heartbeat_interval_ms, 50);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  // Worker i joined i-th and got rank 2-i, so rank 2's peer entry carries worker 0's address.
+  EXPECT_EQ(plans[0].peers[2].ucx_address, fake_address(0));
+
+  for (int i = 0; i < 50 && metrics < 3; ++i) std::this_thread::sleep_for(20ms);
+  EXPECT_EQ(metrics, 3);
+  // Heartbeats keep everyone alive well past the timeout.
+  std::this_thread::sleep_for(900ms);
+  for (auto& w : coord.workers()) EXPECT_EQ(w.state, WorkerInfo::State::kReady);
+
+  coord.broadcast(SetCodec{0, 1, "fwd", "int4", 10});
+  for (auto& cl : cs) {
+    auto ev = cl->wait_event(5s);
+    ASSERT_TRUE(ev.has_value());
+    auto* sc = std::get_if<SetCodec>(&*ev);
+    ASSERT_NE(sc, nullptr);
+    EXPECT_EQ(sc->spec, "int4");
+    EXPECT_EQ(sc->apply_at_step, 10);
+  }
+  coord.shutdown("test over");
+  for (auto& cl : cs) {
+    auto ev = cl->wait_event(5s);
+    ASSERT_TRUE(ev.has_value());
+    ASSERT_TRUE(std::holds_alternative<Shutdown>(*ev));
+    EXPECT_EQ(std::get<Shutdown>(*ev).reason, "test over");
+    EXPECT_TRUE(cl->shutdown_requested());
+  }
+  EXPECT_TRUE(coord.wait_done(1s));
+  EXPECT_EQ(coord.rejected(), 0u);
+}
+
+TEST(Coordinator, WrongTokenIsRejectedAndOthersStillJoin) {
+  auto c = Coordinator::start(opts(1));
+  ASSERT_TRUE(c.ok());
+  auto bad = client((*c)->endpoint(), "guess");
+  auto r = bad->join(fake_address(0), 5s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("wrong join token"), std::string::npos) << r.status().to_string();
+  auto good = client((*c)->endpoint());
+  auto p = good->join(fake_address(1), 5s);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_EQ(p->rank, 0);
+  EXPECT_EQ((*c)->rejected(), 1u);
+  // The job is now full and planned: a late joiner is refused too.
+  auto late = client((*c)->endpoint());
+  EXPECT_FALSE(late->join(fake_address(2), 5s).ok());
+}
+
+TEST(Coordinator, GarbageAndProtocolErrorsAreRejectedWhileServing) {
+  auto c = Coordinator::start(opts(1));
+  ASSERT_TRUE(c.ok());
+  const std::string ep = (*c)->endpoint();
+  RawDealer raw(ep);
+  raw.send({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}});
+  EXPECT_NE(raw.reject_reason().find("magic"), std::string::npos);
+  auto wrong_version = encode_message(Join{"secret", "h", "cpu", 1, {1}});
+  wrong_version[4] = 9;
+  raw.send({wrong_version});
+  EXPECT_NE(raw.reject_reason().find("protocol version 9"), std::string::npos);
+  auto unknown = encode_message(Heartbeat{1});
+  unknown[6] = 200;
+  raw.send({unknown});
+  EXPECT_NE(raw.reject_reason().find("unknown message type 200"), std::string::npos);
+  raw.send({encode_message(Heartbeat{1}), encode_message(Heartbeat{2})});
+  EXPECT_NE(raw.reject_reason().find("one frame"), std::string::npos);
+  raw.send({encode_message(Ready{0})});
+  EXPECT_NE(raw.reject_reason().find("not joined"), std::string::npos);
+  raw.send({encode_message(Plan{})});  // invalid fields (rank -1)
+  EXPECT_NE(raw.reject_reason().find("plan rank -1"), std::string::npos);
+  raw.send({{}});
+  EXPECT_NE(raw.reject_reason().find("shorter than"), std::string::npos);
+
+  // Bytes that are not even ZMTP, straight onto the TCP port.
+  int port = std::stoi(ep.substr(ep.rfind(':') + 1));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  std::string junk(4096, '\xff');
+  ASSERT_GT(write(fd, junk.data(), junk.size()), 0);
+  close(fd);
+
+  EXPECT_EQ((*c)->rejected(), 7u);
+  auto good = client(ep);
+  auto p = good->join(fake_address(0), 5s);
+  ASSERT_TRUE(p.ok()) << p.status().to_string();
+  EXPECT_TRUE(good->ready(5s).ok());
+}
+
+TEST(Coordinator, SilentWorkerIsDeclaredDeadAndOthersAreTold) {
+  std::atomic<int> lost_rank{-1};
+  CoordinatorHooks hooks;
+  hooks.on_worker_lost = [&](const WorkerInfo& w, const std::string&) { lost_rank = w.rank; };
+  auto c = Coordinator::start(opts(3), hooks);
+  ASSERT_TRUE(c.ok());
+  std::vector<std::unique_ptr<ControlClient>> cs;
+  for (int i = 0; i < 3; ++i) cs.push_back(client((*c)->endpoint()));
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 3; ++i)
+    ts.emplace_back([&, i] {
+      ASSERT_TRUE(cs[i]->join(fake_address(i), 10s).ok());
+      ASSERT_TRUE(cs[i]->ready(10s).ok());
+    });
+  for (auto& t : ts) t.join();
+  int victim = cs[1]->plan()->rank;
+  auto silent_since = std::chrono::steady_clock::now();
+  cs[1]->stop_heartbeats_for_test();
+  for (int i : {0, 2}) {
+    auto ev = cs[i]->wait_event(5s);
+    ASSERT_TRUE(ev.has_value());
+    auto* lost = std::get_if<PeerLost>(&*ev);
+    ASSERT_NE(lost, nullptr);
+    EXPECT_EQ(lost->rank, victim);
+    EXPECT_NE(lost->reason.find("no message for"), std::string::npos);
+  }
+  // Timeout 600 ms; generous slack for a loaded machine.
+  EXPECT_LT(std::chrono::steady_clock::now() - silent_since, 4s);
+  EXPECT_EQ(lost_rank, victim);
+  for (auto& w : (*c)->workers()) EXPECT_EQ(w.state == WorkerInfo::State::kDead, w.rank == victim);
+  // Barriers now complete among the survivors.
+  std::thread t0([&] { EXPECT_TRUE(cs[0]->barrier(3, 5s).ok()); });
+  EXPECT_TRUE(cs[2]->barrier(3, 5s).ok());
+  t0.join();
+}
+
+TEST(Coordinator, LeavingWorkerIsReportedAndJobEnds) {
+  auto c = Coordinator::start(opts(2));
+  ASSERT_TRUE(c.ok());
+  auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
+  std::thread ta([&] { ASSERT_TRUE(a->join(fake_address(0), 5s).ok()); ASSERT_TRUE(a->ready(5s).ok()); });
+  ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
+  ASSERT_TRUE(b->ready(5s).ok());
+  ta.join();
+  a->leave("finished");
+  auto ev = b->wait_event(5s);
+  ASSERT_TRUE(ev.has_value() && std::holds_alternative<PeerLost>(*ev));
+  EXPECT_NE(std::get<PeerLost>(*ev).reason.find("finished"), std::string::npos);
+  b->leave("finished");
+  EXPECT_TRUE((*c)->wait_done(5s));
+}
+
+TEST(Coordinator, CtlStatusSetCodecAndRefusals) {
+  auto c = Coordinator::start(opts(1));
+  ASSERT_TRUE(c.ok());
+  auto w = client((*c)->endpoint());
+  ASSERT_TRUE(w->join(fake_address(0), 5s).ok());
+  ASSERT_TRUE(w->ready(5s).ok());
+  auto st = ctl_request((*c)->endpoint(), CtlRequest{"secret", "status", ""}, 5s);
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  ASSERT_TRUE(st->ok);
+  auto j = nlohmann::json::parse(st->body);
+  EXPECT_EQ(j["workers"].size(), 1u);
+  EXPECT_EQ(j["workers"][0]["state"], "ready");
+  auto sc = ctl_request((*c)->endpoint(),
+                        CtlRequest{"secret", "set-codec", R"({"src":0,"dst":1,"dir":"bwd","spec":"int2"})"}, 5s);
+  ASSERT_TRUE(sc.ok() && sc->ok) << (sc.ok() ? sc->body : sc.status().to_string());
+  auto ev = w->wait_event(5s);
+  ASSERT_TRUE(ev.has_value() && std::holds_alternative<SetCodec>(*ev));
+  EXPECT_EQ(std::get<SetCodec>(*ev).dir, "bwd");
+  auto bad_args = ctl_request((*c)->endpoint(), CtlRequest{"secret", "set-codec", "{not json"}, 5s);
+  ASSERT_TRUE(bad_args.ok());
+  EXPECT_FALSE(bad_args->ok);
+  auto unknown = ctl_request((*c)->endpoint(), CtlRequest{"secret", "reboot", ""}, 5s);
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_FALSE(unknown->ok);
+  EXPECT_NE(unknown->body.find("unknown ctl command"), std::string::npos);
+  auto bad_token = ctl_request((*c)->endpoint(), CtlRequest{"nope", "status", ""}, 5s);
+  EXPECT_FALSE(bad_token.ok());
+}
+
+TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
+  auto c = Coordinator::start(opts(1));
+  ASSERT_TRUE(c.ok());
+  ControlClientOptions o;
+  o.coordinator = (*c)->endpoint();
+  o.token = "secret";
+  auto w = ControlClient::connect(o);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->join(fake_address(0), 5s).ok());  // plan says: timeout 600 ms
+  c->reset();  // the coordinator vanishes without a word
+  auto ev = (*w)->wait_event(5s);
+  ASSERT_TRUE(ev.has_value() && std::holds_alternative<Shutdown>(*ev));
+  EXPECT_NE(std::get<Shutdown>(*ev).reason.find("coordinator lost"), std::string::npos);
+}
+
+TEST(ControlClient, UnreachableCoordinatorTimesOut) {
+  ControlClientOptions o;
+  o.coordinator = "tcp://127.0.0.1:1";  // nothing listens on port 1
+  o.token = "secret";
+  auto w = ControlClient::connect(o);
+  ASSERT_TRUE(w.ok());
+  EXPECT_EQ((*w)->join(fake_address(0), 300ms).status().code(), StatusCode::kUnavailable);
+  o.coordinator = "not-an-endpoint";
+  EXPECT_FALSE(ControlClient::connect(o).ok());
+}
+
+}  // namespace
+}  // namespace lh

@@ -1,0 +1,212 @@
+// A worker's side of the control plane and the one-shot ctl request. Used by the app layer and tests.
+#include "transport/control_client.h"
+
+#include <unistd.h>
+
+#include "core/log.h"
+
+namespace lh {
+
+Result<std::unique_ptr<ControlClient>> ControlClient::connect(const ControlClientOptions& options) {
+  std::unique_ptr<ControlClient> c(new ControlClient());
+  c->options_ = options;
+  if (c->options_.hostname.empty()) {
+    char buf[256] = {};
+    gethostname(buf, sizeof(buf) - 1);
+    c->options_.hostname = buf;
+  }
+  c->interval_ = options.heartbeat_interval;
+  c->timeout_ = options.coordinator_timeout;
+  c->last_heard_ = std::chrono::steady_clock::now();
+  ZmqLoop::Options lo;
+  lo.socket_type = ZMQ_DEALER;
+  lo.endpoint = options.coordinator;
+  lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
+  lo.max_message_bytes = int64_t(kMaxControlMessage);
+  ControlClient* self = c.get();
+  LH_ASSIGN_OR_RETURN(c->loop_, ZmqLoop::start(
+                                    lo, [self](Frames&& f) { self->on_message(std::move(f)); },
+                                    [self] { self->on_tick(); }));
+  return c;
+}
+
+ControlClient::~ControlClient() { loop_.reset(); }
+
+void ControlClient::send(const ControlMessage& m) { loop_->send({encode_message(m)}); }
+
+void ControlClient::on_message(Frames&& frames) {
+  if (frames.size() != 1) {
+    LH_LOG_WARN("control: ignoring a {}-frame message from the coordinator", frames.size());
+    return;
+  }
+  auto decoded = decode_message(frames[0]);
+  if (!decoded.ok()) {
+    LH_LOG_WARN("control: ignoring a bad message from the coordinator: {}", decoded.status().message());
+    return;
+  }
+  ControlMessage& m = decoded.value();
+  std::lock_guard<std::mutex> lock(mu_);
+  last_heard_ = std::chrono::steady_clock::now();
+  switch (message_type(m)) {
+    case MsgType::kHeartbeat: return;
+    case MsgType::kPlan:
+      if (joined_ || join_reply_) {
+        LH_LOG_WARN("control: ignoring a second Plan");
+        return;
+      }
+      join_reply_ = Result<Plan>(std::get<Plan>(std::move(m)));
+      break;
+    case MsgType::kReject:
+      LH_LOG_WARN("control: the coordinator refused a message: {}", std::get<Reject>(m).reason);
+      if (!joined_ && !join_reply_) join_reply_ = Result<Plan>(invalid_argument("join refused: " + std::get<Reject>(m).reason));
+      else events_.push_back(std::move(m));
+      break;
+    case MsgType::kBarrier: released_barriers_.insert(std::get<Barrier>(m).id); break;
+    case MsgType::kShutdown:
+      shutdown_ = true;
+      events_.push_back(std::move(m));
+      break;
+    case MsgType::kSetCodec:
+    case MsgType::kPeerLost: events_.push_back(std::move(m)); break;
+    default: LH_LOG_WARN("control: ignoring {} from the coordinator", msg_type_name(message_type(m))); return;
+  }
+  cv_.notify_all();
+}
+
+void ControlClient::on_tick() {
+  auto now = std::chrono::steady_clock::now();
+  bool beat = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!joined_ && !join_reply_) return;  // nothing to keep alive yet
+    if (!shutdown_ && now - last_heard_ > timeout_) {
+      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
+      LH_LOG_ERROR("control: coordinator silent for {} ms; treating it as lost", silent);
+      shutdown_ = true;
+      events_.push_back(Shutdown{"coordinator lost: silent for " + std::to_string(silent) + " ms"});
+      cv_.notify_all();
+      return;
+    }
+    if (!shutdown_ && !heartbeats_paused_ && now - last_beat_ >= interval_) {
+      last_beat_ = now;
+      beat = true;
+    }
+  }
+  if (beat) send(Heartbeat{++seq_});
+}
+
+Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (joined_ || join_reply_) return invalid_argument("join() called twice");
+    last_heard_ = std::chrono::steady_clock::now();
+  }
+  send(Join{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address});
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return join_reply_.has_value(); }))
+    return unavailable("no Plan from the coordinator at " + options_.coordinator + " within " +
+                       std::to_string(timeout.count()) + " ms");
+  Result<Plan> r = std::move(*join_reply_);
+  if (!r.ok()) return r.status();
+  joined_ = true;
+  interval_ = std::chrono::milliseconds(r->heartbeat_interval_ms);
+  timeout_ = std::chrono::milliseconds(r->heartbeat_timeout_ms);
+  plan_ = r.value();
+  return r;
+}
+
+Status ControlClient::ready(std::chrono::milliseconds timeout) {
+  if (!plan_) return invalid_argument("ready() before join()");
+  send(Ready{plan_->rank});
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(0) || shutdown_; }))
+    return unavailable("the job did not start within " + std::to_string(timeout.count()) + " ms");
+  if (!released_barriers_.count(0)) return unavailable("shut down before the job started");
+  return Status::Ok();
+}
+
+Status ControlClient::barrier(uint64_t id, std::chrono::milliseconds timeout) {
+  if (!plan_) return invalid_argument("barrier() before join()");
+  if (id == 0) return invalid_argument("barrier 0 is the start barrier; use ready()");
+  send(Barrier{id});
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(id) || shutdown_; }))
+    return unavailable("barrier " + std::to_string(id) + " not released within " + std::to_string(timeout.count()) + " ms");
+  if (!released_barriers_.count(id)) return unavailable("shut down while waiting at barrier " + std::to_string(id));
+  released_barriers_.erase(id);
+  return Status::Ok();
+}
+
+void ControlClient::send_metrics(int64_t step, std::string json) {
+  if (!plan_) return;
+  send(StepMetrics{plan_->rank, step, std::move(json)});
+}
+
+void ControlClient::leave(const std::string& reason) { send(Shutdown{reason}); }
+
+std::optional<ControlMessage> ControlClient::poll_event() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (events_.empty()) return std::nullopt;
+  ControlMessage m = std::move(events_.front());
+  events_.pop_front();
+  return m;
+}
+
+std::optional<ControlMessage> ControlClient::wait_event(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return std::nullopt;
+  ControlMessage m = std::move(events_.front());
+  events_.pop_front();
+  return m;
+}
+
+bool ControlClient::shutdown_requested() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shutdown_;
+}
+
+Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& req, std::chrono::milliseconds timeout) {
+  void* ctx = zmq_ctx_new();
+  void* sock = zmq_socket(ctx, ZMQ_DEALER);
+  auto cleanup = [&] {
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+  };
+  int linger = 0;
+  zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_connect(sock, coordinator.c_str()) != 0) {
+    std::string why = zmq_strerror(zmq_errno());
+    cleanup();
+    return invalid_argument("cannot connect to '" + coordinator + "': " + why);
+  }
+  auto msg = encode_message(req);
+  zmq_send(sock, msg.data(), msg.size(), 0);
+  zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    long left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    if (left <= 0 || zmq_poll(&item, 1, left) <= 0) {
+      cleanup();
+      return unavailable("no reply from the coordinator at " + coordinator);
+    }
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    zmq_msg_recv(&m, sock, 0);
+    auto* p = static_cast<uint8_t*>(zmq_msg_data(&m));
+    std::vector<uint8_t> bytes(p, p + zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    auto d = decode_message(bytes);
+    if (!d.ok()) continue;  // e.g. a heartbeat-era message we do not care about
+    if (auto* reply = std::get_if<CtlReply>(&d.value())) {
+      cleanup();
+      return *reply;
+    }
+    if (auto* rej = std::get_if<Reject>(&d.value())) {
+      std::string why = rej->reason;
+      cleanup();
+      return invalid_argument("coordinator refused the request: " + why);
+    }
+  }
+}
+
+}  // namespace lh

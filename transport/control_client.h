@@ -1,0 +1,91 @@
+// defines: lh::ControlClient, a worker's DEALER connection to the coordinator (join → plan → ready → barriers,
+// heartbeats in the background, metrics up, SetCodec/PeerLost/Shutdown events down), and ctl_request() for
+// one-shot tools. Used by `longhaul worker`, `launch`, `ctl` and the transport tests.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "transport/messages.h"
+#include "transport/zmq_loop.h"
+
+namespace lh {
+
+struct ControlClientOptions {
+  std::string coordinator;  // "tcp://HOST:PORT"
+  std::string token;
+  std::string hostname;     // empty: gethostname()
+  std::string device = "cpu";
+  double compute_speed = 0;
+  // Until the Plan says otherwise: how often to heartbeat, and how long the coordinator may be silent
+  // before it is considered lost (a Shutdown event is then queued).
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds coordinator_timeout{5000};
+};
+
+// Typical worker:
+//   auto cc = ControlClient::connect(opts);                     // starts the background thread
+//   LH_ASSIGN_OR_RETURN(Plan plan, (*cc)->join(plane->address(), 60s));
+//   plane->connect(plan.rank, addresses from plan.peers);
+//   LH_RETURN_IF_ERROR((*cc)->ready(60s));                       // returns when every worker is ready
+//   for each step: while (auto ev = cc->poll_event()) { SetCodec / PeerLost / Shutdown … }
+//                  cc->send_metrics(step, json);
+//   cc->leave("done");
+class ControlClient {
+ public:
+  static Result<std::unique_ptr<ControlClient>> connect(const ControlClientOptions& options);
+  ~ControlClient();
+
+  // Sends Join and waits for this worker's Plan. A Reject (wrong token, job full …) is returned as
+  // InvalidArgument carrying the coordinator's reason.
+  Result<Plan> join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout);
+  // Sends Ready and waits for the start barrier (Barrier 0).
+  Status ready(std::chrono::milliseconds timeout);
+  // Waits until every live worker reached barrier `id` (> 0).
+  Status barrier(uint64_t id, std::chrono::milliseconds timeout);
+  void send_metrics(int64_t step, std::string json);
+  // Tells the coordinator this worker is leaving (it then tells the others).
+  void leave(const std::string& reason);
+
+  // Pushed by the coordinator after the plan: SetCodec, PeerLost, Shutdown (also queued when the
+  // coordinator goes silent), and Reject for a refused message.
+  std::optional<ControlMessage> poll_event();
+  std::optional<ControlMessage> wait_event(std::chrono::milliseconds timeout);
+  bool shutdown_requested() const;
+  const std::optional<Plan>& plan() const { return plan_; }
+
+  // For tests: stop heartbeating (the coordinator should declare this worker dead).
+  void stop_heartbeats_for_test() { heartbeats_paused_ = true; }
+
+ private:
+  ControlClient() = default;
+  void on_message(Frames&& frames);
+  void on_tick();
+  void send(const ControlMessage& m);
+
+  ControlClientOptions options_;
+  std::unique_ptr<ZmqLoop> loop_;
+  std::optional<Plan> plan_;  // written by join() only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Result<Plan>> join_reply_;
+  std::set<uint64_t> released_barriers_;
+  std::deque<ControlMessage> events_;
+  bool shutdown_ = false, joined_ = false;
+  std::chrono::steady_clock::time_point last_heard_{}, last_beat_{};
+  std::chrono::milliseconds interval_{500}, timeout_{5000};
+  uint64_t seq_ = 0;
+  std::atomic<bool> heartbeats_paused_{false};
+};
+
+// One request from a tool that has not joined (`longhaul ctl`): sends `req`, waits for the CtlReply.
+Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& req, std::chrono::milliseconds timeout);
+
+}  // namespace lh

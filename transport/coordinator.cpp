@@ -1,0 +1,429 @@
+// The coordinator's message handling: admission by token, plans, barriers, heartbeats, dead-worker detection,
+// metrics and ctl relay, rejection with a logged reason. Used by the app layer and tests.
+#include "transport/coordinator.h"
+
+#include <algorithm>
+
+#include "core/log.h"
+
+namespace lh {
+namespace {
+
+using Deferred = std::vector<std::function<void()>>;
+
+void run_all(Deferred& d) {
+  for (auto& fn : d) fn();
+}
+
+bool live(const WorkerInfo& w) { return w.state != WorkerInfo::State::kDead && w.state != WorkerInfo::State::kLeft; }
+
+std::string printable_id(const std::string& id) {
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : id) {
+    s += hex[c >> 4];
+    s += hex[c & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+const char* worker_state_name(WorkerInfo::State s) {
+  switch (s) {
+    case WorkerInfo::State::kJoined: return "joined";
+    case WorkerInfo::State::kPlanned: return "planned";
+    case WorkerInfo::State::kReady: return "ready";
+    case WorkerInfo::State::kDead: return "dead";
+    case WorkerInfo::State::kLeft: return "left";
+  }
+  return "unknown";
+}
+
+Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions& options, CoordinatorHooks hooks) {
+  if (options.expected_workers < 1 || options.expected_workers > 4096)
+    return invalid_argument("expected workers " + std::to_string(options.expected_workers) + " outside [1, 4096]");
+  if (options.heartbeat_interval.count() <= 0 || options.heartbeat_timeout < options.heartbeat_interval)
+    return invalid_argument("heartbeat timeout must be at least the (positive) heartbeat interval");
+  std::unique_ptr<Coordinator> c(new Coordinator());
+  c->options_ = options;
+  c->hooks_ = std::move(hooks);
+  ZmqLoop::Options lo;
+  lo.socket_type = ZMQ_ROUTER;
+  lo.endpoint = options.listen;
+  lo.bind = true;
+  lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
+  lo.max_message_bytes = int64_t(kMaxControlMessage);
+  Coordinator* self = c.get();
+  LH_ASSIGN_OR_RETURN(c->loop_, ZmqLoop::start(
+                                    lo, [self](Frames&& f) { self->on_message(std::move(f)); },
+                                    [self] { self->on_tick(); }));
+  LH_LOG_INFO("coordinator listening on {} for {} workers", c->endpoint(), options.expected_workers);
+  return c;
+}
+
+Coordinator::~Coordinator() { loop_.reset(); }
+
+void Coordinator::send_raw(const std::string& identity, const ControlMessage& m) {
+  auto body = encode_message(m);
+  loop_->send({std::vector<uint8_t>(identity.begin(), identity.end()), std::move(body)});
+}
+
+void Coordinator::reject(const std::string& identity, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++rejected_;
+  }
+  LH_LOG_WARN("coordinator: rejected a message from {}: {}", printable_id(identity), reason);
+  send_raw(identity, Reject{reason});
+}
+
+WorkerInfo* Coordinator::find(const std::string& identity) {
+  for (auto& w : workers_)
+    if (w.identity == identity) return &w;
+  return nullptr;
+}
+
+void Coordinator::on_message(Frames&& frames) {
+  if (frames.size() != 2) {
+    if (!frames.empty()) {
+      std::string id(frames[0].begin(), frames[0].end());
+      reject(id, "expected one frame per message, got " + std::to_string(frames.size() - 1));
+    }
+    return;
+  }
+  std::string id(frames[0].begin(), frames[0].end());
+  auto decoded = decode_message(frames[1]);
+  if (!decoded.ok()) return reject(id, decoded.status().message());
+  ControlMessage& m = decoded.value();
+  MsgType type = message_type(m);
+  if (type == MsgType::kJoin) return handle_join(id, std::move(std::get<Join>(m)));
+  if (type == MsgType::kCtlRequest) return handle_ctl(id, std::get<CtlRequest>(m));
+
+  Deferred later;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    WorkerInfo* w = find(id);
+    if (!w || !live(*w)) {
+      lock.unlock();
+      return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined");
+    }
+    w->last_seen = std::chrono::steady_clock::now();
+    switch (type) {
+      case MsgType::kHeartbeat: break;
+      case MsgType::kReady: {
+        int r = std::get<Ready>(m).rank;
+        if (w->state != WorkerInfo::State::kPlanned || r != w->rank) {
+          std::string why = "Ready for rank " + std::to_string(r) + " from a worker in state " +
+                            worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
+          lock.unlock();
+          return reject(id, why);
+        }
+        w->state = WorkerInfo::State::kReady;
+        LH_LOG_INFO("coordinator: rank {} ready", r);
+        lock.unlock();
+        check_barriers();
+        return;
+      }
+      case MsgType::kBarrier: {
+        if (w->rank < 0) {
+          lock.unlock();
+          return reject(id, "Barrier before a plan");
+        }
+        barrier_arrivals_[std::get<Barrier>(m).id].insert(w->rank);
+        lock.unlock();
+        check_barriers();
+        return;
+      }
+      case MsgType::kStepMetrics: {
+        auto& sm = std::get<StepMetrics>(m);
+        if (sm.rank != w->rank) {
+          lock.unlock();
+          return reject(id, "StepMetrics for rank " + std::to_string(sm.rank) + " from rank " + std::to_string(w->rank));
+        }
+        if (hooks_.on_metrics) later.push_back([this, sm] { hooks_.on_metrics(sm); });
+        break;
+      }
+      case MsgType::kShutdown: {
+        declare_lost(*w, WorkerInfo::State::kLeft, "left: " + std::get<Shutdown>(m).reason, later);
+        break;
+      }
+      default: {
+        lock.unlock();
+        return reject(id, std::string(msg_type_name(type)) + " is not a message a worker sends");
+      }
+    }
+  }
+  run_all(later);
+}
+
+void Coordinator::handle_join(const std::string& id, Join&& join) {
+  if (join.token != options_.token) {
+    return reject(id, "wrong join token from host '" + join.hostname + "'");
+  }
+  join.token.clear();
+  WorkerInfo snapshot;
+  bool plan_now = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::string why;
+    if (find(id)) why = "already joined";
+    else if (planned_) why = "the job is already planned";
+    else if (int(workers_.size()) >= options_.expected_workers)
+      why = "the job is full (" + std::to_string(options_.expected_workers) + " workers)";
+    if (!why.empty()) {
+      lock.unlock();
+      return reject(id, why);
+    }
+    WorkerInfo w;
+    w.identity = id;
+    w.join_order = int(workers_.size());
+    w.join = std::move(join);
+    w.last_seen = std::chrono::steady_clock::now();
+    workers_.push_back(w);
+    snapshot = w;
+    plan_now = int(workers_.size()) == options_.expected_workers;
+    LH_LOG_INFO("coordinator: worker {} joined from '{}' ({}, {:.1f} GFLOP/s), {}/{}", w.join_order, w.join.hostname,
+                w.join.device, w.join.compute_speed, workers_.size(), options_.expected_workers);
+  }
+  if (hooks_.on_join) hooks_.on_join(snapshot);
+  if (plan_now) send_plans();
+}
+
+void Coordinator::send_plans() {
+  std::vector<WorkerInfo> ws = workers();
+  std::vector<Plan> plans;
+  if (hooks_.make_plans) {
+    auto r = hooks_.make_plans(ws);
+    if (!r.ok()) {
+      LH_LOG_ERROR("coordinator: cannot plan the job: {}", r.status().to_string());
+      shutdown("planning failed: " + r.status().message());
+      return;
+    }
+    plans = std::move(r).value();
+  } else {
+    for (size_t i = 0; i < ws.size(); ++i) {
+      Plan p;
+      p.rank = int(i);
+      p.world_size = int(ws.size());
+      p.stage = int(i);
+      p.pp = int(ws.size());
+      plans.push_back(p);
+    }
+  }
+  std::set<int> ranks;
+  for (auto& p : plans) ranks.insert(p.rank);
+  if (plans.size() != ws.size() || ranks.size() != ws.size() || *ranks.begin() != 0 || *ranks.rbegin() != int(ws.size()) - 1) {
+    LH_LOG_ERROR("coordinator: make_plans returned {} plans for {} workers or ranks not 0..N-1", plans.size(), ws.size());
+    shutdown("planning failed: bad plan set");
+    return;
+  }
+  std::vector<PeerInfo> peers(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i)
+    peers[size_t(plans[i].rank)] = PeerInfo{plans[i].rank, ws[i].join.hostname, ws[i].join.device, ws[i].join.ucx_address};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      workers_[i].rank = plans[i].rank;
+      if (workers_[i].state == WorkerInfo::State::kJoined) workers_[i].state = WorkerInfo::State::kPlanned;
+      rank_to_identity_[plans[i].rank] = workers_[i].identity;
+    }
+    planned_ = true;
+  }
+  for (size_t i = 0; i < ws.size(); ++i) {
+    Plan& p = plans[i];
+    if (p.peers.empty()) p.peers = peers;
+    p.heartbeat_interval_ms = int32_t(options_.heartbeat_interval.count());
+    p.heartbeat_timeout_ms = int32_t(options_.heartbeat_timeout.count());
+    send_raw(ws[i].identity, p);
+  }
+  LH_LOG_INFO("coordinator: plans sent to {} workers", ws.size());
+}
+
+void Coordinator::check_barriers() {
+  std::vector<uint64_t> released;
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<int> live_ranks;
+    bool every_ready = planned_;
+    for (auto& w : workers_) {
+      if (!live(w)) continue;
+      live_ranks.insert(w.rank);
+      if (w.state != WorkerInfo::State::kReady) every_ready = false;
+    }
+    if (every_ready && !all_ready_ && !live_ranks.empty()) {
+      all_ready_ = true;
+      start = true;
+    }
+    for (auto it = barrier_arrivals_.begin(); it != barrier_arrivals_.end();) {
+      bool all = all_ready_ && !live_ranks.empty() &&
+                 std::includes(it->second.begin(), it->second.end(), live_ranks.begin(), live_ranks.end());
+      if (all) {
+        released.push_back(it->first);
+        it = barrier_arrivals_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (start) {
+    LH_LOG_INFO("coordinator: every worker is ready; starting");
+    broadcast(Barrier{0});
+    cv_.notify_all();
+    if (hooks_.on_all_ready) hooks_.on_all_ready();
+  }
+  for (uint64_t id : released) broadcast(Barrier{id});
+}
+
+void Coordinator::declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,
+                               std::vector<std::function<void()>>& later) {
+  w.state = state;
+  PeerLost lost{w.rank, w.join.hostname, reason};
+  if (state == WorkerInfo::State::kDead)
+    LH_LOG_ERROR("coordinator: rank {} ('{}') declared dead: {}", w.rank, w.join.hostname, reason);
+  else
+    LH_LOG_INFO("coordinator: rank {} ('{}') {}", w.rank, w.join.hostname, reason);
+  for (auto& o : workers_)
+    if (live(o) && o.identity != w.identity) send_raw(o.identity, lost);
+  cv_.notify_all();
+  if (hooks_.on_worker_lost) later.push_back([this, copy = w, reason] { hooks_.on_worker_lost(copy, reason); });
+}
+
+void Coordinator::on_tick() {
+  auto now = std::chrono::steady_clock::now();
+  std::vector<std::string> alive;
+  Deferred later;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      WorkerInfo& w = workers_[i];
+      if (!live(w)) continue;
+      auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen);
+      if (silent > options_.heartbeat_timeout) {
+        declare_lost(w, WorkerInfo::State::kDead,
+                     "no message for " + std::to_string(silent.count()) + " ms (timeout " +
+                         std::to_string(options_.heartbeat_timeout.count()) + " ms)",
+                     later);
+        continue;
+      }
+      alive.push_back(w.identity);
+    }
+  }
+  run_all(later);
+  if (now - last_beat_ >= options_.heartbeat_interval) {
+    last_beat_ = now;
+    for (auto& id : alive) send_raw(id, Heartbeat{0});
+  }
+  check_barriers();  // a death or departure may complete a barrier the lost worker never reached
+}
+
+void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
+  if (req.token != options_.token) return reject(id, "wrong token on a ctl request");
+  Result<std::string> reply = std::string();
+  if (hooks_.on_ctl) {
+    reply = hooks_.on_ctl(req);
+  } else if (req.command == "status") {
+    reply = status_json().dump();
+  } else if (req.command == "set-codec") {
+    auto j = nlohmann::json::parse(req.args, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      reply = invalid_argument("set-codec: arguments are not a JSON object");
+    } else {
+      SetCodec sc{j.value("src", -1), j.value("dst", -1), j.value("dir", std::string()), j.value("spec", std::string()),
+                  j.value("apply_at_step", int64_t(-1))};
+      auto check = decode_message(encode_message(sc));  // the same field checks workers apply
+      if (!check.ok()) reply = check.status();
+      else {
+        broadcast(sc);
+        reply = std::string(R"({"broadcast":true})");
+      }
+    }
+  } else {
+    reply = invalid_argument("unknown ctl command '" + req.command + "' (allowed: status, set-codec)");
+  }
+  if (reply.ok()) send_raw(id, CtlReply{true, reply.value()});
+  else {
+    LH_LOG_WARN("coordinator: ctl '{}' failed: {}", req.command, reply.status().message());
+    send_raw(id, CtlReply{false, reply.status().message()});
+  }
+}
+
+void Coordinator::send_to(int rank, const ControlMessage& m) {
+  std::string id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = rank_to_identity_.find(rank);
+    if (it == rank_to_identity_.end()) {
+      LH_LOG_WARN("coordinator: no worker has rank {}; {} not sent", rank, msg_type_name(message_type(m)));
+      return;
+    }
+    id = it->second;
+  }
+  send_raw(id, m);
+}
+
+void Coordinator::broadcast(const ControlMessage& m) {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_)
+      if (live(w)) ids.push_back(w.identity);
+  }
+  for (auto& id : ids) send_raw(id, m);
+}
+
+void Coordinator::shutdown(const std::string& reason) {
+  LH_LOG_INFO("coordinator: shutting the job down: {}", reason);
+  broadcast(Shutdown{reason});
+  std::lock_guard<std::mutex> lock(mu_);
+  shut_down_ = true;
+  cv_.notify_all();
+}
+
+std::vector<WorkerInfo> Coordinator::workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return workers_;
+}
+
+nlohmann::json Coordinator::status_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  nlohmann::json ws = nlohmann::json::array();
+  auto now = std::chrono::steady_clock::now();
+  for (auto& w : workers_)
+    ws.push_back({{"rank", w.rank}, {"hostname", w.join.hostname}, {"device", w.join.device},
+                  {"compute_speed", w.join.compute_speed}, {"state", worker_state_name(w.state)},
+                  {"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen).count()}});
+  return {{"endpoint", loop_->endpoint()}, {"expected_workers", options_.expected_workers}, {"planned", planned_},
+          {"running", all_ready_}, {"shut_down", shut_down_}, {"rejected", rejected_}, {"workers", ws}};
+}
+
+uint64_t Coordinator::rejected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rejected_;
+}
+
+bool Coordinator::wait_all_ready(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return all_ready_ || shut_down_; }) && all_ready_;
+}
+
+bool Coordinator::all_finished_locked() const {
+  if (shut_down_) return true;
+  if (int(workers_.size()) < options_.expected_workers) return false;
+  for (auto& w : workers_)
+    if (live(w)) return false;
+  return true;
+}
+
+bool Coordinator::wait_done(std::chrono::milliseconds timeout) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return all_finished_locked(); });
+}
+
+bool Coordinator::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return all_finished_locked();
+}
+
+}  // namespace lh

@@ -1,0 +1,116 @@
+// defines: lh::Coordinator, the job's control-plane hub: a ROUTER socket that admits workers by join token,
+// hands out Plans, releases barriers, exchanges heartbeats, declares silent workers dead (telling the others),
+// relays metrics and ctl requests to app hooks, and rejects anything malformed while serving the rest.
+// Used by `longhaul coordinator` / `launch` and the transport tests.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "transport/messages.h"
+#include "transport/zmq_loop.h"
+
+namespace lh {
+
+struct CoordinatorOptions {
+  std::string listen = "tcp://127.0.0.1:*";  // '*' port: pick a free one (see endpoint())
+  std::string token;                          // the shared join token
+  int expected_workers = 1;                   // plans go out once this many have joined
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::chrono::milliseconds heartbeat_timeout{5000};  // silence longer than this: dead
+};
+
+struct WorkerInfo {
+  enum class State { kJoined, kPlanned, kReady, kDead, kLeft };
+  std::string identity;  // ZeroMQ routing id
+  int rank = -1;         // -1 until planned
+  int join_order = 0;    // 0 for the first worker to join
+  Join join;             // what it told us (token cleared)
+  State state = State::kJoined;
+  std::chrono::steady_clock::time_point last_seen{};
+};
+const char* worker_state_name(WorkerInfo::State s);
+
+// Every hook runs on the coordinator's thread, one at a time; hooks may call send_to/broadcast/
+// shutdown (they queue) but must not block for long.
+struct CoordinatorHooks {
+  std::function<void(const WorkerInfo&)> on_join;
+  // Builds the Plans once expected_workers have joined; `workers` is in join order and plan i goes to
+  // workers[i]. Ranks must be 0..N-1, each once. The coordinator fills in `peers` (every rank's
+  // hostname, device and UCX address) when a plan leaves it empty, and always sets the heartbeat
+  // fields. Unset: worker i gets rank i in a pp=N pipeline with no codecs and an empty config.
+  std::function<Result<std::vector<Plan>>(const std::vector<WorkerInfo>&)> make_plans;
+  std::function<void()> on_all_ready;  // after Barrier 0 went out
+  std::function<void(const StepMetrics&)> on_metrics;
+  // A worker stopped heartbeating (dead) or said Shutdown (left). The others were already told (PeerLost).
+  std::function<void(const WorkerInfo&, const std::string& reason)> on_worker_lost;
+  // `longhaul ctl`: returns the reply body (JSON text) or an error. Unset: "status" answers
+  // status_json(), "set-codec" (args: a SetCodec as {"src","dst","dir","spec","apply_at_step"}) is
+  // broadcast to the workers, anything else is refused.
+  std::function<Result<std::string>(const CtlRequest&)> on_ctl;
+};
+
+class Coordinator {
+ public:
+  static Result<std::unique_ptr<Coordinator>> start(const CoordinatorOptions& options, CoordinatorHooks hooks = {});
+  ~Coordinator();  // stops serving; queued messages get up to 1 s to leave
+
+  // Where workers connect: "tcp://127.0.0.1:40123".
+  const std::string& endpoint() const { return loop_->endpoint(); }
+
+  // Queue a message to one planned worker / every live planned worker. Thread-safe.
+  void send_to(int rank, const ControlMessage& m);
+  void broadcast(const ControlMessage& m);
+  // Broadcasts Shutdown(reason); done() becomes true.
+  void shutdown(const std::string& reason);
+
+  std::vector<WorkerInfo> workers() const;
+  nlohmann::json status_json() const;
+  // Messages refused so far (bad token, garbage, wrong version, unknown type, not joined …).
+  uint64_t rejected() const;
+  // Blocks until every expected worker is Ready (true) or timeout/failure (false).
+  bool wait_all_ready(std::chrono::milliseconds timeout) const;
+  // Blocks until every worker has left or died, or shutdown() was called.
+  bool wait_done(std::chrono::milliseconds timeout) const;
+  bool done() const;
+
+ private:
+  Coordinator() = default;
+  void on_message(Frames&& frames);
+  void on_tick();
+  void reject(const std::string& identity, const std::string& reason);
+  void handle_join(const std::string& identity, Join&& join);
+  void handle_ctl(const std::string& identity, const CtlRequest& req);
+  void send_plans();
+  void check_barriers();
+  // With mu_ held: marks `w` lost, tells the others, queues the hook into `later` (run unlocked).
+  void declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,
+                    std::vector<std::function<void()>>& later);
+  void send_raw(const std::string& identity, const ControlMessage& m);
+  WorkerInfo* find(const std::string& identity);
+  bool all_finished_locked() const;
+
+  CoordinatorOptions options_;
+  CoordinatorHooks hooks_;
+  std::unique_ptr<ZmqLoop> loop_;
+
+  mutable std::mutex mu_;  // guards everything below (hooks run with it released)
+  mutable std::condition_variable cv_;
+  std::vector<WorkerInfo> workers_;      // in join order
+  std::map<int, std::string> rank_to_identity_;
+  bool planned_ = false, all_ready_ = false, shut_down_ = false;
+  std::map<uint64_t, std::set<int>> barrier_arrivals_;  // barrier id -> ranks that reached it
+  uint64_t rejected_ = 0;
+  std::chrono::steady_clock::time_point last_beat_{};  // loop thread only
+};
+
+}  // namespace lh

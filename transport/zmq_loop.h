@@ -1,0 +1,78 @@
+// defines: lh::ZmqLoop, one ZeroMQ socket served by its own thread (receive handler, periodic tick, a
+// thread-safe outbox woken through an eventfd), and ErrorDomain<ZmqCall> for LH_CHECK_CODE on libzmq calls.
+// Used by Coordinator (ROUTER) and ControlClient (DEALER).
+#pragma once
+
+#include <zmq.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+
+namespace lh {
+
+// The result of a libzmq C call (-1 on failure, errno in zmq_errno()).
+struct ZmqCall {
+  int rc;
+  int err;
+};
+inline ZmqCall zmq_call(int rc) { return {rc, rc == -1 ? zmq_errno() : 0}; }
+
+template <>
+struct ErrorDomain<ZmqCall> {
+  static bool ok(ZmqCall c) { return c.rc != -1; }
+  static const char* name() { return "ZeroMQ"; }
+  static std::string describe(ZmqCall c) { return zmq_strerror(c.err); }
+  static StatusCode status_code(ZmqCall) { return StatusCode::kUnavailable; }
+};
+
+using Frames = std::vector<std::vector<uint8_t>>;
+
+class ZmqLoop {
+ public:
+  struct Options {
+    int socket_type = ZMQ_DEALER;
+    std::string endpoint;  // bind ("tcp://127.0.0.1:*" picks a free port) or connect address
+    bool bind = false;
+    std::chrono::milliseconds tick{100};
+    int64_t max_message_bytes = -1;  // ZMQ_MAXMSGSIZE: larger inbound messages drop the connection
+  };
+  // Both run on the loop thread; they may call send().
+  using MessageHandler = std::function<void(Frames&&)>;
+  using TickHandler = std::function<void()>;
+
+  static Result<std::unique_ptr<ZmqLoop>> start(const Options& options, MessageHandler on_message, TickHandler on_tick);
+  ~ZmqLoop();  // stops the thread, flushes what is queued for up to the linger time
+
+  // The bound endpoint with the real port ("tcp://127.0.0.1:40123"), or the connect address.
+  const std::string& endpoint() const { return endpoint_; }
+  // Queues a multipart message; thread-safe. On ROUTER the first frame is the peer identity.
+  void send(Frames frames);
+
+ private:
+  ZmqLoop() = default;
+  Status init(const Options& options);
+  void run();
+  void flush_outbox();
+
+  Options options_;
+  void* ctx_ = nullptr;
+  void* sock_ = nullptr;
+  int wake_fd_ = -1;
+  std::string endpoint_;
+  MessageHandler on_message_;
+  TickHandler on_tick_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<Frames> outbox_;
+};
+
+}  // namespace lh
