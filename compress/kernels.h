@@ -1,0 +1,282 @@
+// defines: the per-element and per-block math of every codec as __host__ __device__ functors, written
+// once and launched by Thrust on the OpenMP (CPU) and CUDA device systems (see kernels_impl.h).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/hd.h"
+#include "core/rng.h"
+
+namespace lh::compress::kern {
+
+// Multiplication/addition that nvcc must not contract into an FMA, so the CPU and the GPU round alike.
+LH_HD LH_INLINE float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+LH_HD LH_INLINE float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// Round half to even for |y| < 2^22 without SSE4.1 rounding instructions (vectorises on SSE2).
+LH_HD LH_INLINE float round_even_small(float y) { return add_rn(add_rn(y, 12582912.0f), -12582912.0f); }
+
+LH_HD LH_INLINE float clampf(float v, float lo, float hi) { return fminf(fmaxf(v, lo), hi); }
+
+// The fp16 block scale: the fp16 of the same sign whose magnitude is the smallest >= |s|, so
+// x/scale never leaves the code range. Non-finite s stays non-finite (the block then decodes to
+// NaN); finite |s| above the fp16 range saturates at 65504.
+LH_HD LH_INLINE uint16_t fp16_scale_up(float s) {
+  if (s != s) return 0x7e00u;
+  const uint16_t sign = s < 0.0f ? 0x8000u : 0u;
+  const float a = fabsf(s);
+  if (a > 3.0e38f) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (a >= 65504.0f) return static_cast<uint16_t>(sign | 0x7bffu);
+  uint16_t h = float_to_fp16(a);
+  if (fp16_to_float(h) < a) ++h;  // positive fp16 bit patterns are ordered like their values
+  return static_cast<uint16_t>(sign | h);
+}
+
+constexpr uint64_t kStochasticStream = 0x5354524Eull;  // Philox stream for stochastic rounding
+
+// Block-wise absmax quantization to `bits` (8, 4, 2) with one scale per block (fp16 or fp32).
+// int8 and int4 use the whole two's-complement range [-2^(b-1), 2^(b-1)-1] with a signed scale
+// d = v / -2^(b-1), v the block's value of largest magnitude (as llama.cpp's Q4_0): the extreme
+// lands exactly on the extra negative level, buying a quarter bit over the symmetric range.
+// int2 is ternary, q in {-1, 0, 1}, d = absmax. Codes are stored as q (int8 byte), q+8 (int4
+// nibble) and q+1 (int2 pair of bits), element 0 in the low bits. Blocks are multiples of 4
+// elements, so every block starts on a byte of the code array.
+struct QuantSpec {
+  int bits = 8;
+  int block = 64;
+  bool fp32_scale = false;
+  bool stochastic = false;
+  uint64_t seed = 0;
+};
+
+// Code range [qlo, qhi] and the level the extreme value maps to.
+LH_HD LH_INLINE int quant_qlo(int bits) { return bits == 2 ? -1 : -(1 << (bits - 1)); }
+LH_HD LH_INLINE int quant_qhi(int bits) { return bits == 2 ? 1 : (1 << (bits - 1)) - 1; }
+
+struct QuantizeBlock {
+  const float* x;
+  int64_t n;
+  QuantSpec q;
+  uint8_t* scales;
+  uint8_t* codes;
+
+  LH_HD LH_INLINE int code(float y, int64_t i, float lo, float hi) const {
+    float r;
+    if (q.stochastic) {
+      // floor(y + u), u ~ U[0,1): E[r] = y, so the rounding is unbiased.
+      r = floorf(add_rn(y, philox_uniform(q.seed, kStochasticStream, static_cast<uint64_t>(i))));
+    } else {
+      r = round_even_small(y);
+    }
+    return static_cast<int>(clampf(r, lo, hi));
+  }
+
+  LH_HD void operator()(int64_t b) const {
+    const int64_t start = b * q.block;
+    const int len = static_cast<int>(n - start < q.block ? n - start : q.block);
+    const float* xb = x + start;
+    float amax = 0.0f, vmax = 0.0f;
+    for (int i = 0; i < len; ++i) {
+      float a = fabsf(xb[i]);
+      bool take = a > amax || a != a;  // NaN sticks, so a NaN block decodes to NaN
+      amax = take ? a : amax;
+      vmax = take ? xb[i] : vmax;
+    }
+    const float lo = static_cast<float>(quant_qlo(q.bits)), hi = static_cast<float>(quant_qhi(q.bits));
+    float s = q.bits == 2 ? amax : vmax / lo;
+    if (q.fp32_scale) {
+      reinterpret_cast<float*>(scales)[b] = s;
+    } else {
+      uint16_t h = fp16_scale_up(s);
+      reinterpret_cast<uint16_t*>(scales)[b] = h;
+      s = fp16_to_float(h);
+    }
+    const float as = fabsf(s);
+    const float inv = (as > 0.0f && as <= 3.0e38f) ? 1.0f / s : 0.0f;  // 0 for zero, NaN and inf scales
+    if (q.bits == 8) {
+      int8_t* c = reinterpret_cast<int8_t*>(codes) + start;
+      if (!q.stochastic) {
+        for (int i = 0; i < len; ++i)
+          c[i] = static_cast<int8_t>(static_cast<int>(clampf(round_even_small(mul_rn(xb[i], inv)), lo, hi)));
+      } else {
+        for (int i = 0; i < len; ++i) c[i] = static_cast<int8_t>(code(mul_rn(xb[i], inv), start + i, lo, hi));
+      }
+    } else if (q.bits == 4) {
+      uint8_t* c = codes + start / 2;
+      for (int i = 0; i < len; i += 2) {
+        int c0 = code(mul_rn(xb[i], inv), start + i, lo, hi) + 8;
+        int c1 = i + 1 < len ? code(mul_rn(xb[i + 1], inv), start + i + 1, lo, hi) + 8 : 0;
+        c[i / 2] = static_cast<uint8_t>(c0 | (c1 << 4));
+      }
+    } else {
+      uint8_t* c = codes + start / 4;
+      for (int i = 0; i < len; i += 4) {
+        unsigned byte = 0;
+        for (int j = 0; j < 4 && i + j < len; ++j)
+          byte |= static_cast<unsigned>(code(mul_rn(xb[i + j], inv), start + i + j, lo, hi) + 1) << (2 * j);
+        c[i / 4] = static_cast<uint8_t>(byte);
+      }
+    }
+  }
+};
+
+struct DequantizeBlock {
+  const uint8_t* scales;
+  const uint8_t* codes;
+  int64_t n;
+  QuantSpec q;
+  float* y;
+
+  LH_HD void operator()(int64_t b) const {
+    const int64_t start = b * q.block;
+    const int len = static_cast<int>(n - start < q.block ? n - start : q.block);
+    const float s = q.fp32_scale ? reinterpret_cast<const float*>(scales)[b]
+                                 : fp16_to_float(reinterpret_cast<const uint16_t*>(scales)[b]);
+    float* yb = y + start;
+    if (q.bits == 8) {
+      const int8_t* c = reinterpret_cast<const int8_t*>(codes) + start;
+      for (int i = 0; i < len; ++i) yb[i] = mul_rn(static_cast<float>(c[i]), s);
+    } else if (q.bits == 4) {
+      const uint8_t* c = codes + start / 2;
+      for (int i = 0; i < len; ++i) {
+        int v = (c[i >> 1] >> ((i & 1) * 4)) & 0xF;
+        yb[i] = mul_rn(static_cast<float>(v - 8), s);
+      }
+    } else {
+      const uint8_t* c = codes + start / 4;
+      for (int i = 0; i < len; ++i) {
+        int v = (c[i >> 2] >> ((i & 3) * 2)) & 0x3;
+        yb[i] = mul_rn(static_cast<float>(v - 1), s);
+      }
+    }
+  }
+};
+
+// Elementwise work in chunks of kChunk elements per call: a large chunk lets the CPU compiler
+// vectorise the inner loop; the GPU uses kChunk = 1 so neighbouring threads touch neighbouring words.
+template <int kChunk>
+struct ToHalf {
+  const float* x;
+  uint16_t* y;
+  int64_t n;
+  bool bf16;
+  LH_HD void operator()(int64_t c) const {
+    int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
+    if (bf16)
+      for (int64_t i = b; i < e; ++i) y[i] = float_to_bf16(x[i]);
+    else
+      for (int64_t i = b; i < e; ++i) y[i] = float_to_fp16(x[i]);
+  }
+};
+
+template <int kChunk>
+struct FromHalf {
+  const uint16_t* x;
+  float* y;
+  int64_t n;
+  bool bf16;
+  LH_HD void operator()(int64_t c) const {
+    int64_t b = c * kChunk, e = b + kChunk < n ? b + kChunk : n;
+    if (bf16)
+      for (int64_t i = b; i < e; ++i) y[i] = bf16_to_float(x[i]);
+    else
+      for (int64_t i = b; i < e; ++i) y[i] = fp16_to_float(x[i]);
+  }
+};
+
+// y = a + s·b, elementwise (ef: x + e; delta: a − m, m + d).
+template <int kChunk>
+struct Axpby {
+  float* y;
+  const float* a;
+  const float* b;
+  float s;
+  int64_t n;
+  LH_HD void operator()(int64_t c) const {
+    int64_t lo = c * kChunk, hi = lo + kChunk < n ? lo + kChunk : n;
+    for (int64_t i = lo; i < hi; ++i) y[i] = add_rn(a[i], mul_rn(s, b[i]));
+  }
+};
+
+LH_HD LH_INLINE uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// A seeded bijection of [0, n): a 4-round Feistel network on the smallest even-bit power-of-two
+// domain >= n, cycle-walked back into range. randk takes perm(0..k-1): k distinct indices that
+// both ends compute from the seed alone, on any device.
+struct RandomPermutation {
+  uint64_t n = 1;
+  uint64_t seed = 0;
+  int half_bits = 1;
+  uint64_t mask = 1;
+
+  RandomPermutation() = default;
+  LH_HD RandomPermutation(uint64_t n_, uint64_t seed_) : n(n_), seed(seed_) {
+    int bits = 2;
+    while (bits < 64 && (uint64_t{1} << bits) < n) bits += 2;
+    half_bits = bits / 2;
+    mask = (uint64_t{1} << half_bits) - 1;
+  }
+  LH_HD LH_INLINE uint64_t once(uint64_t v) const {
+    uint64_t l = v >> half_bits, r = v & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      uint64_t f = mix64(r ^ mix64(seed + round * 0x9E3779B97F4A7C15ull)) & mask;
+      uint64_t nl = r;
+      r = l ^ f;
+      l = nl;
+    }
+    return (l << half_bits) | r;
+  }
+  LH_HD uint64_t operator()(uint64_t i) const {
+    uint64_t v = once(i);
+    while (v >= n) v = once(v);
+    return v;
+  }
+};
+
+struct RandkGather {
+  const float* x;
+  float* v;
+  RandomPermutation perm;
+  LH_HD void operator()(int64_t j) const { v[j] = x[perm(static_cast<uint64_t>(j))]; }
+};
+struct RandkScatter {
+  const float* v;
+  float* y;
+  RandomPermutation perm;
+  LH_HD void operator()(int64_t j) const { y[perm(static_cast<uint64_t>(j))] = v[j]; }
+};
+
+struct IndexGather {
+  const float* x;
+  const uint32_t* idx;
+  float* v;
+  LH_HD void operator()(int64_t j) const { v[j] = x[idx[j]]; }
+};
+struct IndexScatter {
+  const float* v;
+  const uint32_t* idx;
+  float* y;
+  LH_HD void operator()(int64_t j) const { y[idx[j]] = v[j]; }
+};
+
+// topk's order key: NaN ranks above everything, so it travels instead of hiding.
+LH_HD LH_INLINE float topk_key(float x) { return x != x ? INFINITY : fabsf(x); }
+
+}  // namespace lh::compress::kern

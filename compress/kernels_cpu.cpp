@@ -1,0 +1,90 @@
+// CPU instantiation of the codec kernels (Thrust on OpenMP) and the device dispatch behind
+// device_kernels.h. Used by every codec stage; CUDA calls go to kernels_cuda.cu.
+#include <thrust/system/omp/execution_policy.h>
+
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+#include "compress/device_kernels.h"
+#include "compress/kernels_impl.h"
+
+namespace lh::compress::kern {
+
+namespace {
+constexpr int kCpuChunk = 4096;  // elements per OpenMP work item: vectorisable inner loops, few items
+
+#if defined(LH_USE_CUDA)
+#define LH_KERN_DISPATCH(ex, call)                                \
+  do {                                                            \
+    if ((ex).device == Device::cuda) return cuda::call;           \
+  } while (0)
+#else
+#define LH_KERN_DISPATCH(ex, call) \
+  LH_ASSERT((ex).device == Device::cpu, "CUDA codec kernel in a build without CUDA")
+#endif
+}  // namespace
+
+void quantize(const Exec& ex, const float* x, int64_t n, const QuantSpec& q, uint8_t* scales, uint8_t* codes) {
+  LH_KERN_DISPATCH(ex, quantize(ex.stream, x, n, q, scales, codes));
+  impl::quantize(thrust::omp::par, x, n, q, scales, codes);
+}
+void dequantize(const Exec& ex, const uint8_t* scales, const uint8_t* codes, int64_t n, const QuantSpec& q, float* y) {
+  LH_KERN_DISPATCH(ex, dequantize(ex.stream, scales, codes, n, q, y));
+  impl::dequantize(thrust::omp::par, scales, codes, n, q, y);
+}
+void to_half(const Exec& ex, const float* x, int64_t n, bool bf16, uint16_t* y) {
+  LH_KERN_DISPATCH(ex, to_half(ex.stream, x, n, bf16, y));
+  impl::to_half<kCpuChunk>(thrust::omp::par, x, n, bf16, y);
+}
+void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y) {
+  LH_KERN_DISPATCH(ex, from_half(ex.stream, x, n, bf16, y));
+  impl::from_half<kCpuChunk>(thrust::omp::par, x, n, bf16, y);
+}
+void axpby(const Exec& ex, float* y, const float* a, const float* b, float s, int64_t n) {
+  LH_KERN_DISPATCH(ex, axpby(ex.stream, y, a, b, s, n));
+  impl::axpby<kCpuChunk>(thrust::omp::par, y, a, b, s, n);
+}
+void randk_gather(const Exec& ex, const float* x, uint64_t n, uint64_t seed, int64_t k, float* v) {
+  LH_KERN_DISPATCH(ex, randk_gather(ex.stream, x, n, seed, k, v));
+  impl::randk_gather(thrust::omp::par, x, n, seed, k, v);
+}
+void randk_scatter(const Exec& ex, const float* v, uint64_t n, uint64_t seed, int64_t k, float* y) {
+  LH_KERN_DISPATCH(ex, randk_scatter(ex.stream, v, n, seed, k, y));
+  impl::randk_scatter(thrust::omp::par, v, n, seed, k, y);
+}
+void index_gather(const Exec& ex, const float* x, const uint32_t* idx, int64_t k, float* v) {
+  LH_KERN_DISPATCH(ex, index_gather(ex.stream, x, idx, k, v));
+  impl::index_gather(thrust::omp::par, x, idx, k, v);
+}
+void index_scatter(const Exec& ex, const float* v, const uint32_t* idx, int64_t k, float* y) {
+  LH_KERN_DISPATCH(ex, index_scatter(ex.stream, v, idx, k, y));
+  impl::index_scatter(thrust::omp::par, v, idx, k, y);
+}
+
+Status topk_indices(const Exec& ex, const float* x, int64_t n, int64_t k, uint32_t* idx) {
+  LH_KERN_DISPATCH(ex, topk_indices(ex.stream, x, n, k, idx));
+  if (k <= 0) return Status::Ok();
+  if (k >= n) {
+    for (int64_t i = 0; i < n; ++i) idx[i] = static_cast<uint32_t>(i);
+    return Status::Ok();
+  }
+  // Threshold t = the k-th largest key; keep every key > t and the first (k − count(> t)) keys
+  // equal to t in index order: exactly the top k of the order (key desc, index asc).
+  thread_local std::vector<float> keys;
+  keys.resize(n);
+  for (int64_t i = 0; i < n; ++i) keys[i] = topk_key(x[i]);
+  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<float>());
+  const float t = keys[k - 1];
+  int64_t above = 0;
+  for (int64_t i = 0; i < n; ++i) above += topk_key(x[i]) > t;
+  int64_t ties = k - above, out = 0;
+  for (int64_t i = 0; i < n && out < k; ++i) {
+    float key = topk_key(x[i]);
+    if (key > t || (key == t && ties-- > 0)) idx[out++] = static_cast<uint32_t>(i);
+  }
+  LH_ASSERT(out == k, "topk selected " + std::to_string(out) + " of " + std::to_string(k));
+  return Status::Ok();
+}
+
+}  // namespace lh::compress::kern

@@ -1,0 +1,57 @@
+// defines: StageSpec and the codec-spec grammar ("ef+topk:ratio=0.01+int4") turned into stage lists.
+// Used by CodecChain (parse_codec_spec), the CLI flags (--compress-*) and the controller.
+//
+// Grammar:   spec  := stage ('+' stage)*
+//            stage := name [':' option (',' option)*]
+//            option:= key '=' value | flag
+// Stages and options:
+//   none | fp16 | bf16                      terminal: fp32, or round-to-nearest-even halves
+//   int8 | int4 | int2  [block=N] [stochastic] [scale=fp16|fp32]
+//                                           terminal; block-wise absmax, block in 4..65536, multiple of 4
+//   topk  [ratio=R]     (0 < R <= 1, default 0.01)   the largest |x| with their indices
+//   randk [ratio=R]     (default 0.1)                a seeded random subset, no indices sent
+//   lowrank [rank=R] [iters=K]  (R 1..1024 default 4, K 1..16 default 1)   PowerSGD
+//   subspace [k=K] [seed=S]     (K 1..4096 default 32)                    x·U on a seeded basis
+//   delta                       AQ-SGD change from the last value of the same sample (first only)
+//   ef                          error feedback (first only)
+// Transforms (topk, randk, lowrank, subspace) may follow one another; a terminal stage comes last
+// and, when absent, the last transform's outputs travel as fp32 (`none`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "compress/wire.h"
+#include "core/status.h"
+
+namespace lh::compress {
+
+struct StageSpec {
+  CodecId id = CodecId::none;
+  // int8/int4/int2
+  int block = 64;
+  bool stochastic = false;
+  bool fp32_scale = false;
+  // topk/randk
+  double ratio = 0.01;
+  // lowrank
+  int rank = 4;
+  int iters = 1;
+  // subspace
+  int k = 32;
+  uint64_t seed = 0x5EEDBA5Eull;
+
+  bool terminal() const;
+  bool transform() const;  // has children: topk, randk, lowrank, subspace
+  int bits() const;        // 8/4/2 for the integer quantizers, else 0
+  std::string to_string() const;  // canonical text, options always written out
+};
+
+// Number of values topk/randk keep of n: round(ratio·n), at least 1 when n > 0.
+int64_t sparse_count(double ratio, int64_t n);
+
+Result<std::vector<StageSpec>> parse_stages(const std::string& spec);
+std::string stages_to_string(const std::vector<StageSpec>& stages);
+
+}  // namespace lh::compress

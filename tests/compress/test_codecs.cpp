@@ -1,0 +1,290 @@
+// Round trips and error bounds of every codec and chain on the CPU: shapes, dtypes, block sizes,
+// int8/int4 error, fp16/bf16 bit-exactness, stochastic rounding bias, topk/randk selection,
+// lowrank and subspace exactness. Label `compress`.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "codec_test_util.h"
+#include "compress/chain_internal.h"
+#include "compress/device_kernels.h"
+#include "core/hd.h"
+
+namespace lh::compress {
+namespace {
+
+using testing::chain_of;
+using testing::gaussian;
+using testing::rel_rms;
+using testing::round_trip;
+
+const std::vector<Shape> kShapes = {{1}, {7}, {64}, {1000}, {3, 5}, {17, 33}, {2, 3, 65}, {4, 8, 16}, {0}, {2, 0, 3}};
+const std::vector<std::string> kSpecs = {
+    "none", "fp16", "bf16", "int8", "int4", "int2", "int8:block=32", "int4:block=128,scale=fp32",
+    "int8:stochastic", "int2:block=4", "topk:ratio=0.1", "randk:ratio=0.25", "lowrank:rank=2", "lowrank:rank=8+int8",
+    "subspace:k=8", "subspace:k=4+int8", "ef+int4", "ef+topk:ratio=0.01+int4", "ef+lowrank:rank=4,iters=2+bf16",
+    "randk:ratio=0.1+topk:ratio=0.2+int4:block=128", "topk:ratio=0.5+fp16", "lowrank:rank=3+topk:ratio=0.5+int8"};
+
+TEST(Codecs, EveryChainRoundTripsEveryShapeAndPacketSizeIsExact) {
+  for (const std::string& spec : kSpecs) {
+    CodecChain chain = chain_of(spec);
+    for (const Shape& shape : kShapes) {
+      if (spec.rfind("subspace", 0) == 0 && (shape.back() == 0)) continue;
+      StreamState tx, rx;
+      Tensor x = gaussian(shape, 11);
+      Packet p;
+      Tensor y = round_trip(chain, x, tx, rx, &p);
+      ASSERT_TRUE(y.defined()) << spec << " " << shape_string(shape);
+      EXPECT_EQ(y.shape(), shape) << spec;
+      EXPECT_EQ(y.dtype(), DType::f32);
+      auto expect = chain.packet_bytes(shape);
+      ASSERT_TRUE(expect.ok()) << expect.status().to_string();
+      EXPECT_EQ(p.size(), *expect) << spec << " " << shape_string(shape);
+      EXPECT_EQ(p.size() % 8, 0u);
+      for (float v : y.to_vector()) EXPECT_TRUE(std::isfinite(v)) << spec;
+    }
+  }
+}
+
+TEST(Codecs, LosslessAndHalfPrecisionAreBitExact) {
+  Tensor x = gaussian({5, 77}, 3, 100.0f);
+  x.at(0) = 65519.0f;   // rounds to the largest fp16
+  x.at(1) = 1e-7f;      // fp16 subnormal
+  x.at(2) = -0.0f;
+  for (const char* spec : {"none", "fp16", "bf16"}) {
+    StreamState tx, rx;
+    Tensor y = round_trip(chain_of(spec), x, tx, rx);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      float want = x.at(i);
+      if (std::string(spec) == "fp16") want = fp16_to_float(float_to_fp16(want));
+      if (std::string(spec) == "bf16") want = bf16_to_float(float_to_bf16(want));
+      ASSERT_EQ(float_bits(y.at(i)), float_bits(want)) << spec << " at " << i;
+    }
+  }
+}
+
+TEST(Codecs, QuantizerErrorBoundsOnGaussianData) {
+  Tensor x = gaussian({256, 512}, 5);
+  struct Case { const char* spec; double bound; };
+  for (Case c : {Case{"int8", 0.01}, {"int8:block=32", 0.01}, {"int8:block=128,scale=fp32", 0.01},
+                 Case{"int4", 0.10}, {"int4:block=32", 0.10},
+                 // 128-wide blocks (CocktailSGD) have a larger absmax, so a coarser step: ~10.4%.
+                 Case{"int4:block=128", 0.11}}) {
+    StreamState tx, rx;
+    Tensor y = round_trip(chain_of(c.spec), x, tx, rx);
+    double e = rel_rms(x, y);
+    EXPECT_LE(e, c.bound) << c.spec;
+    EXPECT_GT(e, 0.0) << c.spec;  // it is lossy: a test that cannot fail is no test
+  }
+  StreamState tx, rx;
+  double e2 = rel_rms(x, round_trip(chain_of("int2"), x, tx, rx));
+  EXPECT_LT(e2, 0.75);
+}
+
+TEST(Codecs, QuantizedValuesStayWithinHalfAStepOfTheInput) {
+  // Step d = absmax / 2^(b-1) for int8/int4 (the extreme sits on the extra negative level), absmax
+  // for ternary int2. Values beyond the last positive level clamp to it.
+  Tensor x = gaussian({3, 100}, 8);
+  for (int bits : {8, 4, 2}) {
+    std::string spec = "int" + std::to_string(bits) + ":block=32,scale=fp32";
+    StreamState tx, rx;
+    Tensor y = round_trip(chain_of(spec), x, tx, rx);
+    const float levels = bits == 2 ? 1.0f : float(1 << (bits - 1));
+    const float top = bits == 2 ? 1.0f : levels - 1.0f;  // last level on the far side of the extreme
+    for (int64_t b = 0; b * 32 < x.numel(); ++b) {
+      int64_t lo = b * 32, hi = std::min<int64_t>(x.numel(), lo + 32);
+      float amax = 0;
+      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x.at(i)));
+      const float d = amax / levels;
+      for (int64_t i = lo; i < hi; ++i) {
+        float bound = std::max(0.5f * d, std::fabs(x.at(i)) - top * d) * 1.0001f + 1e-7f;
+        ASSERT_LE(std::fabs(x.at(i) - y.at(i)), bound) << spec << " at " << i;
+      }
+    }
+  }
+}
+
+TEST(Codecs, StochasticRoundingIsUnbiased) {
+  // One block; the values sit between quantization levels. Averaged over N packets with fresh
+  // seeds, stochastic rounding converges to x (standard error ~ step/(2·sqrt(N))), nearest does not.
+  const int N = 4000;
+  Tensor x = Tensor::empty({32});
+  for (int i = 0; i < 32; ++i) x.at(i) = (i == 0) ? 1.0f : 0.3f + 0.011f * i;
+  for (const char* spec : {"int4:block=32,scale=fp32,stochastic", "int2:block=32,scale=fp32,stochastic"}) {
+    CodecChain chain = chain_of(spec);
+    StreamState tx(Role::weight_grad, 99), rx(Role::weight_grad);
+    std::vector<double> mean(32, 0.0);
+    for (int t = 0; t < N; ++t) {
+      Tensor y = round_trip(chain, x, tx, rx);
+      for (int i = 0; i < 32; ++i) mean[i] += y.at(i) / N;
+    }
+    double step = std::string(spec).rfind("int4", 0) == 0 ? 1.0 / 8 : 1.0;
+    for (int i = 1; i < 32; ++i)
+      EXPECT_NEAR(mean[i], x.at(i), 5.0 * step / (2.0 * std::sqrt(double(N)))) << spec << " at " << i;
+  }
+  // Nearest rounding of the same data is biased: its error does not average out.
+  StreamState tx, rx;
+  Tensor y = round_trip(chain_of("int4:block=32,scale=fp32"), x, tx, rx);
+  double bias = 0;
+  for (int i = 1; i < 32; ++i) bias = std::max(bias, std::fabs(double(y.at(i)) - x.at(i)));
+  EXPECT_GT(bias, 0.02);
+}
+
+TEST(Codecs, NonFiniteInputsPropagateWithoutUndefinedBehaviour) {
+  Tensor x = gaussian({200}, 1);
+  x.at(5) = NAN;
+  x.at(100) = INFINITY;
+  for (const char* spec : {"int8", "int4:scale=fp32", "int2", "fp16", "topk:ratio=0.05"}) {
+    StreamState tx, rx;
+    Tensor y = round_trip(chain_of(spec), x, tx, rx);
+    ASSERT_TRUE(y.defined());
+    EXPECT_FALSE(std::isfinite(y.at(5))) << spec;  // NaN must not turn into a plausible number
+  }
+}
+
+TEST(Codecs, HalfPrecisionInputsRoundTripInTheirOwnDtype) {
+  Tensor x32 = gaussian({6, 40}, 4);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor x = Tensor::empty({6, 40}, dt);
+    kern::to_half(Exec::cpu(), x32.data<float>(), x32.numel(), dt == DType::bf16, static_cast<uint16_t*>(x.raw_data()));
+    for (const char* spec : {"none", "int8", "ef+topk:ratio=0.3+int4", "lowrank:rank=6"}) {
+      StreamState tx, rx;
+      Packet p;
+      ASSERT_TRUE(chain_of(spec).encode(x, tx, &p).ok());
+      Tensor y;
+      ASSERT_TRUE(decode_packet(p.bytes.data(), p.size(), rx, &y).ok());
+      EXPECT_EQ(y.dtype(), dt);
+      EXPECT_EQ(y.shape(), x.shape());
+      if (std::string(spec) == "none") {
+        EXPECT_EQ(0, std::memcmp(x.raw_data(), y.raw_data(), x.nbytes())) << "lossless on " << dtype_name(dt);
+      }
+    }
+  }
+}
+
+TEST(Codecs, TopkKeepsTheLargestMagnitudesExactly) {
+  Tensor x = gaussian({10000}, 21);
+  StreamState tx, rx;
+  Tensor y = round_trip(chain_of("topk:ratio=0.01"), x, tx, rx);
+  std::vector<float> mags;
+  for (int64_t i = 0; i < x.numel(); ++i) mags.push_back(std::fabs(x.at(i)));
+  std::sort(mags.rbegin(), mags.rend());
+  float thr = mags[99];
+  int kept = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (std::fabs(x.at(i)) >= thr) {
+      EXPECT_EQ(y.at(i), x.at(i));
+      ++kept;
+    } else {
+      EXPECT_EQ(y.at(i), 0.0f);
+    }
+  }
+  EXPECT_EQ(kept, 100);
+}
+
+TEST(Codecs, TopkBreaksTiesByLowestIndex) {
+  Tensor x = Tensor::zeros({100});
+  for (int i = 0; i < 100; ++i) x.at(i) = (i % 2 ? -1.0f : 1.0f);
+  StreamState tx, rx;
+  Tensor y = round_trip(chain_of("topk:ratio=0.1"), x, tx, rx);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(y.at(i), i < 10 ? x.at(i) : 0.0f) << i;
+}
+
+TEST(Codecs, RandkKeepsKDistinctValuesAndVariesBetweenPackets) {
+  Tensor x = Tensor::empty({5000});
+  for (int i = 0; i < 5000; ++i) x.at(i) = float(i + 1);
+  CodecChain chain = chain_of("randk:ratio=0.02");
+  StreamState tx, rx;
+  Tensor a = round_trip(chain, x, tx, rx), b = round_trip(chain, x, tx, rx);
+  int na = 0, same = 0;
+  for (int i = 0; i < 5000; ++i) {
+    if (a.at(i) != 0) {
+      EXPECT_EQ(a.at(i), x.at(i));
+      ++na;
+      same += b.at(i) != 0;
+    }
+  }
+  EXPECT_EQ(na, 100);
+  EXPECT_LT(same, 30);  // independent 2% subsets share ~2 elements
+  Packet p;
+  ASSERT_TRUE(chain.encode(x, tx, &p).ok());
+  EXPECT_LT(p.size(), 100 * 4 + 200u);  // values only: no indices travel
+}
+
+TEST(Codecs, RandomPermutationIsABijection) {
+  for (uint64_t n : {1ull, 2ull, 3ull, 17ull, 1000ull, 4097ull}) {
+    kern::RandomPermutation perm(n, 1234 + n);
+    std::vector<int> hit(n, 0);
+    for (uint64_t i = 0; i < n; ++i) {
+      uint64_t v = perm(i);
+      ASSERT_LT(v, n);
+      ++hit[v];
+    }
+    for (uint64_t i = 0; i < n; ++i) EXPECT_EQ(hit[i], 1);
+  }
+}
+
+TEST(Codecs, LowrankIsExactOnARankRMatrix) {
+  const int n = 60, m = 45, R = 3;
+  Tensor a = gaussian({n, R}, 1), b = gaussian({R, m}, 2), x = Tensor::zeros({n, m});
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j)
+      for (int r = 0; r < R; ++r) x.at(i * m + j) += a.at(i * R + r) * b.at(r * m + j);
+  for (const char* spec : {"lowrank:rank=3", "lowrank:rank=5", "lowrank:rank=3,iters=3"}) {
+    StreamState tx, rx;
+    Tensor y = round_trip(chain_of(spec), x, tx, rx);
+    EXPECT_LT(rel_rms(x, y), 1e-4) << spec;
+  }
+  // A full-rank matrix is not exact at rank 3, but warm starts improve the approximation.
+  Tensor g = gaussian({n, m}, 9);
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < m; ++j) g.at(i * m + j) += 5 * x.at(i * m + j);
+  StreamState tx, rx;
+  CodecChain chain = chain_of("lowrank:rank=3");
+  double first = rel_rms(g, round_trip(chain, g, tx, rx)), later = first;
+  for (int t = 0; t < 5; ++t) later = rel_rms(g, round_trip(chain, g, tx, rx));
+  EXPECT_GT(first, 0.01);
+  EXPECT_LE(later, first);
+}
+
+TEST(Codecs, SubspaceIsExactInTheSpanOfTheBasis) {
+  const int64_t d = 64, k = 8, rows = 20;
+  StreamState tx, rx;
+  auto basis = compress::detail::subspace_basis(tx, Exec::cpu(), d, k, StageSpec{}.seed);
+  ASSERT_TRUE(basis.ok());
+  const Tensor& u = *basis;
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < k; ++j) {
+      double dot = 0;
+      for (int64_t r = 0; r < d; ++r) dot += double(u.at(r * k + i)) * u.at(r * k + j);
+      EXPECT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-5);
+    }
+  Tensor c = gaussian({rows, k}, 3), x = Tensor::zeros({rows, d});
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < d; ++j)
+      for (int64_t r = 0; r < k; ++r) x.at(i * d + j) += c.at(i * k + r) * u.at(j * k + r);
+  Packet p;
+  Tensor y = round_trip(chain_of("subspace:k=8"), x, tx, rx, &p);
+  EXPECT_LT(rel_rms(x, y), 1e-5);
+  EXPECT_LT(p.size(), size_t(rows * k * 4 + 200));
+  // Off the span the projection loses most of a random vector (k/d of its energy is kept).
+  Tensor z = gaussian({rows, d}, 4);
+  EXPECT_GT(rel_rms(z, round_trip(chain_of("subspace:k=8"), z, tx, rx)), 0.8);
+}
+
+TEST(Codecs, CompressionRatiosMatchTheFormats) {
+  Shape s{1024, 1024};
+  auto bytes = [&](const char* spec) { return double(chain_of(spec).packet_bytes(s).value()); };
+  double raw = 4.0 * 1024 * 1024;
+  EXPECT_NEAR(raw / bytes("fp16"), 2.0, 0.01);
+  EXPECT_NEAR(raw / bytes("int8"), 32.0 / 8.25, 0.01);
+  EXPECT_NEAR(raw / bytes("int4"), 32.0 / 4.25, 0.01);
+  EXPECT_NEAR(raw / bytes("int2:block=32,scale=fp32"), 32.0 / 3.0, 0.01);
+  EXPECT_NEAR(raw / bytes("int4:block=32"), 32.0 / 4.5, 0.01);
+  EXPECT_GT(raw / bytes("ef+topk:ratio=0.01+int4"), 50.0);
+  EXPECT_GT(raw / bytes("lowrank:rank=8+int8"), 200.0);
+}
+
+}  // namespace
+}  // namespace lh::compress
