@@ -21,6 +21,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 Status TrainConfig::validate() const {
   LH_RETURN_IF_ERROR(model.validate());
+  if (model.vocab != 256)
+    return invalid_argument("model vocab=" + std::to_string(model.vocab) + ": byte-level text needs vocab=256");
   if (steps < 1) return invalid_argument("--steps " + std::to_string(steps) + " must be at least 1");
   if (batch < 1 || batch > 65536) return invalid_argument("--batch " + std::to_string(batch) + " must be in [1, 65536]");
   if (!(lr > 0.f) || !std::isfinite(lr)) return invalid_argument("--lr " + std::to_string(lr) + " must be a positive number");

@@ -20,7 +20,7 @@ struct TrainConfig {
   GptConfig model;             // resolved from --model and its overrides
   bool model_explicit = true;  // false: on --resume the checkpoint's model is taken as is
   std::string data;            // text file; empty = the default fortunes corpus
-  int64_t steps = 300;
+  int64_t steps = 150;
   int batch = 16;
   float lr = 2e-3f;
   int warmup = 20;
