@@ -1,0 +1,122 @@
+// Tests of LinkShaper over a real UcxDataPlane pair and of LinkMeter on its own: the shaped link's achieved
+// rate within ±10% of the configured one over several MB, the one-way delay, link-spec parsing, busy-time union.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "transport/link_shaper.h"
+#include "transport/ucx_data_plane.h"
+
+namespace lh {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<UcxDataPlane> make_plane() {
+  UcxOptions o;
+  o.tls = "tcp";
+  auto p = UcxDataPlane::create(o);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return std::move(p).value();
+}
+
+TEST(LinkShape, Parses) {
+  auto a = parse_link_shape("20M,30ms");
+  ASSERT_TRUE(a.ok());
+  EXPECT_DOUBLE_EQ(a->rate_bps, 20e6);
+  EXPECT_EQ(a->delay, 30ms);
+  auto b = parse_link_shape("1.5Gbit,0.1s");
+  ASSERT_TRUE(b.ok());
+  EXPECT_DOUBLE_EQ(b->rate_bps, 1.5e9);
+  EXPECT_EQ(b->delay, 100ms);
+  auto c = parse_link_shape("800k");
+  ASSERT_TRUE(c.ok());
+  EXPECT_DOUBLE_EQ(c->rate_bps, 800e3);
+  EXPECT_EQ(c->delay, 0us);
+  EXPECT_EQ(parse_link_shape("100,250us")->delay, 250us);
+  EXPECT_EQ(parse_link_shape("100,7")->delay, 7ms);
+  for (const char* bad : {"", "fast", "20X", "20M,soon", "-5M", "20M,5h", "20M,-1ms"}) {
+    auto r = parse_link_shape(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(LinkShaper, AchievesConfiguredRateWithinTenPercent) {
+  auto a = make_plane(), b = make_plane();
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  auto meter = std::make_shared<LinkMeter>(0);
+  a->set_meter(meter);
+  const double rate = 40e6;  // 40 Mbit/s: 6 MiB take ~1.26 s
+  LinkShaper shaped(std::move(a), LinkShape{rate, 5ms});
+  const int n = 24;
+  const size_t size = 256 << 10;
+  std::vector<Transfer> recvs;
+  for (int i = 0; i < n; ++i) recvs.push_back(b->recv(0, make_tag(i, 0, Role::kActivation)));
+  std::vector<Transfer> sends;
+  for (int i = 0; i < n; ++i) sends.push_back(shaped.send(1, make_tag(i, 0, Role::kActivation), Bytes(size, uint8_t(i))));
+  std::vector<Clock::time_point> arrival(n);
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(recvs[i].wait(30s).ok());
+    arrival[i] = Clock::now();
+    EXPECT_EQ(recvs[i].take(), Bytes(size, uint8_t(i)));
+  }
+  for (auto& s : sends) ASSERT_TRUE(s.wait(30s).ok());
+  // Packets 1..n-1 crossed the wire between the first and last arrival.
+  double secs = std::chrono::duration<double>(arrival[n - 1] - arrival[0]).count();
+  double achieved = double(n - 1) * size * 8 / secs;
+  EXPECT_NEAR(achieved / rate, 1.0, 0.10) << "achieved " << achieved / 1e6 << " Mbit/s";
+  // The meter sees the emulated link busy roughly the whole time (tx + 5 ms delay tail).
+  LinkStats st = meter->link_stats(1, Direction::kSend);
+  EXPECT_EQ(st.messages, uint64_t(n));
+  EXPECT_NEAR(st.busy_seconds / (double(n) * size * 8 / rate), 1.0, 0.15);
+  EXPECT_NEAR(meter->bandwidth_bps(1, Direction::kSend) / rate, 1.0, 0.25);
+}
+
+TEST(LinkShaper, AddsOneWayDelayAndKeepsPerPeerShapes) {
+  auto a = make_plane(), b = make_plane();
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  LinkShaper shaped(std::move(a), LinkShape{0, 0us});
+  shaped.set_shape(1, LinkShape{0, 120ms});
+  Transfer r = b->recv(0, make_tag(0, 0, Role::kOther));
+  auto t0 = Clock::now();
+  ASSERT_TRUE(shaped.send(1, make_tag(0, 0, Role::kOther), Bytes(8, 1)).wait(10s).ok());
+  ASSERT_TRUE(r.wait(10s).ok());
+  EXPECT_GE(Clock::now() - t0, 120ms);  // a lower bound only: the delay is the behaviour under test
+  // Receives pass through the shaper.
+  ASSERT_TRUE(b->send(0, make_tag(1, 0, Role::kOther), Bytes(3, 9)).wait(10s).ok());
+  auto got = shaped.recv_blocking(1, make_tag(1, 0, Role::kOther), 10s);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, Bytes(3, 9));
+  EXPECT_EQ(shaped.rank(), 0);
+}
+
+TEST(LinkMeter, BusyTimeIsTheUnionOfOverlappingTransfers) {
+  LinkMeter m(0);
+  auto t = Clock::now();
+  m.record(1, Role::kActivation, Direction::kSend, 400, 100, t, t + 1s);
+  m.record(1, Role::kActivation, Direction::kSend, 400, 100, t + 500ms, t + 2s);  // overlaps 0.5 s
+  m.record(1, Role::kWeightGrad, Direction::kSend, 50, 50, t + 3s, t + 4s);
+  LinkStats a = m.stats(1, Role::kActivation, Direction::kSend);
+  EXPECT_EQ(a.messages, 2u);
+  EXPECT_EQ(a.raw_bytes, 800u);
+  EXPECT_EQ(a.wire_bytes, 200u);
+  EXPECT_NEAR(a.busy_seconds, 2.0, 1e-6);
+  EXPECT_NEAR(m.link_stats(1, Direction::kSend).busy_seconds, 3.0, 1e-6);
+  EXPECT_EQ(m.stats(1, Role::kActivation, Direction::kRecv).messages, 0u);
+  // EWMA (alpha 0.25): 100 B in 1 s = 800 bit/s; 100 B over its 1 s of new service = 800 bit/s;
+  // then 50 B in 1 s = 400 bit/s: 0.75 * 800 + 0.25 * 400 = 700.
+  EXPECT_NEAR(m.bandwidth_bps(1, Direction::kSend), 700.0, 1e-6);
+  auto j = m.to_json();
+  ASSERT_EQ(j["links"].size(), 2u);
+  EXPECT_EQ(j["links"][0]["src"], 0);
+  EXPECT_EQ(j["links"][0]["dst"], 1);
+  m.reset_counters();
+  EXPECT_EQ(m.stats(1, Role::kActivation, Direction::kSend).messages, 0u);
+  EXPECT_NEAR(m.bandwidth_bps(1, Direction::kSend), 700.0, 1e-6);  // estimates survive a reset
+}
+
+}  // namespace
+}  // namespace lh

@@ -1,0 +1,142 @@
+// LinkShaper: per-link FIFO wire emulation (rate + delay) in front of a real DataPlane. Used by launch --link,
+// bench link and tests.
+#include "transport/link_shaper.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "core/log.h"
+
+namespace lh {
+
+std::string LinkShape::to_string() const {
+  char buf[96];
+  if (rate_bps <= 0) std::snprintf(buf, sizeof(buf), "unlimited, %.3g ms", delay.count() / 1000.0);
+  else std::snprintf(buf, sizeof(buf), "%.4g Mbit/s, %.3g ms", rate_bps / 1e6, delay.count() / 1000.0);
+  return buf;
+}
+
+namespace {
+
+// Splits "12.5Mbit" into 12.5 and "Mbit"; fails when there is no leading number.
+bool split_number(const std::string& s, double& value, std::string& unit) {
+  const char* b = s.c_str();
+  char* end = nullptr;
+  value = std::strtod(b, &end);
+  if (end == b || !std::isfinite(value)) return false;
+  unit = std::string(end);
+  return true;
+}
+
+}  // namespace
+
+Result<LinkShape> parse_link_shape(const std::string& text) {
+  LinkShape shape;
+  std::string rate = text, delay;
+  if (auto comma = text.find(','); comma != std::string::npos) {
+    rate = text.substr(0, comma);
+    delay = text.substr(comma + 1);
+  }
+  double v;
+  std::string unit;
+  if (!split_number(rate, v, unit) || v < 0)
+    return invalid_argument("link rate '" + rate + "' is not a number of bits per second (e.g. 20M, 1.5G, 800k)");
+  double mult = 1;
+  if (!unit.empty() && (unit[0] == 'k' || unit[0] == 'K')) mult = 1e3, unit.erase(0, 1);
+  else if (!unit.empty() && unit[0] == 'M') mult = 1e6, unit.erase(0, 1);
+  else if (!unit.empty() && (unit[0] == 'G' || unit[0] == 'g')) mult = 1e9, unit.erase(0, 1);
+  if (!(unit.empty() || unit == "bit" || unit == "bps" || unit == "bit/s" || unit == "b"))
+    return invalid_argument("link rate '" + rate + "': unknown unit '" + unit + "' (use k, M, G, optionally + bit)");
+  shape.rate_bps = v * mult;
+  if (!delay.empty()) {
+    if (!split_number(delay, v, unit) || v < 0)
+      return invalid_argument("link delay '" + delay + "' is not a duration (e.g. 30ms, 0.1s, 500us)");
+    double us;
+    if (unit.empty() || unit == "ms") us = v * 1e3;
+    else if (unit == "s") us = v * 1e6;
+    else if (unit == "us") us = v;
+    else return invalid_argument("link delay '" + delay + "': unknown unit '" + unit + "' (use us, ms or s)");
+    if (us > 60e6) return invalid_argument("link delay '" + delay + "' is over a minute");
+    shape.delay = std::chrono::microseconds(int64_t(std::llround(us)));
+  }
+  return shape;
+}
+
+LinkShaper::LinkShaper(std::unique_ptr<DataPlane> inner, LinkShape shape)
+    : inner_(std::move(inner)), default_shape_(shape) {
+  LH_ASSERT(inner_ != nullptr);
+  set_meter(inner_->meter());
+  inner_->set_meter(nullptr);
+  thread_ = std::thread([this] { run(); });
+}
+
+LinkShaper::~LinkShaper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  while (!queue_.empty()) {
+    queue_.top().st->complete(unavailable("link shaper closed before the packet left"));
+    queue_.pop();
+  }
+}
+
+void LinkShaper::set_shape(int peer, LinkShape shape) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shapes_[peer] = shape;
+}
+
+void LinkShaper::start_send(std::shared_ptr<TransferState> st) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = shapes_.find(st->peer);
+    const LinkShape& shape = it == shapes_.end() ? default_shape_ : it->second;
+    Clock::time_point now = Clock::now();
+    Clock::time_point& free_at = wire_free_at_[st->peer];
+    Clock::time_point tx_start = std::max(now, free_at);
+    auto tx = shape.rate_bps > 0 ? std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(double(st->size) * 8.0 / shape.rate_bps))
+                                 : Clock::duration::zero();
+    free_at = tx_start + tx;
+    queue_.push(Pending{free_at + shape.delay, seq_++, std::move(st)});
+  }
+  cv_.notify_all();
+}
+
+void LinkShaper::start_recv(std::shared_ptr<TransferState> st) {
+  Transfer in = inner_->recv(st->peer, st->tag, st->raw_bytes);
+  in.state()->on_done([st](TransferState& t) {
+    st->owned = std::move(t.owned);
+    st->wire_bytes = t.wire_bytes;
+    st->t_start = t.t_start;
+    st->t_end = t.t_end;
+    st->complete(t.status);
+  });
+}
+
+void LinkShaper::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (queue_.empty()) {
+      cv_.wait(lock);
+      continue;
+    }
+    Clock::time_point release = queue_.top().release;
+    if (Clock::now() < release) {
+      cv_.wait_until(lock, release);
+      continue;
+    }
+    std::shared_ptr<TransferState> st = queue_.top().st;
+    queue_.pop();
+    lock.unlock();
+    Transfer out = inner_->send_view(st->peer, st->tag, st->data, st->size, st->raw_bytes);
+    // `st` (and the buffer it owns) lives until the inner send is done.
+    out.state()->on_done([st](TransferState& t) { st->complete(t.status); });
+    lock.lock();
+  }
+}
+
+}  // namespace lh
