@@ -1,0 +1,225 @@
+// The spec parser's errors and the wire format's field checks: every bad token and every bad
+// header field yields a Status that names it. Label `compress`.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "codec_test_util.h"
+
+namespace lh::compress {
+namespace {
+
+using testing::chain_of;
+using testing::gaussian;
+
+void expect_spec_error(const std::string& spec, const std::string& token, const std::string& hint) {
+  auto r = parse_codec_spec(spec);
+  ASSERT_FALSE(r.ok()) << spec;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'" + token + "'"), std::string::npos) << r.status().to_string();
+  EXPECT_NE(r.status().message().find(hint), std::string::npos) << r.status().to_string();
+}
+
+TEST(Spec, ParsesTheDesignExamples) {
+  for (const char* s : {"none", "fp16", "bf16", "int8", "int4:block=32", "int2:stochastic", "topk:ratio=0.01",
+                        "randk:ratio=0.1", "lowrank:rank=8", "subspace:k=32", "delta+int4", "ef+topk:ratio=0.01+int4",
+                        "lowrank:rank=8+int8", "subspace:k=32+int8", "int8:block=128,scale=fp32,stochastic",
+                        " ef + lowrank:rank=4,iters=2 + bf16 "}) {
+    auto r = parse_codec_spec(s);
+    ASSERT_TRUE(r.ok()) << s << ": " << r.status().to_string();
+    // The canonical text parses to the same stages.
+    auto again = parse_codec_spec(r->spec());
+    ASSERT_TRUE(again.ok()) << r->spec();
+    EXPECT_EQ(again->spec(), r->spec());
+  }
+  auto c = parse_codec_spec("ef+topk:ratio=0.01+int4:block=32,stochastic");
+  ASSERT_TRUE(c.ok());
+  ASSERT_EQ(c->stages().size(), 3u);
+  EXPECT_EQ(c->stages()[1].ratio, 0.01);
+  EXPECT_EQ(c->stages()[2].block, 32);
+  EXPECT_TRUE(c->stages()[2].stochastic);
+  EXPECT_TRUE(parse_codec_spec("delta+int4")->needs_sample_ids());
+}
+
+TEST(Spec, BadTokensAreNamedWithWhatIsAllowed) {
+  expect_spec_error("int3", "int3", "allowed: none, fp16");
+  expect_spec_error("ef+topk:ratio=0.01+int5", "int5", "allowed:");
+  expect_spec_error("int8:block=30", "int8:block=30", "multiple of 4");
+  expect_spec_error("int8:block=0", "int8:block=0", "4..65536");
+  expect_spec_error("int8:block=abc", "int8:block=abc", "block='abc'");
+  expect_spec_error("int4:scale=fp8", "int4:scale=fp8", "fp16 or fp32");
+  expect_spec_error("int4:rank=3", "int4:rank=3", "allowed for int4: block=N");
+  expect_spec_error("topk:ratio=0", "topk:ratio=0", "(0, 1]");
+  expect_spec_error("topk:ratio=1.5", "topk:ratio=1.5", "(0, 1]");
+  expect_spec_error("randk:ratio=x", "randk:ratio=x", "ratio='x'");
+  expect_spec_error("lowrank:rank=0", "lowrank:rank=0", "1..1024");
+  expect_spec_error("lowrank:iters=99", "lowrank:iters=99", "1..16");
+  expect_spec_error("subspace:k=-1", "subspace:k=-1", "1..4096");
+  expect_spec_error("subspace:seed=-5", "subspace:seed=-5", "unsigned");
+  expect_spec_error("int8+topk", "topk", "terminal");
+  expect_spec_error("topk+ef", "ef", "first stage");
+  expect_spec_error("int8+delta", "delta", "first stage");
+  expect_spec_error("fp16:block=32", "fp16:block=32", "allowed for fp16: none");
+  expect_spec_error("int8+", "", "empty stage");
+  expect_spec_error("int8:", "int8:", "no options");
+  expect_spec_error("int8:block=32,,stochastic", "int8:block=32,,stochastic", "empty option");
+  EXPECT_FALSE(parse_codec_spec("").ok());
+}
+
+TEST(Roles, ParseAndName) {
+  for (const char* r : {"activation", "activation_grad", "weight_grad", "tp_partial"}) {
+    auto role = parse_role(r);
+    ASSERT_TRUE(role.ok());
+    EXPECT_STREQ(role_name(*role), r);
+  }
+  EXPECT_NE(parse_role("gradient").status().message().find("allowed"), std::string::npos);
+}
+
+Packet packet_of(const std::string& spec, const Shape& shape, Role role = Role::activation) {
+  StreamState tx(role);
+  Packet p;
+  Status s = chain_of(spec).encode(gaussian(shape, 1), tx, &p);
+  EXPECT_TRUE(s.ok()) << s.to_string();
+  return p;
+}
+
+// Decodes `p` and expects a kCorrupt error naming `field`.
+void expect_corrupt(const Packet& p, const std::string& field, DecodeOptions o = {}, Role role = Role::activation) {
+  StreamState rx(role);
+  Tensor y;
+  Status s = decode_packet(p.bytes.data(), p.size(), rx, &y, o);
+  ASSERT_FALSE(s.ok()) << "expected an error about " << field;
+  EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.to_string();
+  EXPECT_NE(s.message().find(field), std::string::npos) << "wanted '" << field << "' in: " << s.to_string();
+  EXPECT_FALSE(y.defined());
+}
+
+// Rewrites one header field and reseals the hash, so the field check itself is what must catch it.
+template <class T>
+Packet with_field(Packet p, size_t offset, T value, bool reseal = true) {
+  store_le<T>(p.bytes.data() + offset, value);
+  if (reseal) {
+    auto h = parse_header(p.bytes.data(), p.size(), WireLimits{int64_t{1} << 40, false});
+    if (h.ok()) seal_packet(p.bytes.data(), &*h);
+  }
+  return p;
+}
+
+TEST(Wire, HeaderFieldsAreCheckedAndNamed) {
+  Packet p = packet_of("int8", {4, 16});
+  expect_corrupt(with_field<uint32_t>(p, 0, 0x12345678u), "magic");
+  expect_corrupt(with_field<uint16_t>(p, 4, 2), "version");
+  expect_corrupt(with_field<uint8_t>(p, 6, 200), "codec");
+  expect_corrupt(with_field<uint8_t>(p, 7, 99), "dtype");
+  expect_corrupt(with_field<uint8_t>(p, 7, static_cast<uint8_t>(DType::i32)), "dtype");
+  expect_corrupt(with_field<uint8_t>(p, 8, 9), "ndim");
+  expect_corrupt(with_field<uint8_t>(p, 9, 7), "role");
+  expect_corrupt(with_field<uint16_t>(p, 10, 0x80), "flags");
+  expect_corrupt(with_field<uint32_t>(p, 12, 30), "block");
+  expect_corrupt(with_field<uint32_t>(p, 20, 1), "reserved");
+  expect_corrupt(with_field<uint64_t>(p, 32, 8), "payload_length");
+  expect_corrupt(with_field<uint64_t>(p, 32, 12), "payload_length");
+  expect_corrupt(with_field<uint64_t>(p, 32, ~uint64_t{0} - 7), "payload_length");
+  expect_corrupt(with_field<int64_t>(p, 48, -4), "shape[0]");
+  expect_corrupt(with_field<int64_t>(p, 48, 8), "payload_length");  // shape and payload disagree
+  expect_corrupt(with_field<int64_t>(p, 56, int64_t{1} << 40), "shape[1]");
+  // Unchanged fields but a changed byte: the hash catches it.
+  Packet flipped = p;
+  flipped.bytes.back() ^= 1;
+  expect_corrupt(flipped, "hash");
+  expect_corrupt(with_field<uint64_t>(p, 24, 5, false), "hash");
+}
+
+TEST(Wire, TruncatedAndOversizedPacketsAreRejected) {
+  Packet p = packet_of("ef+topk:ratio=0.2+int4", {3, 50});
+  for (size_t n : {size_t(0), size_t(10), size_t(47), size_t(50), p.size() - 8, p.size() - 1}) {
+    Packet t = p;
+    t.bytes.resize(n);
+    expect_corrupt(t, "truncated");
+  }
+  Packet longer = p;
+  longer.bytes.resize(p.size() + 8, 0);
+  expect_corrupt(longer, "payload_length");
+  DecodeOptions small;
+  small.limits.max_numel = 100;
+  expect_corrupt(p, "max_numel", small);
+}
+
+TEST(Wire, NestedFieldsAreCheckedToo) {
+  DecodeOptions nohash;  // so that the nested checks, not the hash, must catch these
+  nohash.limits.verify_hash = false;
+  Packet topk = packet_of("topk:ratio=0.1", {100});
+  // Indices start right after the topk header (48 + 8 bytes); make the second one repeat the first.
+  Packet dup = topk;
+  std::memcpy(dup.bytes.data() + 58, dup.bytes.data() + 56, 2);
+  expect_corrupt(dup, "topk indices", nohash);
+  expect_corrupt(with_field<uint16_t>(topk, 56, 100), "topk indices", nohash);
+  expect_corrupt(with_field<uint64_t>(topk, 24, 101), "topk k");
+  expect_corrupt(with_field<uint64_t>(topk, 24, 0), "topk k");
+  expect_corrupt(with_field<uint32_t>(topk, 12, 4), "topk index width");
+  Packet low = packet_of("lowrank:rank=2", {10, 6});
+  expect_corrupt(with_field<uint32_t>(low, 12, 7), "lowrank rank");
+  expect_corrupt(with_field<uint32_t>(low, 16, 0), "lowrank iters");
+  Packet sub = packet_of("subspace:k=4", {3, 16});
+  expect_corrupt(with_field<uint32_t>(sub, 12, 17), "subspace k");
+  // A nested packet's shape must be what its parent implies.
+  Packet ef = packet_of("ef+int8", {4, 8});
+  const size_t child = 48 + 16;  // the ef header with its 2-D shape
+  expect_corrupt(with_field<int64_t>(ef, child + 48, 2), "shape", nohash);
+  expect_corrupt(with_field<uint8_t>(ef, child + 7, static_cast<uint8_t>(DType::bf16)), "dtype", nohash);
+  expect_corrupt(with_field<uint8_t>(ef, child + 6, static_cast<uint8_t>(CodecId::ef)), "codec", nohash);
+}
+
+TEST(Wire, StreamAndOutputMismatchesAreRejected) {
+  Packet p = packet_of("int8", {4, 16}, Role::activation);
+  expect_corrupt(p, "role", {}, Role::weight_grad);
+  Shape want{4, 15};
+  DecodeOptions o;
+  o.expect_shape = &want;
+  expect_corrupt(p, "shape", o);
+  StreamState rx;
+  Tensor wrong = Tensor::empty({16, 4});
+  Status s = decode_packet(p.bytes.data(), p.size(), rx, &wrong);
+  EXPECT_NE(s.message().find("shape"), std::string::npos) << s.to_string();
+  // A right-shaped output is filled in place.
+  Tensor right = Tensor::zeros({4, 16});
+  void* before = right.raw_data();
+  ASSERT_TRUE(decode_packet(p.bytes.data(), p.size(), rx, &right).ok());
+  EXPECT_EQ(right.raw_data(), before);
+  EXPECT_NE(right.at(0), 0.0f);
+}
+
+TEST(Wire, UnalignedPacketsDecode) {
+  Packet p = packet_of("ef+topk:ratio=0.3+int4", {5, 9});
+  std::vector<uint8_t> shifted(p.size() + 3);
+  std::memcpy(shifted.data() + 3, p.bytes.data(), p.size());
+  StreamState rx;
+  Tensor a, b;
+  ASSERT_TRUE(decode_packet(shifted.data() + 3, p.size(), rx, &a).ok());
+  ASSERT_TRUE(decode_packet(p.bytes.data(), p.size(), rx, &b).ok());
+  EXPECT_EQ(a.to_vector(), b.to_vector());
+}
+
+TEST(Wire, InspectReportsRawAndWireBytes) {
+  Packet p = packet_of("int4", {32, 32});
+  auto info = inspect_packet(p.bytes.data(), p.size());
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->raw_bytes, 32 * 32 * 4);
+  EXPECT_EQ(info->wire_bytes, static_cast<int64_t>(p.size()));
+  EXPECT_EQ(info->header.codec, CodecId::int4);
+  EXPECT_EQ(CodecChain::raw_bytes(Tensor::empty({32, 32})), 4096);
+}
+
+TEST(Encode, RejectsTensorsItCannotCarry) {
+  StreamState tx;
+  Packet p;
+  EXPECT_FALSE(chain_of("int8").encode(Tensor(), tx, &p).ok());
+  EXPECT_FALSE(chain_of("int8").encode(Tensor::empty({4}, DType::i32), tx, &p).ok());
+  EXPECT_FALSE(chain_of("int8").encode(Tensor::empty({1, 1, 1, 1, 1, 1, 1, 1, 1}), tx, &p).ok());
+  Tensor base = Tensor::empty({4, 4});
+  Tensor strided = base.view({16});
+  EXPECT_TRUE(chain_of("int8").encode(strided, tx, &p).ok());
+}
+
+}  // namespace
+}  // namespace lh::compress
