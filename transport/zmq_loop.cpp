@@ -91,7 +91,9 @@ void ZmqLoop::flush_outbox() {
           outbox_.insert(outbox_.begin(), out.begin() + long(i), out.end());
           return;
         }
-        LH_LOG_WARN("control: dropping an outgoing message: {}", zmq_strerror(err));
+        // EHOSTUNREACH: a ROUTER peer that is gone (e.g. a dead worker not yet declared dead).
+        if (err == EHOSTUNREACH) LH_LOG_DEBUG("control: dropping a message to a departed peer");
+        else LH_LOG_WARN("control: dropping an outgoing message: {}", zmq_strerror(err));
         failed = true;
       }
     }
