@@ -1,0 +1,48 @@
+// `longhaul report METRICS.jsonl [--png FILE]`: the per-link bytes table (raw vs wire, ratio, busy
+// time), the loss and tokens/s summary and codec changes of a job's metrics, optionally plotted.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "apps/commands.h"
+#include "parallel/metrics_plot.h"
+#include "parallel/metrics_summary.h"
+#include "parallel/step_metrics.h"
+
+namespace lh::app {
+namespace {
+
+struct ReportOptions {
+  std::string metrics;
+  std::string png;
+  int rows = 10;
+};
+
+void run_report(const ReportOptions& o) {
+  auto records = read_step_metrics_file(o.metrics);
+  if (!records.ok()) fail(records.status().message());
+  auto summary = summarize_step_metrics(*records);
+  if (!summary.ok()) fail(o.metrics + ": " + summary.status().message());
+  std::printf("%s\n", o.metrics.c_str());
+  std::printf("\nlink traffic\n%s", format_link_table(*summary).c_str());
+  std::printf("\nsteps\n%s", format_step_summary(*summary, o.rows).c_str());
+  if (!o.png.empty()) {
+    Status s = render_metrics_png(*summary, o.png, "longhaul: " + o.metrics);
+    if (!s.ok()) fail("--png " + o.png + ": " + s.message());
+    std::printf("\nwrote %s\n", o.png.c_str());
+  }
+  std::fflush(stdout);
+}
+
+RegisterCommand reg("", 70, [](CLI::App& app) {
+  auto opts = std::make_shared<ReportOptions>();
+  auto* cmd = app.add_subcommand("report", "tables and plots of a job's loss and per-link bytes (raw vs wire)");
+  cmd->add_option("metrics", opts->metrics, "metrics file: JSON lines from train, launch or the coordinator")
+      ->required();
+  cmd->add_option("--png", opts->png, "also draw loss vs step and wire bytes per link into this PNG (needs gnuplot)");
+  cmd->add_option("--rows", opts->rows, "loss rows in the step summary")->check(CLI::Range(2, 1000))->capture_default_str();
+  cmd->callback([opts] { run_report(*opts); });
+});
+
+}  // namespace
+}  // namespace lh::app

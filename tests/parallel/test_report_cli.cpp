@@ -1,0 +1,117 @@
+// Runs `longhaul report` (the binary named by LH_BIN, which ctest sets) on generated metrics files:
+// tables, --png, and clear errors for bad files. Skips when LH_BIN is unset. Label `parallel`.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+class ReportCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* bin = std::getenv("LH_BIN");
+    if (!bin || !*bin) GTEST_SKIP() << "LH_BIN is not set (ctest sets it)";
+    bin_ = bin;
+    if (!std::filesystem::exists(bin_)) GTEST_SKIP() << "LH_BIN " << bin_ << " does not exist";
+    dir_ = ::testing::TempDir() + "lh_report_cli_" + std::to_string(getpid());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ + "/" + name) << text;
+    return dir_ + "/" + name;
+  }
+  CliRun run(const std::string& args) {
+    CliRun r;
+    FILE* p = popen(("'" + bin_ + "' report " + args + " 2>&1").c_str(), "r");
+    if (!p) return r;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+    int status = pclose(p);
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return r;
+  }
+  std::string bin_, dir_;
+};
+
+std::string two_stage_lines() {
+  std::string out;
+  for (int step = 1; step <= 4; ++step) {
+    const char* codec = step < 3 ? "int8" : "int4";
+    const int wire = step < 3 ? 1000000 : 500000;
+    out += "{\"step\":" + std::to_string(step) + ",\"worker\":0,\"stage\":0,\"tokens_per_s\":2000,\"links\":[" +
+           "{\"src\":0,\"dst\":1,\"role\":\"act\",\"codec\":\"" + codec + "\",\"raw_bytes\":4000000,\"wire_bytes\":" +
+           std::to_string(wire) + ",\"messages\":4,\"seconds\":0.25}]}\n";
+    out += "{\"step\":" + std::to_string(step) + ",\"worker\":1,\"stage\":1,\"loss\":" + std::to_string(5.0 - step) +
+           ",\"tokens_per_s\":1900,\"links\":[{\"src\":1,\"dst\":0,\"role\":\"act_grad\",\"codec\":\"bf16\"," +
+           "\"raw_bytes\":4000000,\"wire_bytes\":2000000,\"messages\":4,\"seconds\":0.5}]}\n";
+  }
+  return out;
+}
+
+TEST_F(ReportCli, PrintsTablesAndSummary) {
+  const std::string file = write("m.jsonl", two_stage_lines());
+  CliRun r = run("'" + file + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0→1    act (fwd)             16   16.00     3.00  5.33x  81.2%    1.00  int8→int4"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("total"), std::string::npos);
+  EXPECT_NE(r.output.find("loss: first 4.0000, last 1.0000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("codec change: 0→1 act (fwd) int8 → int4 from step 3"), std::string::npos) << r.output;
+}
+
+TEST_F(ReportCli, DrawsAPng) {
+  if (system("command -v gnuplot >/dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot is not installed";
+  const std::string file = write("m.jsonl", two_stage_lines());
+  const std::string png = dir_ + "/plot.png";
+  CliRun r = run("'" + file + "' --png '" + png + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("wrote " + png), std::string::npos);
+  std::ifstream f(png, std::ios::binary);
+  char magic[4] = {};
+  ASSERT_TRUE(f.read(magic, 4));
+  EXPECT_EQ(std::string(magic, 4), "\x89PNG");
+}
+
+TEST_F(ReportCli, BadFilesAreClearErrors) {
+  CliRun missing = run("'" + dir_ + "/none.jsonl'");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("none.jsonl' cannot be opened"), std::string::npos) << missing.output;
+
+  const std::string bad = write("bad.jsonl", "{\"step\":1}\n{\"step\":2,\"links\":[{\"src\":0,\"dst\":1,\"role\":\"x\"}]}\n");
+  CliRun r = run("'" + bad + "'");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("longhaul: error:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad.jsonl line 2: field 'links[0].role'"), std::string::npos) << r.output;
+
+  const std::string dup = write("dup.jsonl", "{\"step\":1}\n{\"step\":1}\n");
+  CliRun d = run("'" + dup + "'");
+  EXPECT_NE(d.exit_code, 0);
+  EXPECT_NE(d.output.find("line 2 repeats step 1 of worker 0 (first at line 1)"), std::string::npos) << d.output;
+
+  const std::string empty = write("empty.jsonl", "");
+  CliRun e = run("'" + empty + "' --png '" + dir_ + "/e.png'");
+  EXPECT_NE(e.exit_code, 0);
+  EXPECT_NE(e.output.find("nothing to plot"), std::string::npos) << e.output;
+
+  CliRun rows = run("'" + write("ok.jsonl", two_stage_lines()) + "' --rows 1");
+  EXPECT_NE(rows.exit_code, 0);
+  EXPECT_NE(rows.output.find("--rows"), std::string::npos) << rows.output;
+}
+
+}  // namespace
