@@ -6,7 +6,7 @@
 #include <iterator>
 #include <tuple>
 
-#include "parallel/parse_number.h"
+#include "compress/codec_chain.h"
 
 namespace lh {
 
@@ -18,27 +18,12 @@ Result<LinkDir> parse_link_dir(const std::string& text) {
 
 const char* link_dir_name(LinkDir dir) { return dir == LinkDir::kFwd ? "fwd" : "bwd"; }
 
-Status check_spec_syntax(const std::string& spec) {
-  if (spec.empty()) return invalid_argument("codec spec is empty");
-  if (spec.find_first_of(" \t\r\n") != std::string::npos)
-    return invalid_argument("codec spec '" + spec + "' contains a space");
-  size_t pos = 0;
-  int stage = 1;
-  while (true) {
-    size_t plus = spec.find('+', pos);
-    if ((plus == std::string::npos ? spec.size() : plus) == pos)
-      return invalid_argument("codec spec '" + spec + "': stage " + std::to_string(stage) + " is empty");
-    if (plus == std::string::npos) break;
-    pos = plus + 1;
-    ++stage;
-  }
-  return Status::Ok();
-}
+Status check_codec_spec(const std::string& spec) { return compress::parse_codec_spec(spec).status(); }
 
 namespace {
 
 Status check_spec(const CodecSpecCheck& check, const std::string& spec, const std::string& where) {
-  Status s = check ? check(spec) : check_spec_syntax(spec);
+  Status s = check ? check(spec) : check_codec_spec(spec);
   if (!s.ok()) s.prepend(where);
   return s;
 }

@@ -21,12 +21,10 @@ Result<LinkDir> parse_link_dir(const std::string& text);  // "fwd" | "bwd"
 const char* link_dir_name(LinkDir dir);
 
 // Checks one codec spec string ("int8", "lowrank:rank=8+int8"); returns an error naming the bad
-// token. Launch and the coordinator pass compress's parse_codec_spec here; parallel/ itself does
-// not parse specs, so the list of codecs lives in one place.
+// token. Injectable so tests and tools can narrow what a job accepts.
 using CodecSpecCheck = std::function<Status(const std::string& spec)>;
-// The check used when none is given: the spec is non-empty, has no spaces, and no empty stage
-// between '+' signs. It knows no codec names.
-Status check_spec_syntax(const std::string& spec);
+// The default check: compress's parse_codec_spec, so the list of codecs lives in one place.
+Status check_codec_spec(const std::string& spec);
 
 // One --compress-link value, "LINK:DIR=SPEC", e.g. "1-2:fwd=int4" or "0-1:bwd=topk:ratio=0.1+int8".
 struct LinkCodecOverride {
@@ -35,7 +33,7 @@ struct LinkCodecOverride {
   std::string spec;
 };
 Result<LinkCodecOverride> parse_link_override(const std::string& text, const Topology& topology,
-                                              const CodecSpecCheck& check = check_spec_syntax);
+                                              const CodecSpecCheck& check = check_codec_spec);
 
 // The codec spec of every (pipeline link, direction) at the start of a job.
 class CodecPlan {
@@ -44,7 +42,7 @@ class CodecPlan {
   // override of the same link direction wins). Every spec goes through `check`.
   static Result<CodecPlan> create(const Topology& topology, const std::string& fwd_spec, const std::string& bwd_spec,
                                   const std::vector<std::string>& overrides,
-                                  const CodecSpecCheck& check = check_spec_syntax);
+                                  const CodecSpecCheck& check = check_codec_spec);
 
   const std::string& spec(const PipelineLink& link, LinkDir dir) const;
   const std::vector<PipelineLink>& links() const { return links_; }
@@ -72,7 +70,7 @@ struct CodecChange {
 // SetCodec message arrives before that step begins (the coordinator's barrier ensures it).
 class CodecSchedule {
  public:
-  CodecSchedule(const Topology& topology, CodecPlan initial, CodecSpecCheck check = check_spec_syntax);
+  CodecSchedule(const Topology& topology, CodecPlan initial, CodecSpecCheck check = check_codec_spec);
 
   // Marks `step` as begun: changes can no longer take effect at or before it. Steps only go up.
   Status begin_step(int64_t step);

@@ -35,8 +35,8 @@ TEST(CodecPlan, BadOverridesNameTheProblem) {
   struct Case { const char* text; const char* says; };
   for (const Case& c : {Case{"1-2fwd=int4", "expected LINK:DIR=SPEC"}, Case{"1-2:fwd", "no '='"},
                         Case{"2-3:fwd=int4", "'2-3' is not a pipeline link"}, Case{"1-2:up=int4", "direction 'up'"},
-                        Case{"1-2:fwd=", "codec spec is empty"}, Case{"1-2:fwd=int8++int4", "stage 2 is empty"},
-                        Case{"x:fwd=int8", "'x'"}, Case{"1-2:fwd=in t8", "contains a space"}}) {
+                        Case{"1-2:fwd=", "codec spec is empty"}, Case{"1-2:fwd=int8++int4", "empty stage"},
+                        Case{"x:fwd=int8", "'x'"}, Case{"1-2:fwd=int3", "unknown codec 'int3'"}}) {
     auto r = parse_link_override(c.text, t);
     ASSERT_FALSE(r.ok()) << c.text;
     EXPECT_NE(r.status().message().find(c.says), std::string::npos) << c.text << " → " << r.status().message();
