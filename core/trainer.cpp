@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/cuda_runtime.h"
 #include "core/log.h"
 
 namespace lh {
@@ -118,6 +119,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainConfig& cfg_in) {
     ckpt = std::move(c);
   }
   LH_RETURN_IF_ERROR(cfg.validate());
+  // Said before the data is read, and in the user's terms rather than an allocation failure.
+  if (cfg.device == Device::cuda && !cuda_available())
+    return unavailable("--device cuda: no CUDA device available (" + cuda_device_summary() + "); use --device cpu");
 
   std::unique_ptr<Trainer> t(new Trainer());
   t->cfg_ = cfg;
