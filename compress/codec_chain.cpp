@@ -225,6 +225,7 @@ Status decode_node(DecodeCtx& ctx, const uint8_t* data, size_t size, int depth, 
                    " section");
   if (h.codec == CodecId::topk) LH_RETURN_IF_ERROR(check_topk_indices(h, payload));
   std::vector<Tensor> children(g.children.size());
+  if (h.codec == CodecId::ef && out->defined()) children[0] = *out;  // decode straight into the caller's tensor
   size_t off = g.own_bytes;
   for (size_t i = 0; i < g.children.size(); ++i) {
     WireLimits peek = ctx.opts.limits;
@@ -245,11 +246,8 @@ Status decode_node(DecodeCtx& ctx, const uint8_t* data, size_t size, int depth, 
     case CodecId::lowrank: LH_RETURN_IF_ERROR(ensure_out()); return decode_lowrank(ctx.ex, h, children, out);
     case CodecId::subspace: LH_RETURN_IF_ERROR(ensure_out()); return decode_subspace(ctx, h, children, out);
     case CodecId::ef:
-      if (!out->defined()) {
-        *out = children[0];  // the nested packet's tensor is the answer
-        return Status::Ok();
-      }
-      return out->copy_from(children[0]);
+      *out = children[0];  // the nested packet's tensor is the answer
+      return Status::Ok();
     default: {  // delta
       const int64_t batch = h.shape[0];
       std::vector<int64_t> ids(batch);

@@ -9,6 +9,7 @@ namespace lh::compress::detail {
 namespace {
 constexpr int64_t kMaxSparseNumel = int64_t{1} << 32;  // topk/randk indices are 32-bit
 constexpr int64_t kMaxSubspaceK = 4096;
+constexpr int64_t kMaxBasisNumel = int64_t{1} << 24;  // 64 MiB of basis: far above any model width × k
 
 int topk_index_width(int64_t n) { return n <= 65536 ? 2 : 4; }
 int64_t last_dim(const Shape& s) { return s.empty() ? 1 : s.back(); }
@@ -51,6 +52,9 @@ Result<Geometry> spec_geometry(const StageSpec& s, const Shape& shape) {
       if (shape.empty() || shape.back() == 0)
         return invalid_argument("subspace needs a tensor whose last dimension is at least 1, not " + shape_string(shape));
       int64_t d = shape.back(), k = std::min<int64_t>(s.k, d);
+      if (d * k > kMaxBasisNumel)
+        return invalid_argument("subspace: a " + std::to_string(d) + "x" + std::to_string(k) + " basis exceeds " +
+                                std::to_string(kMaxBasisNumel) + " elements");
       g.children = {{n / d, k}};
       return g;
     }
@@ -113,9 +117,9 @@ Result<Geometry> header_geometry(const PacketHeader& h, const WireLimits& limits
       if (h.p0 < 1 || h.p0 > static_cast<uint64_t>(kmax))
         return corrupt("packet field 'subspace k' is " + std::to_string(h.p0) + ", allowed 1.." + std::to_string(kmax));
       // The receiver builds a d×k basis: bound it like any tensor it allocates.
-      if (d * static_cast<int64_t>(h.p0) > limits.max_numel)
+      if (d * static_cast<int64_t>(h.p0) > std::min(limits.max_numel, kMaxBasisNumel))
         return corrupt("packet field 'subspace k': a " + std::to_string(d) + "x" + std::to_string(h.p0) +
-                       " basis exceeds max_numel");
+                       " basis exceeds the basis limit");
       g.children = {{n / d, static_cast<int64_t>(h.p0)}};
       return g;
     }

@@ -64,6 +64,32 @@ TEST(Codecs, LosslessAndHalfPrecisionAreBitExact) {
   }
 }
 
+TEST(Codecs, FastHalfConversionsMatchTheReferenceOnEveryInput) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float a = fp16_to_float(static_cast<uint16_t>(h)), b = kern::fp16_to_float_fast(static_cast<uint16_t>(h));
+    if (std::isnan(a)) {
+      ASSERT_TRUE(std::isnan(b)) << h;
+    } else {
+      ASSERT_EQ(float_bits(a), float_bits(b)) << h;
+    }
+  }
+  // Every fp16 value, the midpoints between neighbours (ties to even) and their float neighbours,
+  // plus random bit patterns over the whole float range.
+  std::vector<float> probe = {0.0f, -0.0f, 65504.0f, 65519.99f, 65520.0f, 1e30f, -1e-30f, INFINITY, -INFINITY};
+  for (uint32_t h = 0; h < 0x7c00; ++h) {
+    float v = fp16_to_float(static_cast<uint16_t>(h)), next = fp16_to_float(static_cast<uint16_t>(h + 1));
+    float mid = 0.5f * (v + next);
+    probe.insert(probe.end(), {v, -v, mid, -mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e9f)});
+  }
+  Rng r(3);
+  for (int i = 0; i < 200000; ++i) probe.push_back(bits_float(r.next_u32()));
+  for (float f : probe) {
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_fp16(f), kern::fp16_from_float_fast(f)) << f;
+  }
+  EXPECT_TRUE(std::isnan(fp16_to_float(kern::fp16_from_float_fast(NAN))));
+}
+
 TEST(Codecs, QuantizerErrorBoundsOnGaussianData) {
   Tensor x = gaussian({256, 512}, 5);
   struct Case { const char* spec; double bound; };
