@@ -15,6 +15,15 @@ namespace lh::kern {
 
 constexpr float kLayerNormEps = 1e-5f;
 
+// Row loops that reduce (sum, max) are vectorised on the CPU by letting the compiler reassociate them
+// (OpenMP simd); device code and builds without OpenMP get nothing.
+#define LH_PRAGMA(x) _Pragma(#x)
+#if defined(_OPENMP) && !defined(__CUDA_ARCH__)
+#define LH_SIMD_REDUCE(op, ...) LH_PRAGMA(omp simd reduction(op : __VA_ARGS__))
+#else
+#define LH_SIMD_REDUCE(op, ...)
+#endif
+
 // One thread holds the whole row: reductions are the identity.
 struct SerialLanes {
   LH_HD LH_INLINE int lane() const { return 0; }
@@ -175,9 +184,11 @@ struct LayerNormWeightGradValue {
 template <class L>
 LH_HD void softmax_row(const L& lanes, float* out, const float* in, int len, int cols) {
   float mx = -INFINITY;
-  for (int i = lanes.lane(); i < len; i += lanes.count()) mx = fmaxf(mx, in[i]);
+  LH_SIMD_REDUCE(max, mx)
+  for (int i = lanes.lane(); i < len; i += lanes.count()) mx = in[i] > mx ? in[i] : mx;
   mx = lanes.max(mx);
   float s = 0.f;
+  LH_SIMD_REDUCE(+, s)
   for (int i = lanes.lane(); i < len; i += lanes.count()) {
     float e = expf(in[i] - mx);
     out[i] = e;
@@ -195,6 +206,7 @@ template <class L>
 LH_HD void softmax_row_backward(const L& lanes, float* dinp, const float* out, const float* dout, int len, int cols,
                                 float scale, bool accumulate) {
   float dot = 0.f;
+  LH_SIMD_REDUCE(+, dot)
   for (int i = lanes.lane(); i < len; i += lanes.count()) dot += out[i] * dout[i];
   dot = lanes.sum(dot);
   for (int i = lanes.lane(); i < len; i += lanes.count()) {
@@ -261,17 +273,20 @@ struct LayerNormForwardRows {
     const float* x = inp + r * C;
     float* y = out + r * C;
     float s = 0.f;
+    LH_SIMD_REDUCE(+, s)
     for (int i = lanes.lane(); i < C; i += lanes.count()) s += x[i];
     float m = lanes.sum(s) / C;
     float var = 0.f;
+    LH_SIMD_REDUCE(+, var)
     for (int i = lanes.lane(); i < C; i += lanes.count()) {
       float d = x[i] - m;
       var += d * d;
     }
     float rs = 1.0f / sqrtf(lanes.sum(var) / C + kLayerNormEps);
-    for (int i = lanes.lane(); i < C; i += lanes.count()) {
-      float n = (x[i] - m) * rs;
-      y[i] = n * weight[i] + (bias ? bias[i] : 0.f);
+    if (bias) {
+      for (int i = lanes.lane(); i < C; i += lanes.count()) y[i] = (x[i] - m) * rs * weight[i] + bias[i];
+    } else {
+      for (int i = lanes.lane(); i < C; i += lanes.count()) y[i] = (x[i] - m) * rs * weight[i];
     }
     if (lanes.lane() == 0) {
       mean[r] = m;
@@ -296,6 +311,7 @@ struct LayerNormBackwardRows {
     float* dx = dinp + r * C;
     float m = mean[r], rs = rstd[r];
     float a = 0.f, b = 0.f;
+    LH_SIMD_REDUCE(+, a, b)
     for (int i = lanes.lane(); i < C; i += lanes.count()) {
       float wd = weight[i] * dy[i];
       a += wd;
@@ -321,9 +337,11 @@ struct CrossEntropyForwardRows {
   LH_HD void operator()(const L& lanes, int64_t r) const {
     const float* x = logits + r * V;
     float mx = -INFINITY;
-    for (int i = lanes.lane(); i < V; i += lanes.count()) mx = fmaxf(mx, x[i]);
+    LH_SIMD_REDUCE(max, mx)
+    for (int i = lanes.lane(); i < V; i += lanes.count()) mx = x[i] > mx ? x[i] : mx;
     mx = lanes.max(mx);
     float s = 0.f;
+    LH_SIMD_REDUCE(+, s)
     for (int i = lanes.lane(); i < V; i += lanes.count()) s += expf(x[i] - mx);
     s = lanes.sum(s);
     if (probs) {
