@@ -64,7 +64,12 @@ class FieldReader {
       out = it->get<uint64_t>();
       return Status::Ok();
     }
-    if (it->is_number_integer()) return error(field, "must not be negative, got " + shown(*it));
+    // Built (not parsed) JSON holds signed integers even for values ≥ 0.
+    if (it->is_number_integer()) {
+      if (it->get<int64_t>() < 0) return error(field, "must not be negative, got " + shown(*it));
+      out = static_cast<uint64_t>(it->get<int64_t>());
+      return Status::Ok();
+    }
     return error(field, "expected a non-negative integer, got " + shown(*it));
   }
   Status small_uint(const std::string& field, bool required, int& out) const {
@@ -127,6 +132,16 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
 
 }  // namespace
 
+Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& links, const std::string& source) {
+  if (!links.is_array()) return invalid_argument(source + ": field 'links': expected an array, got " + FieldReader::shown(links));
+  std::vector<LinkTraffic> out;
+  for (size_t i = 0; i < links.size(); ++i) {
+    LH_ASSIGN_OR_RETURN(LinkTraffic t, parse_link(links[i], source, "links[" + std::to_string(i) + "]."));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source) {
   const std::string where = source + " line " + std::to_string(line_number);
   nlohmann::json j;
@@ -151,11 +166,7 @@ Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_nu
   LH_RETURN_IF_ERROR(r.number("tokens_per_s", true, m.tokens_per_s));
   auto links = j.find("links");
   if (links != j.end() && !links->is_null()) {
-    if (!links->is_array()) return r.error("links", "expected an array, got " + FieldReader::shown(*links));
-    for (size_t i = 0; i < links->size(); ++i) {
-      LH_ASSIGN_OR_RETURN(LinkTraffic t, parse_link((*links)[i], where, "links[" + std::to_string(i) + "]."));
-      m.links.push_back(std::move(t));
-    }
+    LH_ASSIGN_OR_RETURN(m.links, link_traffic_from_json(*links, where));
   }
   return m;
 }

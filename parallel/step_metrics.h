@@ -58,6 +58,9 @@ std::string step_metrics_to_line(const StepMetrics& m);  // one line, no newline
 // Other fields are ignored, so newer writers stay readable. Errors say "<source> line N: field F: …".
 Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source);
 
+// The "links" array of a metrics line or of LinkMeter::to_json(), validated like a line's links.
+Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& links, const std::string& source);
+
 // Reads every non-blank line; the first bad line is the error. An empty input gives no records.
 Result<std::vector<StepMetrics>> read_step_metrics(std::istream& in, const std::string& source);
 Result<std::vector<StepMetrics>> read_step_metrics_file(const std::string& path);

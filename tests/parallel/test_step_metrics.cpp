@@ -256,3 +256,25 @@ TEST(MetricsSummary, StepSummaryShowsLossAndSwitches) {
 
 }  // namespace
 }  // namespace lh
+
+namespace lh {
+namespace {
+
+TEST(StepMetrics, ReadsBuiltJsonWithSignedIntegers) {
+  // LinkMeter::to_json builds its JSON from ints: non-negative values stored as signed integers.
+  nlohmann::json links = nlohmann::json::array();
+  links.push_back({{"src", int(0)}, {"dst", int(1)}, {"role", "act"}, {"dir", "send"}, {"raw_bytes", int64_t(8)},
+                   {"wire_bytes", int64_t(2)}, {"messages", int(1)}, {"seconds", 0.0}});
+  auto t = value_of(link_traffic_from_json(links, "meter"));
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].dst, 1);
+  EXPECT_EQ(t[0].raw_bytes, 8u);
+  links[0]["wire_bytes"] = int64_t(-2);
+  auto bad = link_traffic_from_json(links, "meter");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("field 'links[0].wire_bytes': must not be negative"), std::string::npos);
+  EXPECT_FALSE(link_traffic_from_json(nlohmann::json::object(), "meter").ok());
+}
+
+}  // namespace
+}  // namespace lh

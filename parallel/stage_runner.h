@@ -1,0 +1,108 @@
+// defines: lh::StageRunner — one pipeline stage of a GPT training job: it holds the stage's blocks
+// (plus embedding on the first stage, head and loss on the last), executes its PipelineSchedule
+// list each step with codecs on every link and the DataPlane's non-blocking sends and receives,
+// and takes the optimizer step with the gradient norm of the whole model. Used by `longhaul worker`.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compress/codec_chain.h"
+#include "core/gpt.h"
+#include "core/trainer.h"
+#include "parallel/codec_plan.h"
+#include "parallel/partition.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/step_metrics.h"
+#include "parallel/topology.h"
+#include "transport/data_plane.h"
+
+namespace lh {
+
+struct StageRunnerOptions {
+  int microbatches = 4;  // the global batch (TrainConfig::batch) splits into this many equal parts
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  // How long a stage waits for one activation, gradient or norm before giving up with an error
+  // naming the peer. A dead peer is normally reported sooner by the control plane (fail_peer).
+  std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
+};
+
+struct StageStepResult {
+  int64_t step = 0;
+  std::optional<float> loss;  // last stage only: mean over the global batch
+  float grad_norm = 0;        // of the whole model, before clipping
+  float lr = 0;
+  double seconds = 0;
+  int64_t tokens = 0;  // tokens in the global batch
+};
+
+class StageRunner {
+ public:
+  // Builds this rank's model part (the same weights the single-process model has for those groups:
+  // every group is initialised from its own seeded stream) and its optimizer. Refuses grids with
+  // tp or dp > 1, a partition that does not match the model or topology, and a global batch that
+  // the microbatches do not divide.
+  static Result<std::unique_ptr<StageRunner>> create(const TrainConfig& train, const Topology& topology,
+                                                     const Partition& partition, int rank,
+                                                     const StageRunnerOptions& options, DataPlane& plane,
+                                                     CodecSchedule& codecs);
+
+  // One optimizer step (1-based `step`, consecutive) on a global batch of train.batch sequences of
+  // train.model.seq tokens: tokens and targets [batch · seq] as the single-process trainer draws
+  // them (every worker draws the same batch from the same seed; stage 0 reads the tokens, the last
+  // stage the targets). Marks the step begun in the codec schedule, so set-codec changes for it
+  // must have been applied before.
+  Result<StageStepResult> step(int64_t step, const int32_t* tokens, const int32_t* targets);
+
+  // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
+  // call (taken from the data plane's meter, which is reset), each annotated with its codec.
+  StepMetrics take_step_metrics();
+
+  const StageSpan& span() const { return span_; }
+  const PipelineSchedule& schedule() const { return schedule_; }
+  Gpt& model() { return model_; }
+  int rank() const { return rank_; }
+
+ private:
+  StageRunner() = default;
+  Status run_action(const Action& a, int64_t step);
+  Status exchange_grad_norm(int64_t step, double local_sq, double* total_sq);
+  Result<Tensor> receive(Transfer& t, const char* what, int mb, int peer, compress::StreamState& st);
+  const compress::CodecChain& chain_for(LinkDir dir, int64_t step);
+  std::string spec_of(const LinkTraffic& t, int64_t step) const;
+
+  TrainConfig train_;
+  Topology topology_ = Topology::pipeline(1).value();
+  StageRunnerOptions options_;
+  PipelineSchedule schedule_ = PipelineSchedule::build(ScheduleKind::kGPipe, 1, 1).value();
+  StageSpan span_;
+  int rank_ = 0, stages_ = 1, mb_batch_ = 1;
+  std::optional<int> prev_, next_;
+  DataPlane* plane_ = nullptr;
+  CodecSchedule* codecs_ = nullptr;
+  Gpt model_;
+  AdamW opt_;
+
+  // Per microbatch, for the current step.
+  std::vector<ActivationCache> caches_;
+  std::vector<Tensor> inputs_, outputs_, grads_;
+  std::vector<Transfer> act_rx_, grad_rx_;
+  std::vector<Transfer> sends_;
+  const int32_t* tokens_ = nullptr;
+  const int32_t* targets_ = nullptr;
+  double loss_sum_ = 0;
+
+  // Stream state of each link end this stage holds, and parsed chains by spec.
+  compress::StreamState fwd_tx_{compress::Role::activation}, fwd_rx_{compress::Role::activation};
+  compress::StreamState bwd_tx_{compress::Role::activation_grad}, bwd_rx_{compress::Role::activation_grad};
+  std::map<std::string, compress::CodecChain> chains_;
+
+  StageStepResult last_;
+};
+
+}  // namespace lh

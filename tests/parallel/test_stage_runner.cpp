@@ -1,0 +1,243 @@
+// Tests for StageRunner: S-stage pipelines (GPipe and 1F1B) reproduce the single-process trainer's
+// losses, codecs compress every link and switch at a step boundary, bad setups are refused, and a
+// missing peer is an error naming it. Stages run on threads joined by LocalDataPlane. Label `parallel`.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "core/exec.h"
+#include "core/rng.h"
+#include "parallel/metrics_summary.h"
+#include "parallel/stage_runner.h"
+#include "tests/parallel/local_data_plane.h"
+#include "tests/parallel/result_value.h"
+
+namespace lh {
+namespace {
+
+// A small deterministic corpus: words drawn from a short list, so the model has something to learn.
+std::string corpus_file() {
+  static const std::string path = [] {
+    const char* words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ", "dog ", "and ", "runs ",
+                           "far ", "away. ", "A ", "slow ", "link ", "carries ", "bytes.\n"};
+    Rng rng(99);
+    std::string text;
+    while (text.size() < 120000) text += words[rng.next_u32() % 17];
+    std::string p = ::testing::TempDir() + "lh_stage_runner_corpus_" + std::to_string(getpid()) + ".txt";
+    std::ofstream(p) << text;
+    return p;
+  }();
+  return path;
+}
+
+TrainConfig tiny_config() {
+  TrainConfig cfg;
+  cfg.model.layers = 4;
+  cfg.model.d_model = 32;
+  cfg.model.heads = 2;
+  cfg.model.seq = 16;
+  cfg.batch = 8;
+  cfg.steps = 4;
+  cfg.warmup = 1;
+  cfg.lr = 3e-3f;
+  cfg.seed = 7;
+  cfg.data = corpus_file();
+  return cfg;
+}
+
+struct PipelineRun {
+  std::vector<float> losses;            // the last stage's, per step
+  std::vector<float> grad_norms;        // stage 0's (every stage sees the whole model's), per step
+  std::vector<StepMetrics> metrics;     // every stage, every step
+  std::vector<Status> statuses;         // per stage
+};
+
+// Runs `steps` steps of an S-stage pipeline; `change_at` > 0 switches link 0-1 fwd to `new_spec` there.
+PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M, const std::string& fwd,
+                         const std::string& bwd, int steps, int change_at = 0, const std::string& new_spec = "") {
+  Topology topo = value_of(Topology::pipeline(S));
+  Partition part = value_of(Partition::even(cfg.model.layers, S));
+  auto fabric = std::make_shared<LocalFabric>();
+  TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
+  PipelineRun run;
+  run.statuses.resize(S);
+  std::vector<std::vector<StepMetrics>> per_stage(S);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < S; ++rank) {
+    threads.emplace_back([&, rank] {
+      LocalDataPlane plane(fabric, rank, S);
+      plane.set_meter(std::make_shared<LinkMeter>(rank));
+      CodecSchedule codecs(topo, value_of(CodecPlan::create(topo, fwd, bwd, {})));
+      StageRunnerOptions opts;
+      opts.microbatches = M;
+      opts.schedule = kind;
+      opts.receive_timeout = std::chrono::seconds(60);
+      auto runner = StageRunner::create(cfg, topo, part, rank, opts, plane, codecs);
+      if (!runner.ok()) {
+        run.statuses[rank] = runner.status();
+        return;
+      }
+      BatchSampler sampler(&data, Split::train, cfg.batch, cfg.model.seq, cfg.seed);
+      std::vector<int32_t> tok, tgt;
+      for (int step = 1; step <= steps; ++step) {
+        if (step == change_at && S > 1) {
+          Status s = codecs.schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, step});
+          if (!s.ok()) {
+            run.statuses[rank] = s;
+            return;
+          }
+        }
+        sampler.next(&tok, &tgt);
+        auto r = (*runner)->step(step, tok.data(), tgt.data());
+        if (!r.ok()) {
+          run.statuses[rank] = r.status();
+          return;
+        }
+        if (r->loss) run.losses.push_back(*r->loss);
+        if (rank == 0) run.grad_norms.push_back(r->grad_norm);
+        per_stage[rank].push_back((*runner)->take_step_metrics());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& v : per_stage) run.metrics.insert(run.metrics.end(), v.begin(), v.end());
+  return run;
+}
+
+std::vector<StepStats> reference_steps(const TrainConfig& cfg, int steps) {
+  auto trainer = value_of(Trainer::create(cfg));
+  std::vector<StepStats> out;
+  for (int i = 0; i < steps; ++i) out.push_back(value_of(trainer->step()));
+  return out;
+}
+
+std::vector<float> reference_losses(const TrainConfig& cfg, int steps) {
+  std::vector<float> out;
+  for (const StepStats& s : reference_steps(cfg, steps)) out.push_back(s.loss);
+  return out;
+}
+
+class StageRunnerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { set_num_threads(1); }
+};
+
+TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
+  const TrainConfig cfg = tiny_config();
+  const int steps = 4;
+  const std::vector<StepStats> ref_steps = reference_steps(cfg, steps);
+  std::vector<float> ref;
+  for (const StepStats& s : ref_steps) ref.push_back(s.loss);
+  ASSERT_LT(ref.back(), ref.front());  // the reference learns, so the comparison means something
+  ASSERT_GT(ref_steps[0].grad_norm, cfg.grad_clip);  // clipping is active: the norm must be the whole model's
+  for (int S : {1, 2, 4})
+    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+      PipelineRun run = run_pipeline(cfg, S, kind, /*M=*/4, "none", "none", steps);
+      for (int s = 0; s < S; ++s) ASSERT_TRUE(run.statuses[s].ok()) << "stage " << s << ": " << run.statuses[s].to_string();
+      ASSERT_EQ(run.losses.size(), ref.size());
+      for (int i = 0; i < steps; ++i)
+        EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i]))
+            << schedule_kind_name(kind) << " S=" << S << " step " << i + 1;
+      ASSERT_EQ(run.grad_norms.size(), ref.size());
+      for (int i = 0; i < steps; ++i)
+        EXPECT_NEAR(run.grad_norms[i], ref_steps[i].grad_norm, 1e-5 * ref_steps[i].grad_norm)
+            << schedule_kind_name(kind) << " S=" << S << " step " << i + 1;
+    }
+}
+
+TEST_F(StageRunnerTest, CompressedLinksCarryFewerBytesAndSwitchAtAStep) {
+  const TrainConfig cfg = tiny_config();
+  const int steps = 4;
+  const std::vector<float> ref = reference_losses(cfg, steps);
+  PipelineRun run = run_pipeline(cfg, 2, ScheduleKind::k1F1B, 4, "int8", "bf16", steps, /*change_at=*/3, "int4");
+  for (const Status& s : run.statuses) ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_EQ(run.losses.size(), size_t(steps));
+  for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 0.05 * ref[i]) << "step " << i + 1;
+  MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+  const int64_t raw_per_step = 4LL * 2 * 16 * 32 * 4;  // M microbatches of [2, 16, 32] fp32
+  bool saw_act = false, saw_grad = false;
+  for (const LinkTotals& t : sum.links) {
+    EXPECT_EQ(t.counted_by, "send");
+    if (t.role == "other") {  // the gradient-norm exchange: one double per step each way
+      EXPECT_EQ(t.wire_bytes, uint64_t(8 * steps));
+      continue;
+    }
+    EXPECT_EQ(t.raw_bytes, uint64_t(raw_per_step * steps)) << t.role;
+    if (t.role == "act") {
+      saw_act = true;
+      EXPECT_LT(t.wire_bytes * 3, t.raw_bytes);  // int8, then int4
+      EXPECT_EQ(t.codecs, (std::vector<std::string>{"int8", "int4"}));
+    }
+    if (t.role == "act_grad") {
+      saw_grad = true;
+      EXPECT_LT(t.wire_bytes * 19 / 10, t.raw_bytes);  // bf16: about half
+      EXPECT_EQ(t.codecs, (std::vector<std::string>{"bf16"}));
+    }
+  }
+  EXPECT_TRUE(saw_act && saw_grad);
+  ASSERT_EQ(sum.codec_switches.size(), 1u);
+  EXPECT_EQ(sum.codec_switches[0].step, 3);
+  // The activation link's wire bytes per step drop at step 3 (int4 packets are about half of int8).
+  const auto& wire = sum.wire_bytes_per_step.at(LinkKey{0, 1, "act"});
+  ASSERT_EQ(wire.size(), size_t(steps));
+  EXPECT_EQ(wire[0].value, wire[1].value);
+  EXPECT_LT(wire[2].value * 1.5, wire[1].value);
+}
+
+TEST_F(StageRunnerTest, RefusesBadSetups) {
+  TrainConfig cfg = tiny_config();
+  auto fabric = std::make_shared<LocalFabric>();
+  LocalDataPlane plane(fabric, 0, 2);
+  Topology two = value_of(Topology::pipeline(2));
+  CodecSchedule codecs(two, value_of(CodecPlan::create(two, "none", "none", {})));
+  StageRunnerOptions opts;
+  auto expect = [&](Result<std::unique_ptr<StageRunner>> r, const std::string& says) {
+    ASSERT_FALSE(r.ok()) << says;
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+  };
+  expect(StageRunner::create(cfg, two, value_of(Partition::even(4, 3)), 0, opts, plane, codecs), "has 3 stages");
+  expect(StageRunner::create(cfg, two, value_of(Partition::even(6, 2)), 0, opts, plane, codecs), "covers 6 blocks");
+  expect(StageRunner::create(cfg, two, value_of(Partition::even(4, 2)), 2, opts, plane, codecs), "rank 2");
+  opts.microbatches = 3;
+  expect(StageRunner::create(cfg, two, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
+         "does not split into 3 equal microbatches");
+  opts.microbatches = 4;
+  Topology grid = value_of(Topology::create(4, 2, 2, 1));
+  expect(StageRunner::create(cfg, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
+         "only pipeline parallelism");
+}
+
+TEST_F(StageRunnerTest, AMissingPeerIsAnErrorNamingIt) {
+  TrainConfig cfg = tiny_config();
+  auto fabric = std::make_shared<LocalFabric>();
+  LocalDataPlane plane(fabric, 0, 2);
+  Topology two = value_of(Topology::pipeline(2));
+  CodecSchedule codecs(two, value_of(CodecPlan::create(two, "none", "none", {})));
+  StageRunnerOptions opts;
+  opts.microbatches = 2;
+  auto runner = value_of(StageRunner::create(cfg, two, value_of(Partition::even(4, 2)), 0, opts, plane, codecs));
+  // Stage 1 never runs; the control plane reports it dead while stage 0 waits for its gradient.
+  std::thread reporter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    plane.fail_peer(1, "heartbeat timeout");
+  });
+  TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
+  BatchSampler sampler(&data, Split::train, cfg.batch, cfg.model.seq, cfg.seed);
+  std::vector<int32_t> tok, tgt;
+  sampler.next(&tok, &tgt);
+  auto r = runner->step(1, tok.data(), tgt.data());
+  reporter.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("waiting for the activation gradient of microbatch 0 from rank 1"),
+            std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("heartbeat timeout"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace lh
