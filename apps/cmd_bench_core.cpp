@@ -132,6 +132,8 @@ void bench_device(Device d, const BenchOptions& o, std::vector<Row>& rows, doubl
     } else if (*cpu_gemm_gflops > 0) {
       r.baseline = "CPU BLAS gemm 1024";
       r.ratio = gflops / *cpu_gemm_gflops;
+    } else {
+      r.baseline = "none (--device all adds the CPU figure)";
     }
     rows.push_back(r);
   }
