@@ -480,4 +480,61 @@ Status Gpt::backward(ActivationCache& c, float loss_scale) {
   return embed_backward(c, c.grad);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Subspace stage boundaries
+
+Status Gpt::subspace_check(const Tensor& t, int width, const char* what) const {
+  if (cfg_.subspace_k == 0) return invalid_argument(std::string(what) + ": the model has no subspace (subspace_k=0)");
+  if (t.ndim() != 3 || t.dim(2) != width || t.device() != ex_.device || t.dtype() != DType::f32)
+    return invalid_argument(std::string(what) + ": " + t.describe() + " is not f32 [B, T, " + std::to_string(width) +
+                            "] on " + device_name(ex_.device));
+  return check_bt(cfg_, static_cast<int>(t.dim(0)), static_cast<int>(t.dim(1)));
+}
+
+Status Gpt::gather_fixed(const int32_t* tokens, Device tokens_device, int B, int T) {
+  LH_RETURN_IF_ERROR(ensure_scratch(B, T));
+  LH_RETURN_IF_ERROR(ensure(s_tokens_, {int64_t(B) * T}, ex_.device, DType::i32));
+  LH_RETURN_IF_ERROR(copy_bytes(s_tokens_.raw_data(), ex_.device, tokens, tokens_device, size_t(B) * T * 4));
+  embedding_forward(ex_, f(s_tmp_), i32(s_tokens_), f(fixed_embed_), f(zero_pos_), B, T, cfg_.d_model);
+  return Status::Ok();
+}
+
+Status Gpt::subspace_encode(const Tensor& x, const int32_t* tokens, Device tokens_device, Tensor& c) {
+  LH_RETURN_IF_ERROR(subspace_check(x, cfg_.d_model, "subspace_encode"));
+  const int B = static_cast<int>(x.dim(0)), T = static_cast<int>(x.dim(1)), C = cfg_.d_model, K = cfg_.subspace_k;
+  LH_RETURN_IF_ERROR(gather_fixed(tokens, tokens_device, B, T));
+  LH_RETURN_IF_ERROR(ensure(c, {B, T, K}, ex_.device));
+  // c = x·U − F[tok]·U: two products instead of a temporary x − F[tok].
+  matmul(ex_, false, false, B * T, K, C, 1.f, f(x), C, f(basis_), K, 0.f, f(c), K);
+  matmul(ex_, false, false, B * T, K, C, -1.f, f(s_tmp_), C, f(basis_), K, 1.f, f(c), K);
+  return Status::Ok();
+}
+
+Status Gpt::subspace_decode(const Tensor& c, const int32_t* tokens, Device tokens_device, Tensor& x) {
+  LH_RETURN_IF_ERROR(subspace_check(c, cfg_.subspace_k, "subspace_decode"));
+  const int B = static_cast<int>(c.dim(0)), T = static_cast<int>(c.dim(1)), C = cfg_.d_model, K = cfg_.subspace_k;
+  LH_RETURN_IF_ERROR(gather_fixed(tokens, tokens_device, B, T));
+  LH_RETURN_IF_ERROR(ensure(x, {B, T, C}, ex_.device));
+  // x = F[tok], then x += c·Uᵀ
+  LH_RETURN_IF_ERROR(copy_bytes(x.raw_data(), ex_.device, s_tmp_.raw_data(), ex_.device, size_t(B) * T * C * 4));
+  matmul(ex_, false, true, B * T, C, K, 1.f, f(c), K, f(basis_), K, 1.f, f(x), C);
+  return Status::Ok();
+}
+
+Status Gpt::subspace_grad_encode(const Tensor& dx, Tensor& dc) {
+  LH_RETURN_IF_ERROR(subspace_check(dx, cfg_.d_model, "subspace_grad_encode"));
+  const int B = static_cast<int>(dx.dim(0)), T = static_cast<int>(dx.dim(1)), C = cfg_.d_model, K = cfg_.subspace_k;
+  LH_RETURN_IF_ERROR(ensure(dc, {B, T, K}, ex_.device));
+  matmul(ex_, false, false, B * T, K, C, 1.f, f(dx), C, f(basis_), K, 0.f, f(dc), K);
+  return Status::Ok();
+}
+
+Status Gpt::subspace_grad_decode(const Tensor& dc, Tensor& dx) {
+  LH_RETURN_IF_ERROR(subspace_check(dc, cfg_.subspace_k, "subspace_grad_decode"));
+  const int B = static_cast<int>(dc.dim(0)), T = static_cast<int>(dc.dim(1)), C = cfg_.d_model, K = cfg_.subspace_k;
+  LH_RETURN_IF_ERROR(ensure(dx, {B, T, C}, ex_.device));
+  matmul(ex_, false, true, B * T, C, K, 1.f, f(dc), K, f(basis_), K, 0.f, f(dx), C);
+  return Status::Ok();
+}
+
 }  // namespace lh

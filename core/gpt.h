@@ -141,6 +141,15 @@ class Gpt {
   // Subspace buffers (fixed, seeded, shared by all stages): U [C,K] orthonormal columns, F [V,C].
   const Tensor& subspace_basis() const { return basis_; }
   const Tensor& subspace_fixed_embedding() const { return fixed_embed_; }
+  // A stage boundary in a subspace model (subspace_k > 0, boundary before the last block) carries K
+  // values per token instead of C. Forward: c = (x − F[tok])·U [B,T,K]; x = c·Uᵀ + F[tok] rebuilds x
+  // exactly because x − F[tok] lies in span(U). Backward: dc = dx·U; dx = dc·Uᵀ loses nothing either,
+  // since every parameter before the boundary moves x only within span(U). Outputs are (re)allocated
+  // by the call; tokens are [B*T] on `tokens_device`.
+  Status subspace_encode(const Tensor& x, const int32_t* tokens, Device tokens_device, Tensor& c);
+  Status subspace_decode(const Tensor& c, const int32_t* tokens, Device tokens_device, Tensor& x);
+  Status subspace_grad_encode(const Tensor& dx, Tensor& dc);
+  Status subspace_grad_decode(const Tensor& dc, Tensor& dx);
 
   // Training FLOPs per token (forward + backward, matmuls and attention; 6·N + 6·L·T·C).
   double train_flops_per_token(int T) const;
@@ -150,6 +159,8 @@ class Gpt {
   Status ensure_scratch(int B, int T);
   Status block_forward(int l, ActivationCache& c, const Tensor& in);
   Status block_backward(int l, ActivationCache& c, float* d);
+  Status subspace_check(const Tensor& t, int width, const char* what) const;
+  Status gather_fixed(const int32_t* tokens, Device tokens_device, int B, int T);  // F[tok] into s_tmp_
   // y[BT,C] = U · (x W_kᵀ + b_k) stored as z = x W_kᵀ + b_k [BT,K] and y = z Uᵀ.
   bool subspace_block(int l) const { return cfg_.subspace_k > 0 && l < cfg_.layers - 1; }
 
@@ -162,7 +173,7 @@ class Gpt {
 
   // Backward scratch (one backward runs at a time per model), sized for the largest B·T seen.
   int64_t scratch_bt_ = 0;
-  Tensor s_tmp_, s_dln_, s_dqkv_, s_datty_, s_dfch_, s_dfchg_, s_dlogits_, s_dk_, s_attn_ws_;
+  Tensor s_tokens_, s_tmp_, s_dln_, s_dqkv_, s_datty_, s_dfch_, s_dfchg_, s_dlogits_, s_dk_, s_attn_ws_;
 };
 
 }  // namespace lh

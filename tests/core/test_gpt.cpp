@@ -138,6 +138,62 @@ TEST(Gpt, SubspaceKeepsResidualStreamInFPlusSpanU) {
   }
 }
 
+TEST(Gpt, SubspaceBoundaryIsExactForValuesAndGradients) {
+  GptConfig c = tiny_config();
+  c.layers = 3;
+  c.subspace_k = 3;
+  auto whole = Gpt::create(c, Device::cpu, 41);
+  ASSERT_TRUE(whole.ok());
+  const Batch b = make_batch(c, 2, c.seq, 42);
+  ActivationCache full;
+  auto loss = whole->forward(full, b.tokens.data(), b.targets.data(), b.B, b.T);
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(whole->backward(full).ok());
+
+  // Stage 0: embedding + blocks 0-1; stage 1: the full-rank last block + head. Only K values per token
+  // (and the token ids) cross the boundary in either direction.
+  auto s0 = Gpt::create(c, Device::cpu, 41, GptParts{true, 0, 2, false});
+  auto s1 = Gpt::create(c, Device::cpu, 41, GptParts{false, 2, 3, true});
+  ASSERT_TRUE(s0.ok() && s1.ok());
+  ActivationCache c0, c1;
+  auto x0 = s0->embed_forward(c0, b.tokens.data(), Device::cpu, b.B, b.T);
+  ASSERT_TRUE(x0.ok());
+  auto x = s0->blocks_forward(0, 2, c0, *x0);
+  ASSERT_TRUE(x.ok());
+  Tensor wire, rebuilt;
+  ASSERT_TRUE(s0->subspace_encode(*x, b.tokens.data(), Device::cpu, wire).ok());
+  EXPECT_EQ(wire.shape(), (Shape{b.B, b.T, c.subspace_k}));
+  ASSERT_TRUE(s1->subspace_decode(wire, b.tokens.data(), Device::cpu, rebuilt).ok());
+  std::vector<float> xv = x->to_vector(), rv = rebuilt.to_vector();
+  for (size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(rv[i], xv[i], 1e-5f);
+  auto y = s1->blocks_forward(2, 3, c1, rebuilt);
+  ASSERT_TRUE(y.ok());
+  auto l1 = s1->head_forward(c1, *y, b.targets.data(), Device::cpu);
+  ASSERT_TRUE(l1.ok());
+  EXPECT_NEAR(*l1, *loss, 1e-5f);
+
+  Tensor d = Tensor::zeros({b.B, b.T, c.d_model}), dwire, d0;
+  ASSERT_TRUE(s1->head_backward(c1, 1.0f, d).ok());
+  ASSERT_TRUE(s1->blocks_backward(2, 3, c1, d).ok());
+  ASSERT_TRUE(s1->subspace_grad_encode(d, dwire).ok());
+  EXPECT_EQ(dwire.shape(), (Shape{b.B, b.T, c.subspace_k}));
+  ASSERT_TRUE(s0->subspace_grad_decode(dwire, d0).ok());
+  ASSERT_TRUE(s0->blocks_backward(0, 2, c0, d0).ok());
+  ASSERT_TRUE(s0->embed_backward(c0, d0).ok());
+  auto close = [](const std::vector<float>& a, const std::vector<float>& e, const std::string& what) {
+    ASSERT_EQ(a.size(), e.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], e[i], 1e-6f + 1e-4f * std::fabs(e[i])) << what << i;
+  };
+  close(s0->embedding().grads.to_vector(), whole->embedding().grads.to_vector(), "embedding ");
+  close(s0->block(0).grads.to_vector(), whole->block(0).grads.to_vector(), "block 0 ");
+  close(s0->block(1).grads.to_vector(), whole->block(1).grads.to_vector(), "block 1 ");
+  // A full-width tensor where K-wide is expected is refused.
+  Tensor wrong = Tensor::zeros({b.B, b.T, c.d_model});
+  EXPECT_EQ(s1->subspace_decode(wrong, b.tokens.data(), Device::cpu, rebuilt).code(), StatusCode::kInvalidArgument);
+  auto plain = Gpt::create(tiny_config(), Device::cpu, 1);
+  EXPECT_NE(plain->subspace_grad_encode(d, dwire).message().find("subspace_k=0"), std::string::npos);
+}
+
 TEST(Gpt, StagesInSequenceEqualTheWholeModel) {
   GptConfig c = tiny_config();
   c.layers = 3;
