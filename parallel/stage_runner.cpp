@@ -62,12 +62,16 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   parts.head = r->span_.has_head;
   LH_ASSIGN_OR_RETURN(r->model_, Gpt::create(train.model, train.device, train.seed, parts));
   LH_RETURN_IF_ERROR(r->opt_.init(r->model_.param_groups(), train.device));
+  if (train.model.subspace_k > 0 && r->stages_ > 1) {
+    LH_ASSIGN_OR_RETURN(r->subspace_, SubspaceBoundary::create(r->model_));
+  }
   const int M = options.microbatches;
   r->caches_.resize(M);
   r->inputs_.resize(M);
   r->outputs_.resize(M);
   r->grads_.resize(M);
   r->act_rx_.resize(M);
+  r->tokens_dev_.resize(M);
   r->grad_rx_.resize(M);
   return r;
 }
@@ -92,7 +96,7 @@ Result<Tensor> StageRunner::receive(Transfer& t, const char* what, int mb, int p
   Status s = t.wait(options_.receive_timeout);
   if (!s.ok()) return s.prepend("stage " + std::to_string(span_.stage) + ": waiting for the " + where);
   Bytes packet = t.take();
-  const Shape shape{mb_batch_, train_.model.seq, train_.model.d_model};
+  const Shape shape{mb_batch_, train_.model.seq, link_width()};
   compress::DecodeOptions opts;
   opts.device = model_.device();
   opts.expect_shape = &shape;
@@ -102,6 +106,8 @@ Result<Tensor> StageRunner::receive(Transfer& t, const char* what, int mb, int p
   return out;
 }
 
+int StageRunner::link_width() const { return subspace_ ? subspace_->k() : train_.model.d_model; }
+
 Status StageRunner::run_action(const Action& a, int64_t step) {
   const int mb = a.microbatch;
   const int B = mb_batch_, T = train_.model.seq;
@@ -110,6 +116,9 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
   switch (a.kind) {
     case ActionKind::kRecvAct: {
       LH_ASSIGN_OR_RETURN(inputs_[mb], receive(act_rx_[mb], "activation", mb, *prev_, fwd_rx_));
+      if (subspace_) {
+        LH_ASSIGN_OR_RETURN(inputs_[mb], subspace_->from_coords(inputs_[mb], tokens_dev_[mb]));
+      }
       return Status::Ok();
     }
     case ActionKind::kForward: {
@@ -130,14 +139,21 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
       return Status::Ok();
     }
     case ActionKind::kSendAct: {
+      Tensor payload = outputs_[mb];
+      if (subspace_) {
+        LH_ASSIGN_OR_RETURN(payload, subspace_->to_coords(outputs_[mb], tokens_dev_[mb]));
+      }
       compress::Packet p;
-      LH_RETURN_IF_ERROR(chain_for(LinkDir::kFwd, step).encode(outputs_[mb], fwd_tx_, &p));
+      LH_RETURN_IF_ERROR(chain_for(LinkDir::kFwd, step).encode(payload, fwd_tx_, &p));
       sends_.push_back(plane_->send(*next_, act_tag, std::move(p.bytes),
                                     uint64_t(compress::CodecChain::raw_bytes(outputs_[mb]))));
       return Status::Ok();
     }
     case ActionKind::kRecvGrad: {
       LH_ASSIGN_OR_RETURN(grads_[mb], receive(grad_rx_[mb], "activation gradient", mb, *next_, bwd_rx_));
+      if (subspace_) {
+        LH_ASSIGN_OR_RETURN(grads_[mb], subspace_->grad_from_coords(grads_[mb]));
+      }
       return Status::Ok();
     }
     case ActionKind::kBackward: {
@@ -154,8 +170,12 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
       return Status::Ok();
     }
     case ActionKind::kSendGrad: {
+      Tensor payload = grads_[mb];
+      if (subspace_) {
+        LH_ASSIGN_OR_RETURN(payload, subspace_->grad_to_coords(grads_[mb]));
+      }
       compress::Packet p;
-      LH_RETURN_IF_ERROR(chain_for(LinkDir::kBwd, step).encode(grads_[mb], bwd_tx_, &p));
+      LH_RETURN_IF_ERROR(chain_for(LinkDir::kBwd, step).encode(payload, bwd_tx_, &p));
       sends_.push_back(plane_->send(*prev_, grad_tag, std::move(p.bytes),
                                     uint64_t(compress::CodecChain::raw_bytes(grads_[mb]))));
       return Status::Ok();
@@ -212,6 +232,16 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   LH_RETURN_IF_ERROR(model_.zero_grad());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;
+  if (subspace_) {
+    const size_t per_mb = size_t(mb_batch_) * train_.model.seq;
+    for (int mb = 0; mb < M; ++mb) {
+      Tensor& t = tokens_dev_[mb];
+      if (!t.defined()) {
+        LH_ASSIGN_OR_RETURN(t, Tensor::create({int64_t(per_mb)}, DType::i32, model_.device()));
+      }
+      LH_RETURN_IF_ERROR(copy_bytes(t.raw_data(), model_.device(), tokens + mb * per_mb, Device::cpu, per_mb * 4));
+    }
+  }
   // Every receive is posted up front so packets land while this stage computes.
   for (int mb = 0; mb < M; ++mb) {
     if (prev_) act_rx_[mb] = plane_->recv(*prev_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivation), raw);

@@ -19,6 +19,7 @@
 #include "parallel/partition.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/step_metrics.h"
+#include "parallel/subspace_boundary.h"
 #include "parallel/topology.h"
 #include "transport/data_plane.h"
 
@@ -55,7 +56,9 @@ class StageRunner {
   // One optimizer step (1-based `step`, consecutive) on a global batch of train.batch sequences of
   // train.model.seq tokens: tokens and targets [batch · seq] as the single-process trainer draws
   // them (every worker draws the same batch from the same seed; stage 0 reads the tokens, the last
-  // stage the targets). Marks the step begun in the codec schedule, so set-codec changes for it
+  // stage the targets, and with a subspace model every stage reads the tokens to rebuild F[tok]).
+  // With train.model.subspace_k = K > 0 the links carry K coordinates per token each way instead of
+  // d_model values (see SubspaceBoundary); the codecs then compress those. Marks the step begun in the codec schedule, so set-codec changes for it
   // must have been applied before.
   Result<StageStepResult> step(int64_t step, const int32_t* tokens, const int32_t* targets);
 
@@ -73,6 +76,7 @@ class StageRunner {
   Status run_action(const Action& a, int64_t step);
   Status exchange_grad_norm(int64_t step, double local_sq, double* total_sq);
   Result<Tensor> receive(Transfer& t, const char* what, int mb, int peer, compress::StreamState& st);
+  int link_width() const;  // values per token on a link: K with a subspace model, else d_model
   const compress::CodecChain& chain_for(LinkDir dir, int64_t step);
   std::string spec_of(const LinkTraffic& t, int64_t step) const;
 
@@ -93,6 +97,8 @@ class StageRunner {
   std::vector<Tensor> inputs_, outputs_, grads_;
   std::vector<Transfer> act_rx_, grad_rx_;
   std::vector<Transfer> sends_;
+  std::optional<SubspaceBoundary> subspace_;
+  std::vector<Tensor> tokens_dev_;  // per microbatch, on the model's device (subspace only)
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   double loss_sum_ = 0;

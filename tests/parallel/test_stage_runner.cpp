@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "parallel/metrics_summary.h"
 #include "parallel/stage_runner.h"
+#include "parallel/subspace_boundary.h"
 #include "tests/parallel/local_data_plane.h"
 #include "tests/parallel/result_value.h"
 
@@ -237,6 +238,65 @@ TEST_F(StageRunnerTest, AMissingPeerIsAnErrorNamingIt) {
             std::string::npos)
       << r.status().message();
   EXPECT_NE(r.status().message().find("heartbeat timeout"), std::string::npos) << r.status().message();
+}
+
+TEST_F(StageRunnerTest, SubspaceCoordinatesRebuildTheResidualStream) {
+  GptConfig cfg = tiny_config().model;
+  cfg.subspace_k = 8;
+  Gpt model = value_of(Gpt::create(cfg, Device::cpu, 5));
+  SubspaceBoundary b = value_of(SubspaceBoundary::create(model));
+  const int B = 2, T = cfg.seq;
+  std::vector<int32_t> tok(B * T);
+  for (int i = 0; i < B * T; ++i) tok[i] = (i * 37) % 256;
+  Tensor tokens = Tensor::empty({B * T}, DType::i32);
+  std::copy(tok.begin(), tok.end(), tokens.data<int32_t>());
+  ActivationCache cache;
+  Tensor x = value_of(model.embed_forward(cache, tok.data(), Device::cpu, B, T));
+  x = value_of(model.blocks_forward(0, 2, cache, x));  // a stage boundary inside the subspace blocks
+  Tensor c = value_of(b.to_coords(x, tokens));
+  EXPECT_EQ(c.shape(), (Shape{B, T, 8}));
+  Tensor back = value_of(b.from_coords(c, tokens));
+  double worst = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) worst = std::max(worst, double(std::fabs(back.at(i) - x.at(i))));
+  EXPECT_LT(worst, 1e-5);
+  // A tensor outside F + span(U) does not survive: the check above can fail.
+  Tensor noise = Tensor::empty({B, T, cfg.d_model});
+  Rng rng(3);
+  for (int64_t i = 0; i < noise.numel(); ++i) noise.at(i) = rng.normal();
+  Tensor lost = value_of(b.from_coords(value_of(b.to_coords(noise, tokens)), tokens));
+  double diff = 0;
+  for (int64_t i = 0; i < noise.numel(); ++i) diff = std::max(diff, double(std::fabs(lost.at(i) - noise.at(i))));
+  EXPECT_GT(diff, 0.1);
+  // Gradients: g·U then ·Uᵀ is the projection, idempotent.
+  Tensor g1 = value_of(b.grad_from_coords(value_of(b.grad_to_coords(noise))));
+  Tensor g2 = value_of(b.grad_from_coords(value_of(b.grad_to_coords(g1))));
+  for (int64_t i = 0; i < g1.numel(); ++i) ASSERT_NEAR(g1.at(i), g2.at(i), 1e-5);
+  EXPECT_FALSE(b.to_coords(c, tokens).ok());  // wrong width
+  GptConfig plain = cfg;
+  plain.subspace_k = 0;
+  EXPECT_FALSE(SubspaceBoundary::create(value_of(Gpt::create(plain, Device::cpu, 5))).ok());
+}
+
+TEST_F(StageRunnerTest, SubspacePipelinesSendKValuesPerTokenAndMatchTheSingleProcessRun) {
+  TrainConfig cfg = tiny_config();
+  cfg.model.subspace_k = 8;
+  const int steps = 3, M = 4;
+  const std::vector<float> ref = reference_losses(cfg, steps);
+  for (int S : {2, 4}) {
+    PipelineRun run = run_pipeline(cfg, S, ScheduleKind::k1F1B, M, "none", "none", steps);
+    for (const Status& s : run.statuses) ASSERT_TRUE(s.ok()) << s.to_string();
+    ASSERT_EQ(run.losses.size(), ref.size());
+    for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i])) << "S=" << S << " step " << i + 1;
+    MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+    const uint64_t tokens = uint64_t(steps) * cfg.batch * cfg.model.seq;
+    for (const LinkTotals& t : sum.links) {
+      if (t.role == "other") continue;
+      // K fp32 values per token plus one packet header per microbatch, instead of d_model values.
+      EXPECT_EQ(t.raw_bytes, tokens * cfg.model.d_model * 4) << t.role;
+      EXPECT_GE(t.wire_bytes, tokens * 8 * 4) << t.role;
+      EXPECT_LE(t.wire_bytes, tokens * 8 * 4 + uint64_t(steps) * M * 256) << t.role;
+    }
+  }
 }
 
 }  // namespace
