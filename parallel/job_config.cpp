@@ -1,0 +1,293 @@
+// Pipeline job settings: validation, JSON for the Plan, and codec plan/change ↔ control messages.
+// Used by launch, coordinator, worker and ctl.
+#include "parallel/job_config.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+
+namespace lh {
+namespace {
+
+// Reads required fields of one JSON object with errors naming "job config: field 'x'".
+class JobFieldReader {
+ public:
+  explicit JobFieldReader(const nlohmann::json& j, std::string prefix = "") : j_(j), prefix_(std::move(prefix)) {}
+  Status error(const std::string& f, const std::string& what) const {
+    return invalid_argument("job config: field '" + prefix_ + f + "': " + what);
+  }
+  const nlohmann::json* find(const std::string& f) const {
+    auto it = j_.find(f);
+    return it == j_.end() ? nullptr : &*it;
+  }
+  template <class Int>
+  Status integer(const std::string& f, Int& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_number_integer()) return error(f, "expected an integer, got " + v->dump());
+    const int64_t x = v->get<int64_t>();
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) return error(f, "out of range");
+    if (x < int64_t(std::numeric_limits<Int>::min()) || (x > 0 && uint64_t(x) > uint64_t(std::numeric_limits<Int>::max())))
+      return error(f, "out of range: " + v->dump());
+    out = static_cast<Int>(x);
+    return Status::Ok();
+  }
+  Status u64(const std::string& f, uint64_t& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_number_unsigned()) return error(f, "expected a non-negative integer, got " + v->dump());
+    out = v->get<uint64_t>();
+    return Status::Ok();
+  }
+  Status real(const std::string& f, float& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_number() || !std::isfinite(v->get<double>())) return error(f, "expected a number, got " + v->dump());
+    out = v->get<float>();
+    return Status::Ok();
+  }
+  Status boolean(const std::string& f, bool& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_boolean()) return error(f, "expected true or false, got " + v->dump());
+    out = v->get<bool>();
+    return Status::Ok();
+  }
+  Status string(const std::string& f, std::string& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_string()) return error(f, "expected a string, got " + v->dump());
+    out = v->get<std::string>();
+    return Status::Ok();
+  }
+  Status strings(const std::string& f, std::vector<std::string>& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_array()) return error(f, "expected an array of strings, got " + v->dump());
+    out.clear();
+    for (const auto& e : *v) {
+      if (!e.is_string()) return error(f, "expected an array of strings, got " + v->dump());
+      out.push_back(e.get<std::string>());
+    }
+    return Status::Ok();
+  }
+
+ private:
+  const nlohmann::json& j_;
+  std::string prefix_;
+};
+
+}  // namespace
+
+Result<Topology> PipelineJobConfig::topology() const { return Topology::create(workers, pp, tp, dp); }
+
+Result<Partition> PipelineJobConfig::make_partition() const {
+  if (partition.empty()) return Partition::even(train.model.layers, pp);
+  auto p = Partition::parse(partition, train.model.layers, pp);
+  if (!p.ok()) return Status(p.status()).prepend("--partition");
+  return p;
+}
+
+Result<CodecPlan> PipelineJobConfig::codec_plan() const {
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  return CodecPlan::create(t, compress_fwd, compress_bwd, compress_link);
+}
+
+Status PipelineJobConfig::validate() const {
+  LH_RETURN_IF_ERROR(train.validate());
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  if (t.tp() != 1 || t.dp() != 1)
+    return invalid_argument("--tp and --dp must be 1: pipeline stages are implemented, tensor and data parallelism not yet");
+  LH_RETURN_IF_ERROR(make_partition().status());
+  if (microbatches < 1) return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
+  if (train.batch % microbatches != 0)
+    return invalid_argument("--batch " + std::to_string(train.batch) + " does not split into --microbatches " +
+                            std::to_string(microbatches) + " equal parts");
+  LH_RETURN_IF_ERROR(codec_plan().status());
+  return Status::Ok();
+}
+
+nlohmann::json PipelineJobConfig::to_json() const {
+  const GptConfig& m = train.model;
+  nlohmann::json model = {{"vocab", m.vocab},     {"seq", m.seq},           {"layers", m.layers},
+                          {"d_model", m.d_model}, {"heads", m.heads},       {"tied_head", m.tied_head},
+                          {"subspace_k", m.subspace_k}};
+  nlohmann::json tr = {{"data", train.data},
+                       {"steps", train.steps},
+                       {"batch", train.batch},
+                       {"lr", train.lr},
+                       {"warmup", train.warmup},
+                       {"min_lr_frac", train.min_lr_frac},
+                       {"weight_decay", train.weight_decay},
+                       {"grad_clip", train.grad_clip},
+                       {"seed", train.seed},
+                       {"device", device_name(train.device)},
+                       {"eval_every", train.eval_every},
+                       {"eval_batches", train.eval_batches}};
+  return {{"model", model},
+          {"train", tr},
+          {"workers", workers},
+          {"pp", pp},
+          {"tp", tp},
+          {"dp", dp},
+          {"partition", partition},
+          {"schedule", schedule_kind_name(schedule)},
+          {"microbatches", microbatches},
+          {"compress_fwd", compress_fwd},
+          {"compress_bwd", compress_bwd},
+          {"compress_link", compress_link}};
+}
+
+Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    return invalid_argument("job config: not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  }
+  if (!j.is_object()) return invalid_argument("job config: expected a JSON object");
+  PipelineJobConfig c;
+  JobFieldReader r(j);
+  for (const char* obj : {"model", "train"}) {
+    const nlohmann::json* v = r.find(obj);
+    if (!v) return r.error(obj, "missing");
+    if (!v->is_object()) return r.error(obj, "expected an object");
+  }
+  JobFieldReader m(j["model"], "model."), t(j["train"], "train.");
+  GptConfig& g = c.train.model;
+  LH_RETURN_IF_ERROR(m.integer("vocab", g.vocab));
+  LH_RETURN_IF_ERROR(m.integer("seq", g.seq));
+  LH_RETURN_IF_ERROR(m.integer("layers", g.layers));
+  LH_RETURN_IF_ERROR(m.integer("d_model", g.d_model));
+  LH_RETURN_IF_ERROR(m.integer("heads", g.heads));
+  LH_RETURN_IF_ERROR(m.boolean("tied_head", g.tied_head));
+  LH_RETURN_IF_ERROR(m.integer("subspace_k", g.subspace_k));
+  LH_RETURN_IF_ERROR(t.string("data", c.train.data));
+  LH_RETURN_IF_ERROR(t.integer("steps", c.train.steps));
+  LH_RETURN_IF_ERROR(t.integer("batch", c.train.batch));
+  LH_RETURN_IF_ERROR(t.real("lr", c.train.lr));
+  LH_RETURN_IF_ERROR(t.integer("warmup", c.train.warmup));
+  LH_RETURN_IF_ERROR(t.real("min_lr_frac", c.train.min_lr_frac));
+  LH_RETURN_IF_ERROR(t.real("weight_decay", c.train.weight_decay));
+  LH_RETURN_IF_ERROR(t.real("grad_clip", c.train.grad_clip));
+  LH_RETURN_IF_ERROR(t.u64("seed", c.train.seed));
+  std::string device;
+  LH_RETURN_IF_ERROR(t.string("device", device));
+  if (device == "cpu") c.train.device = Device::cpu;
+  else if (device == "cuda") c.train.device = Device::cuda;
+  else return t.error("device", "expected cpu or cuda, got '" + device + "'");
+  LH_RETURN_IF_ERROR(t.integer("eval_every", c.train.eval_every));
+  LH_RETURN_IF_ERROR(t.integer("eval_batches", c.train.eval_batches));
+  LH_RETURN_IF_ERROR(r.integer("workers", c.workers));
+  LH_RETURN_IF_ERROR(r.integer("pp", c.pp));
+  LH_RETURN_IF_ERROR(r.integer("tp", c.tp));
+  LH_RETURN_IF_ERROR(r.integer("dp", c.dp));
+  LH_RETURN_IF_ERROR(r.string("partition", c.partition));
+  std::string schedule;
+  LH_RETURN_IF_ERROR(r.string("schedule", schedule));
+  auto kind = parse_schedule_kind(schedule);
+  if (!kind.ok()) return r.error("schedule", kind.status().message());
+  c.schedule = *kind;
+  LH_RETURN_IF_ERROR(r.integer("microbatches", c.microbatches));
+  LH_RETURN_IF_ERROR(r.string("compress_fwd", c.compress_fwd));
+  LH_RETURN_IF_ERROR(r.string("compress_bwd", c.compress_bwd));
+  LH_RETURN_IF_ERROR(r.strings("compress_link", c.compress_link));
+  LH_RETURN_IF_ERROR(c.validate());
+  return c;
+}
+
+std::vector<LinkCodec> link_codecs_of(const CodecPlan& plan, const Topology& topology) {
+  std::vector<LinkCodec> out;
+  for (int r = 0; r < topology.workers(); ++r) {
+    auto next = topology.next_stage_rank(r);
+    if (!next) continue;
+    const PipelineLink link = *topology.link_between(r, *next);
+    LinkCodec f;
+    f.src = r;
+    f.dst = *next;
+    f.dir = "fwd";
+    f.spec = plan.spec(link, LinkDir::kFwd);
+    LinkCodec b;
+    b.src = *next;
+    b.dst = r;
+    b.dir = "bwd";
+    b.spec = plan.spec(link, LinkDir::kBwd);
+    out.push_back(f);
+    out.push_back(b);
+  }
+  return out;
+}
+
+namespace {
+
+// The pipeline link and direction of one directed (src → dst, dir) entry.
+Result<std::pair<PipelineLink, LinkDir>> directed_link(int src, int dst, const std::string& dir_text,
+                                                       const Topology& topology, const std::string& what) {
+  if (src < 0 || src >= topology.workers() || dst < 0 || dst >= topology.workers())
+    return invalid_argument(what + ": ranks " + std::to_string(src) + "→" + std::to_string(dst) + " are outside 0.." +
+                            std::to_string(topology.workers() - 1));
+  auto link = topology.link_between(src, dst);
+  if (!link)
+    return invalid_argument(what + ": ranks " + std::to_string(src) + " and " + std::to_string(dst) +
+                            " are not pipeline neighbours");
+  auto dir = parse_link_dir(dir_text);
+  if (!dir.ok()) return Status(dir.status()).prepend(what);
+  const bool forward = topology.coord_of(dst).stage > topology.coord_of(src).stage;
+  if (forward != (*dir == LinkDir::kFwd))
+    return invalid_argument(what + ": " + dir_text + " traffic does not flow from rank " + std::to_string(src) +
+                            " to rank " + std::to_string(dst));
+  return std::make_pair(*link, *dir);
+}
+
+}  // namespace
+
+Result<CodecPlan> codec_plan_from_link_codecs(const std::vector<LinkCodec>& codecs, const Topology& topology,
+                                              const CodecSpecCheck& check) {
+  std::map<std::pair<int, int>, std::string> seen;  // (link.from, dir) → spec
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < codecs.size(); ++i) {
+    const LinkCodec& c = codecs[i];
+    const std::string what = "plan codec " + std::to_string(i) + " (" + std::to_string(c.src) + "→" +
+                             std::to_string(c.dst) + " " + c.dir + ")";
+    LH_ASSIGN_OR_RETURN(auto ld, directed_link(c.src, c.dst, c.dir, topology, what));
+    const auto key = std::make_pair(ld.first.from, int(ld.second));
+    auto it = seen.find(key);
+    if (it != seen.end() && it->second != c.spec)
+      return invalid_argument(what + ": spec '" + c.spec + "' disagrees with '" + it->second + "' on another pair of link " +
+                              ld.first.name());
+    seen[key] = c.spec;
+    overrides.push_back(ld.first.name() + ":" + c.dir + "=" + c.spec);
+  }
+  for (const PipelineLink& l : topology.pipeline_links())
+    for (LinkDir d : {LinkDir::kFwd, LinkDir::kBwd})
+      if (!seen.count({l.from, int(d)}))
+        return invalid_argument("plan codecs: no " + std::string(link_dir_name(d)) + " codec for link " + l.name());
+  // Every link direction is overridden, so the defaults never show; "none" is always valid.
+  return CodecPlan::create(topology, "none", "none", overrides, check);
+}
+
+Result<CodecChange> codec_change_of(const SetCodec& message, const Topology& topology, const CodecSchedule& schedule) {
+  LH_ASSIGN_OR_RETURN(auto ld, directed_link(message.src, message.dst, message.dir, topology, "set-codec"));
+  if (message.apply_at_step < -1)
+    return invalid_argument("set-codec: apply_at_step " + std::to_string(message.apply_at_step) + " is invalid");
+  CodecChange c;
+  c.link = ld.first;
+  c.dir = ld.second;
+  c.spec = message.spec;
+  c.from_step = message.apply_at_step == -1 ? schedule.current_step() + 1 : message.apply_at_step;
+  return c;
+}
+
+SetCodec set_codec_message(const CodecChange& change, const Topology& topology) {
+  SetCodec m;
+  const int a = topology.rank_of({change.link.from, 0, 0}), b = topology.rank_of({change.link.to, 0, 0});
+  m.src = change.dir == LinkDir::kFwd ? a : b;
+  m.dst = change.dir == LinkDir::kFwd ? b : a;
+  m.dir = link_dir_name(change.dir);
+  m.spec = change.spec;
+  m.apply_at_step = change.from_step;
+  return m;
+}
+
+}  // namespace lh

@@ -1,0 +1,55 @@
+// defines: lh::PipelineJobConfig — the settings of a multi-worker training job (model and training,
+// grid, partition, schedule, microbatches, codecs), validated into a Topology, Partition and
+// CodecPlan, and carried as JSON in the control plane's Plan; plus the conversions between codec
+// plans/changes and the control messages (LinkCodec, SetCodec). Used by launch, coordinator, worker, ctl.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "core/trainer.h"
+#include "parallel/codec_plan.h"
+#include "parallel/partition.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/topology.h"
+#include "transport/messages.h"
+
+namespace lh {
+
+struct PipelineJobConfig {
+  TrainConfig train;  // model, data, steps, global batch, optimizer, seed, device, evaluation
+  int workers = 1, pp = 1, tp = 1, dp = 1;
+  std::string partition;  // "" = even split, else block counts per stage ("3,3,2")
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  int microbatches = 4;
+  std::string compress_fwd = "none", compress_bwd = "none";
+  std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
+
+  // Everything checked together; the first problem is the error, naming the flag.
+  Status validate() const;
+  Result<Topology> topology() const;
+  Result<Partition> make_partition() const;  // needs a valid topology
+  Result<CodecPlan> codec_plan() const;
+
+  // Every field; from_json refuses missing or mistyped fields, naming them, then validates.
+  nlohmann::json to_json() const;
+  static Result<PipelineJobConfig> from_json(const std::string& text);
+};
+
+// The plan's codec entries: for every pair of pipeline neighbours (r → next), the forward codec on
+// (src r, dst next, "fwd") and the backward one on (src next, dst r, "bwd").
+std::vector<LinkCodec> link_codecs_of(const CodecPlan& plan, const Topology& topology);
+// Back from a Plan: every entry must name neighbours, fwd or bwd in the right direction, and a
+// valid spec; all pairs of one pipeline link must agree; every link and direction must be present.
+Result<CodecPlan> codec_plan_from_link_codecs(const std::vector<LinkCodec>& codecs, const Topology& topology,
+                                              const CodecSpecCheck& check = check_codec_spec);
+
+// A SetCodec message as a change for `schedule` (apply_at_step −1: the next step boundary).
+Result<CodecChange> codec_change_of(const SetCodec& message, const Topology& topology, const CodecSchedule& schedule);
+// The SetCodec the coordinator sends for a change (src/dst: the stage-0-shard ranks of the link ends).
+SetCodec set_codec_message(const CodecChange& change, const Topology& topology);
+
+}  // namespace lh

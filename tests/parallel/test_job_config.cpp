@@ -1,0 +1,145 @@
+// Tests for PipelineJobConfig (validation naming the flag, JSON round trip and field errors) and the
+// codec plan / change conversions to the control messages. Label `parallel`.
+#include <gtest/gtest.h>
+
+#include "parallel/job_config.h"
+#include "tests/parallel/result_value.h"
+
+namespace lh {
+namespace {
+
+PipelineJobConfig four_stages() {
+  PipelineJobConfig c;
+  c.train.model.layers = 8;
+  c.train.batch = 8;
+  c.workers = c.pp = 4;
+  c.partition = "3,2,2,1";
+  c.schedule = ScheduleKind::kGPipe;
+  c.microbatches = 4;
+  c.compress_fwd = "int8";
+  c.compress_bwd = "bf16";
+  c.compress_link = {"1-2:fwd=int4"};
+  c.train.model.subspace_k = 16;
+  c.train.seed = 0xFFFFFFFFFFFFull;
+  return c;
+}
+
+void expect_error(const Status& s, const std::string& says) {
+  ASSERT_FALSE(s.ok()) << says;
+  EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
+}
+
+TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
+  PipelineJobConfig c = four_stages();
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(value_of(c.make_partition()).to_string(), "3,2,2,1");
+  EXPECT_EQ(value_of(c.codec_plan()).spec({1, 2}, LinkDir::kFwd), "int4");
+  c.partition.clear();
+  EXPECT_EQ(value_of(c.make_partition()).to_string(), "2,2,2,2");
+
+  struct Case { void (*change)(PipelineJobConfig&); const char* says; };
+  const Case cases[] = {
+      {[](PipelineJobConfig& c) { c.workers = 3; }, "--workers 3 does not equal"},
+      {[](PipelineJobConfig& c) { c.partition = "3,3,1,1,0"; }, "--partition"},
+      {[](PipelineJobConfig& c) { c.microbatches = 3; }, "does not split into --microbatches 3"},
+      {[](PipelineJobConfig& c) { c.microbatches = 0; }, "--microbatches must be at least 1"},
+      {[](PipelineJobConfig& c) { c.compress_link = {"3-4:fwd=int8"}; }, "'3-4'"},
+      {[](PipelineJobConfig& c) { c.compress_fwd = "int3"; }, "--compress-fwd"},
+      {[](PipelineJobConfig& c) { c.train.steps = 0; }, "--steps"},
+      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "--tp and --dp must be 1"},
+  };
+  for (const Case& k : cases) {
+    PipelineJobConfig bad = four_stages();
+    k.change(bad);
+    expect_error(bad.validate(), k.says);
+  }
+}
+
+TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
+  const PipelineJobConfig c = four_stages();
+  const nlohmann::json j = c.to_json();
+  PipelineJobConfig back = value_of(PipelineJobConfig::from_json(j.dump()));
+  EXPECT_EQ(back.to_json(), j);
+  EXPECT_EQ(back.train.seed, c.train.seed);
+  EXPECT_EQ(back.train.model, c.train.model);
+  EXPECT_EQ(back.schedule, ScheduleKind::kGPipe);
+
+  auto with = [&](const std::string& pointer, const nlohmann::json& value) {
+    nlohmann::json k = j;
+    if (value.is_discarded()) k.erase(k.find(pointer.substr(1)));
+    else k[nlohmann::json::json_pointer(pointer)] = value;
+    return PipelineJobConfig::from_json(k.dump()).status();
+  };
+  const nlohmann::json gone = nlohmann::json(nlohmann::json::value_t::discarded);
+  expect_error(with("/pp", gone), "field 'pp': missing");
+  expect_error(with("/pp", "4"), "field 'pp': expected an integer");
+  expect_error(with("/model/layers", 2.5), "field 'model.layers'");
+  expect_error(with("/model/layers", 99999999999LL), "field 'model.layers': out of range");
+  expect_error(with("/train/seed", -1), "field 'train.seed'");
+  expect_error(with("/train/device", "tpu"), "field 'train.device': expected cpu or cuda");
+  expect_error(with("/schedule", "zigzag"), "field 'schedule': schedule 'zigzag' is unknown");
+  expect_error(with("/compress_link", nlohmann::json::array({1})), "field 'compress_link'");
+  expect_error(with("/model", 3), "field 'model': expected an object");
+  expect_error(with("/workers", 5), "--workers 5");
+  expect_error(PipelineJobConfig::from_json("{").status(), "not valid JSON");
+  expect_error(PipelineJobConfig::from_json("[]").status(), "expected a JSON object");
+}
+
+TEST(PlanCodecs, RoundTripThroughLinkCodecs) {
+  Topology t = value_of(Topology::pipeline(3));
+  CodecPlan plan = value_of(CodecPlan::create(t, "int8", "bf16", {"1-2:fwd=topk:ratio=0.1+int8"}));
+  std::vector<LinkCodec> entries = link_codecs_of(plan, t);
+  ASSERT_EQ(entries.size(), 4u);
+  EXPECT_EQ(entries[1].src, 1);
+  EXPECT_EQ(entries[1].dst, 0);
+  EXPECT_EQ(entries[1].dir, "bwd");
+  CodecPlan back = value_of(codec_plan_from_link_codecs(entries, t));
+  EXPECT_EQ(back.describe(), plan.describe());
+
+  auto broken = [&](void (*change)(std::vector<LinkCodec>&)) {
+    std::vector<LinkCodec> e = entries;
+    change(e);
+    return codec_plan_from_link_codecs(e, t).status();
+  };
+  expect_error(broken([](std::vector<LinkCodec>& e) { e.pop_back(); }), "no bwd codec for link 1-2");
+  expect_error(broken([](std::vector<LinkCodec>& e) { e[0].dst = 2; }), "are not pipeline neighbours");
+  expect_error(broken([](std::vector<LinkCodec>& e) { e[0].dir = "bwd"; }), "bwd traffic does not flow from rank 0 to rank 1");
+  expect_error(broken([](std::vector<LinkCodec>& e) { e[0].src = 7; }), "outside 0..2");
+  expect_error(broken([](std::vector<LinkCodec>& e) { e[2].spec = "int9"; }), "unknown codec 'int9'");
+  // Two replicas of one pipeline link must agree.
+  Topology dp2 = value_of(Topology::create(4, 2, 1, 2));
+  std::vector<LinkCodec> two = link_codecs_of(value_of(CodecPlan::create(dp2, "int8", "int8", {})), dp2);
+  ASSERT_EQ(two.size(), 4u);
+  EXPECT_TRUE(codec_plan_from_link_codecs(two, dp2).ok());
+  two[2].spec = "int4";
+  expect_error(codec_plan_from_link_codecs(two, dp2).status(), "disagrees with 'int8'");
+}
+
+TEST(PlanCodecs, SetCodecMessagesBecomeStepAlignedChanges) {
+  Topology t = value_of(Topology::pipeline(3));
+  CodecSchedule schedule(t, value_of(CodecPlan::create(t, "none", "none", {})));
+  ASSERT_TRUE(schedule.begin_step(6).ok());
+  SetCodec m;
+  m.src = 2;
+  m.dst = 1;
+  m.dir = "bwd";
+  m.spec = "int8";
+  CodecChange c = value_of(codec_change_of(m, t, schedule));
+  EXPECT_EQ(c.link.name(), "1-2");
+  EXPECT_EQ(c.dir, LinkDir::kBwd);
+  EXPECT_EQ(c.from_step, 7);
+  ASSERT_TRUE(schedule.schedule_change(c).ok());
+  SetCodec again = set_codec_message(c, t);
+  EXPECT_EQ(again.src, 2);
+  EXPECT_EQ(again.dst, 1);
+  EXPECT_EQ(again.apply_at_step, 7);
+  EXPECT_EQ(value_of(codec_change_of(again, t, schedule)).from_step, 7);
+  m.dir = "fwd";
+  expect_error(codec_change_of(m, t, schedule).status(), "fwd traffic does not flow from rank 2 to rank 1");
+  m.dir = "bwd";
+  m.apply_at_step = -5;
+  expect_error(codec_change_of(m, t, schedule).status(), "apply_at_step -5");
+}
+
+}  // namespace
+}  // namespace lh
