@@ -1,0 +1,42 @@
+// defines: lh::MetricsCollector — the coordinator's end of step metrics: it validates each worker's
+// JSON line, appends it to the job's metrics file, tracks the newest step, and summarises the job.
+// Used by the coordinator (launch / `longhaul coordinator`).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "parallel/metrics_summary.h"
+#include "parallel/step_metrics.h"
+
+namespace lh {
+
+class MetricsCollector {
+ public:
+  // `path` empty: keep the records in memory only.
+  static Result<std::unique_ptr<MetricsCollector>> open(const std::string& path);
+
+  // One line from worker `rank` for `step` (as the StepMetrics control message carries them). A line
+  // that does not parse, or whose worker or step differ from the message's, is refused with the
+  // reason and not written; so is a second line for the same worker and step. Thread-safe.
+  Status add(int rank, int64_t step, const std::string& json_line);
+
+  int64_t newest_step() const;  // −1 before the first record
+  size_t records() const;
+  Result<MetricsSummary> summary() const;
+
+ private:
+  MetricsCollector() = default;
+  mutable std::mutex mu_;
+  std::optional<StepMetricsWriter> writer_;
+  std::vector<StepMetrics> records_;
+  std::set<std::pair<int, int64_t>> seen_;  // (worker, step)
+  int64_t newest_ = -1;
+};
+
+}  // namespace lh
