@@ -51,9 +51,11 @@ class ProgressPrinter : public TrainObserver {
       const int fill = static_cast<int>(width * double(s.step) / double(steps_));
       std::string bar(fill, '#');
       bar.resize(width, '.');
-      std::printf("\r[%s] step %lld/%lld  loss %.4f%s  %s tok/s  lr %.2e ", bar.c_str(),
+      elapsed_ += s.seconds;
+      const double eta = elapsed_ / double(s.step - first_) * double(steps_ - s.step);
+      std::printf("\r[%s] step %lld/%lld  loss %.4f%s  %s tok/s  lr %.2e  eta %.0fs ", bar.c_str(),
                   static_cast<long long>(s.step), static_cast<long long>(steps_), s.loss, val_text().c_str(),
-                  si(rate_).c_str(), s.lr);
+                  si(rate_).c_str(), s.lr, eta);
       if (s.step == steps_) std::printf("\n");
       std::fflush(stdout);
     } else {
@@ -80,7 +82,7 @@ class ProgressPrinter : public TrainObserver {
   }
   int64_t steps_, first_;
   bool tty_;
-  double rate_ = 0, window_tokens_ = 0, window_seconds_ = 0;
+  double rate_ = 0, window_tokens_ = 0, window_seconds_ = 0, elapsed_ = 0;
   float last_val_ = NAN;
 };
 
