@@ -1,12 +1,11 @@
 // `longhaul bench train [--json] [--device cpu|cuda] [--steps N] [--batch N]`: tokens/s and achieved
 // GFLOP/s of whole training steps (tiny and small GPT) against GEMM GFLOP/s measured in the same run.
 // Used by people tuning the model and ops, and by the closing figures.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -150,8 +149,10 @@ Row bench_model(const std::string& name, Device device, const Options& o) {
 
 void run_bench(const Options& o) {
   Device device = Device::cpu;
-  if (o.device == "cuda") device = Device::cuda;
-  else if (o.device != "cpu") fail("--device '" + o.device + "': choose cpu or cuda", 2);
+  if (o.device == "cuda")
+    device = Device::cuda;
+  else if (o.device != "cpu")
+    fail("--device '" + o.device + "': choose cpu or cuda", 2);
   if (device == Device::cuda && !cuda_available()) fail("--device cuda: " + cuda_device_summary(), 1);
   std::vector<Row> rows;
   for (const auto& name : o.models) rows.push_back(bench_model(name, device, o));
@@ -183,7 +184,8 @@ void run_bench(const Options& o) {
               "fwd ms", "bwd ms", "opt ms", "tokens/s", "GFLOP/s", "GEMM shape", "GFLOP/s", "ratio", "GEMM1024",
               "ratio");
   for (const Row& r : rows) {
-    const std::string shape = std::to_string(r.gemm_m) + "x" + std::to_string(r.gemm_n) + "x" + std::to_string(r.gemm_k);
+    const std::string shape =
+        std::to_string(r.gemm_m) + "x" + std::to_string(r.gemm_n) + "x" + std::to_string(r.gemm_k);
     std::printf("%-6s %-4s %9lld %8.1f %8.1f %8.1f %8.1f %10.0f %8.2f  %-16s %8.2f %7.3f %9.2f %7.3f\n",
                 r.model.c_str(), r.device.c_str(), static_cast<long long>(r.params), r.step_ms, r.fwd_ms, r.bwd_ms,
                 r.opt_ms, r.tokens_per_s, r.gflops, shape.c_str(), r.gemm_gflops, r.gflops / r.gemm_gflops,

@@ -23,9 +23,12 @@ struct TrainFlags {
 
 std::string si(double x) {
   char b[32];
-  if (x >= 1e6) std::snprintf(b, sizeof(b), "%.2fM", x / 1e6);
-  else if (x >= 1e3) std::snprintf(b, sizeof(b), "%.1fk", x / 1e3);
-  else std::snprintf(b, sizeof(b), "%.0f", x);
+  if (x >= 1e6)
+    std::snprintf(b, sizeof(b), "%.2fM", x / 1e6);
+  else if (x >= 1e3)
+    std::snprintf(b, sizeof(b), "%.1fk", x / 1e3);
+  else
+    std::snprintf(b, sizeof(b), "%.0f", x);
   return b;
 }
 
@@ -95,9 +98,12 @@ std::string printable(const std::string& s) {
 
 int run_train(TrainFlags& f, CLI::App* cmd) {
   TrainConfig cfg = f.cfg;
-  if (f.device == "cpu") cfg.device = Device::cpu;
-  else if (f.device == "cuda") cfg.device = Device::cuda;
-  else fail("--device '" + f.device + "': choose cpu or cuda", 2);
+  if (f.device == "cpu")
+    cfg.device = Device::cpu;
+  else if (f.device == "cuda")
+    cfg.device = Device::cuda;
+  else
+    fail("--device '" + f.device + "': choose cpu or cuda", 2);
   auto preset = gpt_preset(f.model);
   if (!preset.ok()) fail("--model: " + preset.status().message(), 2);
   cfg.model = *preset;
@@ -123,8 +129,7 @@ int run_train(TrainFlags& f, CLI::App* cmd) {
               si(double(t.data().size(Split::train))).c_str(), si(double(t.data().size(Split::val))).c_str());
   std::printf("steps %lld (from %lld), batch %d × seq %d = %lld tokens/step, lr %.2e, warmup %d, seed %llu\n",
               static_cast<long long>(rc.steps), static_cast<long long>(t.steps_done()), rc.batch, rc.model.seq,
-              static_cast<long long>(t.tokens_per_step()), rc.lr, rc.warmup,
-              static_cast<unsigned long long>(rc.seed));
+              static_cast<long long>(t.tokens_per_step()), rc.lr, rc.warmup, static_cast<unsigned long long>(rc.seed));
   std::fflush(stdout);
   ProgressPrinter progress(rc.steps, t.steps_done());
   Status s = t.run(&progress);
@@ -160,15 +165,18 @@ RegisterCommand reg("", 10, [](CLI::App& app) {
   cmd->add_option("--seed", c.seed, "seed for init, data order and sampling")->capture_default_str();
   cmd->add_option("--device", f->device, "cpu|cuda")->capture_default_str();
   cmd->add_option("--eval-every", c.eval_every, "validation loss every N steps (0: at the end only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here");
   cmd->add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (default: at the end)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--resume", c.resume, "continue from a checkpoint file, or the latest in a directory");
   cmd->add_option("--metrics", c.metrics, "write JSON lines (step, loss, val_loss, tokens_per_s, lr) to FILE");
-  cmd->add_option("--sample", c.sample, "bytes of text to generate at the end (0: none)")->capture_default_str()
+  cmd->add_option("--sample", c.sample, "bytes of text to generate at the end (0: none)")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", f->temperature, "sampling temperature")->capture_default_str()
+  cmd->add_option("--temperature", f->temperature, "sampling temperature")
+      ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->callback([f, cmd] {
     if (run_train(*f, cmd) != 0) throw CLI::RuntimeError(1);

@@ -39,7 +39,9 @@ uint64_t get_u64(const unsigned char* p) {
   return v;
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 Status write_all(int fd, const void* data, size_t n, const std::string& path) {
   const char* p = static_cast<const char*>(data);
@@ -102,7 +104,7 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
 }
 
 Result<Checkpoint> load_checkpoint(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return not_found("checkpoint '" + path + "': " + errno_text());
   if (S_ISDIR(st.st_mode)) return invalid_argument("checkpoint '" + path + "' is a directory");
   FILE* fp = std::fopen(path.c_str(), "rb");
@@ -177,7 +179,7 @@ Result<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 Result<std::string> resolve_checkpoint_path(const std::string& file_or_dir) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(file_or_dir.c_str(), &st) != 0) return not_found("checkpoint '" + file_or_dir + "': " + errno_text());
   if (S_ISDIR(st.st_mode)) return latest_checkpoint(file_or_dir);
   return file_or_dir;

@@ -23,7 +23,9 @@ struct CheckpointGroup {
   std::string name;  // ParamGroup::name
   std::vector<float> params, adam_m, adam_v;
   template <class Archive>
-  void serialize(Archive& ar) { ar(name, params, adam_m, adam_v); }
+  void serialize(Archive& ar) {
+    ar(name, params, adam_m, adam_v);
+  }
 };
 
 struct Checkpoint {
@@ -34,7 +36,9 @@ struct Checkpoint {
   uint64_t data_fingerprint = 0;  // TextDataset::fingerprint of the data trained on
   std::vector<CheckpointGroup> groups;
   template <class Archive>
-  void serialize(Archive& ar) { ar(model, train_config_json, step, data_rng, data_fingerprint, groups); }
+  void serialize(Archive& ar) {
+    ar(model, train_config_json, step, data_rng, data_fingerprint, groups);
+  }
 };
 
 // Writes `path` atomically: a temp file in the same directory, fsync, rename, fsync of the directory.

@@ -16,9 +16,8 @@ namespace lh {
 namespace {
 
 Result<std::string> read_whole_file(const std::string& path) {
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0)
-    return not_found("data file '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return not_found("data file '" + path + "': " + std::strerror(errno));
   if (S_ISDIR(st.st_mode)) return invalid_argument("data file '" + path + "' is a directory, not a text file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return io_error("data file '" + path + "' cannot be opened: " + std::strerror(errno));
@@ -102,7 +101,7 @@ Result<TextDataset> TextDataset::default_corpus(int64_t min_window, const std::s
       return name.size() >= n && name.compare(name.size() - n, n, suf) == 0;
     };
     if (ends_with(".dat") || ends_with(".u8")) continue;
-    struct stat st{};
+    struct stat st {};
     std::string path = dir + "/" + name;
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     names.push_back(name);

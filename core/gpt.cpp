@@ -22,8 +22,7 @@ Status GptConfig::validate() const {
   if (layers < 1 || layers > 1024) return bad("layers", layers, "must be in [1, 1024]");
   if (d_model < 1 || d_model > 65536) return bad("d_model", d_model, "must be in [1, 65536]");
   if (heads < 1) return bad("heads", heads, "must be at least 1");
-  if (d_model % heads != 0)
-    return bad("heads", heads, "must divide d_model=" + std::to_string(d_model));
+  if (d_model % heads != 0) return bad("heads", heads, "must divide d_model=" + std::to_string(d_model));
   if (subspace_k < 0 || subspace_k > d_model)
     return bad("subspace_k", subspace_k, "must be in [0, d_model=" + std::to_string(d_model) + "]");
   if (subspace_k > 0 && tied_head)
@@ -44,16 +43,27 @@ bool GptConfig::operator==(const GptConfig& o) const {
          tied_head == o.tied_head && subspace_k == o.subspace_k;
 }
 
-const char* gpt_preset_names() { return "tiny|small|base"; }
+const char* gpt_preset_names() {
+  return "tiny|small|base";
+}
 
 Result<GptConfig> gpt_preset(const std::string& name) {
   GptConfig c;
   if (name == "tiny") {
-    c.layers = 2; c.d_model = 64; c.heads = 4; c.seq = 64;
+    c.layers = 2;
+    c.d_model = 64;
+    c.heads = 4;
+    c.seq = 64;
   } else if (name == "small") {
-    c.layers = 4; c.d_model = 128; c.heads = 4; c.seq = 128;
+    c.layers = 4;
+    c.d_model = 128;
+    c.heads = 4;
+    c.seq = 128;
   } else if (name == "base") {
-    c.layers = 8; c.d_model = 384; c.heads = 6; c.seq = 256;
+    c.layers = 8;
+    c.d_model = 384;
+    c.heads = 6;
+    c.seq = 256;
   } else {
     return invalid_argument("unknown model '" + name + "'; choose one of " + gpt_preset_names());
   }
@@ -78,8 +88,12 @@ Status grow(Tensor& t, int64_t n, Device dev, DType dt = DType::f32) {
   return Status::Ok();
 }
 
-float* f(const Tensor& t) { return static_cast<float*>(t.raw_data()); }
-const int32_t* i32(const Tensor& t) { return static_cast<const int32_t*>(t.raw_data()); }
+float* f(const Tensor& t) {
+  return static_cast<float*>(t.raw_data());
+}
+const int32_t* i32(const Tensor& t) {
+  return static_cast<const int32_t*>(t.raw_data());
+}
 
 void layout(ParamGroup& g, std::vector<ParamSlice> slices) {
   int64_t off = 0;
@@ -91,8 +105,12 @@ void layout(ParamGroup& g, std::vector<ParamSlice> slices) {
   g.numel = off;
 }
 
-ParamSlice mat(const std::string& n, Shape s, float std) { return {n, 0, std::move(s), true, std, 0.f}; }
-ParamSlice vec(const std::string& n, int64_t len, float value) { return {n, 0, {len}, false, 0.f, value}; }
+ParamSlice mat(const std::string& n, Shape s, float std) {
+  return {n, 0, std::move(s), true, std, 0.f};
+}
+ParamSlice vec(const std::string& n, int64_t len, float value) {
+  return {n, 0, {len}, false, 0.f, value};
+}
 
 // Columns of a seeded d×k Gaussian made orthonormal (modified Gram-Schmidt in double): the U of the
 // subspace scheme; every stage derives the same U from the seed.
@@ -165,7 +183,8 @@ Result<Gpt> Gpt::create(const GptConfig& cfg, Device device, uint64_t seed, GptP
   layout(m.head_, std::move(hs));
 
   if (parts.embedding) LH_RETURN_IF_ERROR(m.init_group(m.embed_, seed, 0));
-  for (int l = parts.first_block; l < parts.last_block; ++l) LH_RETURN_IF_ERROR(m.init_group(m.blocks_[l], seed, 1 + l));
+  for (int l = parts.first_block; l < parts.last_block; ++l)
+    LH_RETURN_IF_ERROR(m.init_group(m.blocks_[l], seed, 1 + l));
   if (parts.head) LH_RETURN_IF_ERROR(m.init_group(m.head_, seed, 1 + L));
 
   if (K > 0) {
@@ -358,8 +377,8 @@ Status Gpt::block_backward(int l, ActivationCache& c, float* d) {
   gelu_backward(ex_, dfch, f(a.fch), dfchg, int64_t(BT) * 4 * C);
   LH_RETURN_IF_ERROR(clear(s_dln_, n));
   linear_backward(ex_, dln, g.grad(kFcW), g.grad(kFcB), dfch, f(a.ln2), g.param(kFcW), BT, C, 4 * C);
-  layernorm_backward(ex_, d, g.grad(kLn2W), g.grad(kLn2B), dln, f(a.res2), g.param(kLn2W), f(a.ln2_mean),
-                     f(a.ln2_rstd), BT, C);
+  layernorm_backward(ex_, d, g.grad(kLn2W), g.grad(kLn2B), dln, f(a.res2), g.param(kLn2W), f(a.ln2_mean), f(a.ln2_rstd),
+                     BT, C);
   // Attention branch: res2 = in + proj(attn(qkv(ln1(in))))
   LH_RETURN_IF_ERROR(clear(s_datty_, n));
   project_back(datty, f(a.atty), C, kAttnProjW, kAttnProjB);
@@ -367,8 +386,8 @@ Status Gpt::block_backward(int l, ActivationCache& c, float* d) {
   attention_backward(ex_, dqkv, datty, f(a.qkv), f(a.att), B, T, C, NH, s_attn_ws_.raw_data());
   LH_RETURN_IF_ERROR(clear(s_dln_, n));
   linear_backward(ex_, dln, g.grad(kQkvW), g.grad(kQkvB), dqkv, f(a.ln1), g.param(kQkvW), BT, C, 3 * C);
-  layernorm_backward(ex_, d, g.grad(kLn1W), g.grad(kLn1B), dln, f(a.in), g.param(kLn1W), f(a.ln1_mean),
-                     f(a.ln1_rstd), BT, C);
+  layernorm_backward(ex_, d, g.grad(kLn1W), g.grad(kLn1B), dln, f(a.in), g.param(kLn1W), f(a.ln1_mean), f(a.ln1_rstd),
+                     BT, C);
   return Status::Ok();
 }
 
@@ -404,7 +423,8 @@ Status Gpt::blocks_backward(int first, int last, ActivationCache& c, Tensor& d) 
                             "]");
   LH_RETURN_IF_ERROR(ensure_scratch(c.B, c.T));
   for (int l = last - 1; l >= first; --l) {
-    if (!c.blocks[l].out.defined()) return invalid_argument("blocks_backward: block " + std::to_string(l) + " has no forward in this cache");
+    if (!c.blocks[l].out.defined())
+      return invalid_argument("blocks_backward: block " + std::to_string(l) + " has no forward in this cache");
     LH_RETURN_IF_ERROR(block_backward(l, c, f(d)));
   }
   return Status::Ok();
@@ -413,8 +433,8 @@ Status Gpt::blocks_backward(int first, int last, ActivationCache& c, Tensor& d) 
 Status Gpt::logits_forward(ActivationCache& c, const Tensor& in) {
   if (!head_.defined()) return invalid_argument("head forward on a model part without the head");
   if (in.ndim() != 3 || in.dim(2) != cfg_.d_model || in.device() != ex_.device)
-    return invalid_argument("head forward: input " + in.describe() + " is not [B, T, " +
-                            std::to_string(cfg_.d_model) + "]");
+    return invalid_argument("head forward: input " + in.describe() + " is not [B, T, " + std::to_string(cfg_.d_model) +
+                            "]");
   const int B = static_cast<int>(in.dim(0)), T = static_cast<int>(in.dim(1)), C = cfg_.d_model, V = cfg_.vocab;
   LH_RETURN_IF_ERROR(check_bt(cfg_, B, T));
   const Device dev = ex_.device;
@@ -449,8 +469,8 @@ Status Gpt::head_backward(ActivationCache& c, float loss_scale, Tensor& dx) {
   if (!c.probs.defined() || c.probs.dim(0) != B || c.probs.dim(1) != T)
     return invalid_argument("head_backward without a head_forward of the same batch in this cache");
   if (dx.shape() != Shape{B, T, C} || dx.device() != ex_.device)
-    return invalid_argument("head_backward: gradient buffer " + dx.describe() + " is not [" + std::to_string(B) +
-                            ", " + std::to_string(T) + ", " + std::to_string(C) + "]");
+    return invalid_argument("head_backward: gradient buffer " + dx.describe() + " is not [" + std::to_string(B) + ", " +
+                            std::to_string(T) + ", " + std::to_string(C) + "]");
   LH_RETURN_IF_ERROR(ensure_scratch(B, T));
   float* dlogits = f(s_dlogits_);
   float* dlnf = f(s_dln_);

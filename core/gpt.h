@@ -13,8 +13,8 @@
 namespace lh {
 
 struct GptConfig {
-  int vocab = 256;      // byte-level
-  int seq = 128;        // context length: the number of learned positions
+  int vocab = 256;  // byte-level
+  int seq = 128;    // context length: the number of learned positions
   int layers = 4;
   int d_model = 128;
   int heads = 4;
@@ -24,7 +24,7 @@ struct GptConfig {
   // the residual stream is F[tok] + U·c. The last block stays full rank.
   int subspace_k = 0;
 
-  Status validate() const;    // every bad field named
+  Status validate() const;       // every bad field named
   std::string describe() const;  // "layers=4 d_model=128 heads=4 seq=128 vocab=256 head=untied"
   bool operator==(const GptConfig& o) const;
   bool operator!=(const GptConfig& o) const { return !(*this == o); }
@@ -63,9 +63,21 @@ struct ParamGroup {
 
 // Slice order inside each group.
 enum BlockSlice : int {
-  kLn1W, kLn1B, kQkvW, kQkvB, kAttnProjW, kAttnProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kNumBlockSlices
+  kLn1W,
+  kLn1B,
+  kQkvW,
+  kQkvB,
+  kAttnProjW,
+  kAttnProjB,
+  kLn2W,
+  kLn2B,
+  kFcW,
+  kFcB,
+  kFcProjW,
+  kFcProjB,
+  kNumBlockSlices
 };
-enum EmbedSlice : int { kWte, kWpe };              // [V,C] and [seq,C]; [V,K] and [seq,K] with subspace
+enum EmbedSlice : int { kWte, kWpe };            // [V,C] and [seq,C]; [V,K] and [seq,K] with subspace
 enum HeadSlice : int { kLnfW, kLnfB, kLmHead };  // kLmHead [V,C] only when untied
 
 // What one block saves in forward for its backward.
@@ -80,10 +92,10 @@ struct BlockActivations {
 class ActivationCache {
  public:
   int B = 0, T = 0;
-  Tensor tokens, targets;  // int32 [B*T] on the model's device
-  Tensor embed_out, embed_k;  // [B,T,C]; embed_k [B,T,K] with subspace
+  Tensor tokens, targets;                // int32 [B*T] on the model's device
+  Tensor embed_out, embed_k;             // [B,T,C]; embed_k [B,T,K] with subspace
   std::vector<BlockActivations> blocks;  // indexed by global block index; only the blocks run are filled
-  Tensor head_in;  // the head's input (kept for its layernorm backward)
+  Tensor head_in;                        // the head's input (kept for its layernorm backward)
   Tensor lnf, lnf_mean, lnf_rstd, logits, probs, losses;
   Tensor grad;  // [B,T,C]: the residual-stream gradient buffer the full-model backward runs in place in
 };

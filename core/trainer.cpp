@@ -17,7 +17,9 @@ namespace lh {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 }  // namespace
 
 Status TrainConfig::validate() const {
@@ -25,8 +27,10 @@ Status TrainConfig::validate() const {
   if (model.vocab != 256)
     return invalid_argument("model vocab=" + std::to_string(model.vocab) + ": byte-level text needs vocab=256");
   if (steps < 1) return invalid_argument("--steps " + std::to_string(steps) + " must be at least 1");
-  if (batch < 1 || batch > 65536) return invalid_argument("--batch " + std::to_string(batch) + " must be in [1, 65536]");
-  if (!(lr > 0.f) || !std::isfinite(lr)) return invalid_argument("--lr " + std::to_string(lr) + " must be a positive number");
+  if (batch < 1 || batch > 65536)
+    return invalid_argument("--batch " + std::to_string(batch) + " must be in [1, 65536]");
+  if (!(lr > 0.f) || !std::isfinite(lr))
+    return invalid_argument("--lr " + std::to_string(lr) + " must be a positive number");
   if (warmup < 0) return invalid_argument("--warmup " + std::to_string(warmup) + " must not be negative");
   if (!(min_lr_frac >= 0.f && min_lr_frac <= 1.f)) return invalid_argument("min_lr_frac must be in [0, 1]");
   if (!(weight_decay >= 0.f)) return invalid_argument("weight decay must not be negative");
@@ -40,12 +44,18 @@ Status TrainConfig::validate() const {
 }
 
 std::string TrainConfig::to_json() const {
-  nlohmann::json j = {{"model", model.describe()}, {"data", data.empty() ? "<fortunes>" : data},
-                      {"steps", steps},           {"batch", batch},
-                      {"seq", model.seq},         {"lr", lr},
-                      {"warmup", warmup},         {"min_lr_frac", min_lr_frac},
-                      {"weight_decay", weight_decay}, {"grad_clip", grad_clip},
-                      {"seed", seed},             {"device", device_name(device)}};
+  nlohmann::json j = {{"model", model.describe()},
+                      {"data", data.empty() ? "<fortunes>" : data},
+                      {"steps", steps},
+                      {"batch", batch},
+                      {"seq", model.seq},
+                      {"lr", lr},
+                      {"warmup", warmup},
+                      {"min_lr_frac", min_lr_frac},
+                      {"weight_decay", weight_decay},
+                      {"grad_clip", grad_clip},
+                      {"seed", seed},
+                      {"device", device_name(device)}};
   return j.dump();
 }
 
@@ -92,8 +102,8 @@ Result<float> AdamW::step(const Exec& ex, const std::vector<ParamGroup*>& groups
     float* m = static_cast<float*>(m_[i].raw_data());
     float* v = static_cast<float*>(v_[i].raw_data());
     for (const auto& s : g.slices) {
-      adamw_update(ex, g.params.data<float>() + s.offset, g.grads.data<float>() + s.offset, m + s.offset,
-                   v + s.offset, s.numel(), cfg, static_cast<int>(t), s.decay ? cfg.weight_decay : 0.f);
+      adamw_update(ex, g.params.data<float>() + s.offset, g.grads.data<float>() + s.offset, m + s.offset, v + s.offset,
+                   s.numel(), cfg, static_cast<int>(t), s.decay ? cfg.weight_decay : 0.f);
     }
   }
   return norm;
@@ -247,7 +257,7 @@ Status Trainer::run(TrainObserver* observer) {
     if (!metrics) return io_error("cannot open metrics file '" + cfg_.metrics + "' for writing");
   }
   if (!cfg_.checkpoint_dir.empty()) {
-    struct stat st{};
+    struct stat st {};
     if (::stat(cfg_.checkpoint_dir.c_str(), &st) != 0 && ::mkdir(cfg_.checkpoint_dir.c_str(), 0755) != 0)
       return io_error("cannot create checkpoint directory '" + cfg_.checkpoint_dir + "'");
     if (::stat(cfg_.checkpoint_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -262,7 +272,10 @@ Status Trainer::run(TrainObserver* observer) {
       val = v;
     }
     if (metrics.is_open()) {
-      nlohmann::json j = {{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"tokens_per_s", s.tokens_per_s},
+      nlohmann::json j = {{"step", s.step},
+                          {"loss", s.loss},
+                          {"lr", s.lr},
+                          {"tokens_per_s", s.tokens_per_s},
                           {"grad_norm", s.grad_norm}};
       if (val) j["val_loss"] = *val;
       metrics << j.dump() << "\n";

@@ -93,7 +93,9 @@ void check_gradients(const GptConfig& cfg, uint64_t seed) {
   EXPECT_GT(checked, 20);
 }
 
-TEST(GptGradient, UntiedHeadMatchesFiniteDifferences) { check_gradients(tiny_config(), 11); }
+TEST(GptGradient, UntiedHeadMatchesFiniteDifferences) {
+  check_gradients(tiny_config(), 11);
+}
 
 TEST(GptGradient, TiedHeadMatchesFiniteDifferences) {
   GptConfig c = tiny_config();

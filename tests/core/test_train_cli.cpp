@@ -66,8 +66,8 @@ int count_lines(const std::string& path) {
 
 TEST_F(TrainCli, ShortRunWithMetricsCheckpointResumeAndSample) {
   const std::string metrics = dir_ + "/m.jsonl", ckpt = dir_ + "/ckpt";
-  CliResult a = run(tiny() + " --steps 4 --eval-every 2 --metrics " + metrics + " --checkpoint-dir " + ckpt +
-              " --sample 20");
+  CliResult a =
+      run(tiny() + " --steps 4 --eval-every 2 --metrics " + metrics + " --checkpoint-dir " + ckpt + " --sample 20");
   ASSERT_EQ(a.code, 0) << a.output;
   EXPECT_NE(a.output.find("step 4/4"), std::string::npos) << a.output;  // plain lines: not a terminal
   EXPECT_NE(a.output.find("--- sample (20 bytes"), std::string::npos) << a.output;

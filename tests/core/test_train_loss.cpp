@@ -32,9 +32,7 @@ TEST(TrainLoss, DefaultSmallConfigLearnsTheFortunesCorpus) {
   std::vector<float> losses;
   // The run stops as soon as the mean of the last 5 losses is below 3.2: the claim is "within 150
   // steps", and stopping early keeps the test short.
-  auto recent_mean = [&] {
-    return std::accumulate(losses.end() - 5, losses.end(), 0.0) / 5.0;
-  };
+  auto recent_mean = [&] { return std::accumulate(losses.end() - 5, losses.end(), 0.0) / 5.0; };
   while (t.steps_done() < cfg.steps) {
     auto s = t.step();
     ASSERT_TRUE(s.ok()) << s.status().to_string();
