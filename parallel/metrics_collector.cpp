@@ -19,7 +19,7 @@ Status MetricsCollector::add(int rank, int64_t step, const std::string& json_lin
   const std::string source = "metrics from rank " + std::to_string(rank) + " for step " + std::to_string(step);
   if (json_line.find('\n') != std::string::npos) return invalid_argument(source + ": more than one line");
   std::lock_guard<std::mutex> lock(mu_);
-  LH_ASSIGN_OR_RETURN(StepMetrics m, parse_step_metrics_line(json_line, 1, source));
+  LH_ASSIGN_OR_RETURN(WorkerStepMetrics m, parse_step_metrics_line(json_line, 1, source));
   if (m.worker != rank)
     return invalid_argument(source + ": the line says worker " + std::to_string(m.worker));
   if (m.step != step) return invalid_argument(source + ": the line says step " + std::to_string(m.step));

@@ -21,7 +21,7 @@ class MetricsCollector {
   // `path` empty: keep the records in memory only.
   static Result<std::unique_ptr<MetricsCollector>> open(const std::string& path);
 
-  // One line from worker `rank` for `step` (as the StepMetrics control message carries them). A line
+  // One line from worker `rank` for `step` (as the WorkerStepMetrics control message carries them). A line
   // that does not parse, or whose worker or step differ from the message's, is refused with the
   // reason and not written; so is a second line for the same worker and step. Thread-safe.
   Status add(int rank, int64_t step, const std::string& json_line);
@@ -34,7 +34,7 @@ class MetricsCollector {
   MetricsCollector() = default;
   mutable std::mutex mu_;
   std::optional<StepMetricsWriter> writer_;
-  std::vector<StepMetrics> records_;
+  std::vector<WorkerStepMetrics> records_;
   std::set<std::pair<int, int64_t>> seen_;  // (worker, step)
   int64_t newest_ = -1;
 };

@@ -58,26 +58,26 @@ std::string role_label(const std::string& role) {
   return role;
 }
 
-Result<MetricsSummary> summarize_step_metrics(const std::vector<StepMetrics>& records) {
+Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetrics>& records) {
   MetricsSummary s;
   s.records = records.size();
-  auto line_of = [](const StepMetrics& m) {
+  auto line_of = [](const WorkerStepMetrics& m) {
     return m.source_line > 0 ? "line " + std::to_string(m.source_line) : std::string("a record");
   };
-  std::map<std::pair<int64_t, int>, const StepMetrics*> seen;  // (step, worker)
+  std::map<std::pair<int64_t, int>, const WorkerStepMetrics*> seen;  // (step, worker)
   std::set<int> workers;
   // Per key and counting end: totals, and per step the codec and wire bytes.
   struct Side {
     LinkTotals totals;
     std::map<int64_t, std::string> codec_by_step;
     std::map<int64_t, uint64_t> wire_by_step;
-    std::map<int64_t, const StepMetrics*> reported_by;
+    std::map<int64_t, const WorkerStepMetrics*> reported_by;
   };
   std::map<LinkKey, std::map<std::string, Side>> sides;
   std::map<int64_t, std::vector<double>> loss, val;
   std::map<int64_t, double> tps;
 
-  for (const StepMetrics& m : records) {
+  for (const WorkerStepMetrics& m : records) {
     auto [it, fresh] = seen.emplace(std::make_pair(m.step, m.worker), &m);
     if (!fresh)
       return invalid_argument("metrics: " + line_of(m) + " repeats step " + std::to_string(m.step) + " of worker " +

@@ -59,7 +59,7 @@ struct MetricsSummary {
 
 // Gathers records (from read_step_metrics or a live job). Refuses two records of the same worker
 // and step, and two counts of the same link, role and end within one step, naming both lines.
-Result<MetricsSummary> summarize_step_metrics(const std::vector<StepMetrics>& records);
+Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetrics>& records);
 
 // "fwd" for act, "bwd" for act_grad, the role name otherwise.
 std::string role_label(const std::string& role);

@@ -292,8 +292,8 @@ std::string StageRunner::spec_of(const LinkTraffic& t, int64_t step) const {
   return codecs_->spec_at(*link, act ? LinkDir::kFwd : LinkDir::kBwd, step);
 }
 
-StepMetrics StageRunner::take_step_metrics() {
-  StepMetrics m;
+WorkerStepMetrics StageRunner::take_step_metrics() {
+  WorkerStepMetrics m;
   m.step = last_.step;
   m.worker = rank_;
   m.stage = span_.stage;

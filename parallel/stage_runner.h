@@ -64,7 +64,7 @@ class StageRunner {
 
   // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
   // call (taken from the data plane's meter, which is reset), each annotated with its codec.
-  StepMetrics take_step_metrics();
+  WorkerStepMetrics take_step_metrics();
 
   const StageSpan& span() const { return span_; }
   const PipelineSchedule& schedule() const { return schedule_; }

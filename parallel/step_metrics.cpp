@@ -1,4 +1,4 @@
-// JSON-lines form of StepMetrics: writing, and reading with a validation error per bad field.
+// JSON-lines form of WorkerStepMetrics: writing, and reading with a validation error per bad field.
 // Used by workers, the coordinator, `train` and `report`.
 #include "parallel/step_metrics.h"
 
@@ -15,7 +15,7 @@ const std::vector<std::string>& metrics_role_names() {
   return names;
 }
 
-nlohmann::json step_metrics_to_json(const StepMetrics& m) {
+nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
   nlohmann::json j;
   j["step"] = m.step;
   j["worker"] = m.worker;
@@ -38,7 +38,7 @@ nlohmann::json step_metrics_to_json(const StepMetrics& m) {
   return j;
 }
 
-std::string step_metrics_to_line(const StepMetrics& m) { return step_metrics_to_json(m).dump(); }
+std::string step_metrics_to_line(const WorkerStepMetrics& m) { return step_metrics_to_json(m).dump(); }
 
 namespace {
 
@@ -142,7 +142,7 @@ Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& li
   return out;
 }
 
-Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source) {
+Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source) {
   const std::string where = source + " line " + std::to_string(line_number);
   nlohmann::json j;
   try {
@@ -152,7 +152,7 @@ Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_nu
   }
   if (!j.is_object()) return invalid_argument(where + ": expected a JSON object, got " + FieldReader::shown(j));
   FieldReader r(j, where, "");
-  StepMetrics m;
+  WorkerStepMetrics m;
   m.source_line = line_number;
   uint64_t step = 0;
   LH_RETURN_IF_ERROR(r.uint("step", true, step));
@@ -171,22 +171,22 @@ Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_nu
   return m;
 }
 
-Result<std::vector<StepMetrics>> read_step_metrics(std::istream& in, const std::string& source) {
-  std::vector<StepMetrics> out;
+Result<std::vector<WorkerStepMetrics>> read_step_metrics(std::istream& in, const std::string& source) {
+  std::vector<WorkerStepMetrics> out;
   std::string line;
   int number = 0;
   while (std::getline(in, line)) {
     ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    LH_ASSIGN_OR_RETURN(StepMetrics m, parse_step_metrics_line(line, number, source));
+    LH_ASSIGN_OR_RETURN(WorkerStepMetrics m, parse_step_metrics_line(line, number, source));
     out.push_back(std::move(m));
   }
   if (in.bad()) return io_error(source + ": read failed after line " + std::to_string(number));
   return out;
 }
 
-Result<std::vector<StepMetrics>> read_step_metrics_file(const std::string& path) {
+Result<std::vector<WorkerStepMetrics>> read_step_metrics_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) return not_found("metrics file '" + path + "' cannot be opened: " + std::strerror(errno));
   return read_step_metrics(in, path);
@@ -218,7 +218,7 @@ StepMetricsWriter::~StepMetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
-Status StepMetricsWriter::write(const StepMetrics& m) { return write_line(step_metrics_to_line(m)); }
+Status StepMetricsWriter::write(const WorkerStepMetrics& m) { return write_line(step_metrics_to_line(m)); }
 
 Status StepMetricsWriter::write_line(const std::string& json_line) {
   LH_ASSERT(file_ != nullptr, "write to a closed metrics file");

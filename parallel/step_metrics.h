@@ -1,4 +1,4 @@
-// defines: lh::StepMetrics — one worker's record of one training step (loss, tokens/s, and per link
+// defines: lh::WorkerStepMetrics — one worker's record of one training step (loss, tokens/s, and per link
 // and role: raw bytes, wire bytes, messages, seconds) — and its JSON-lines form, written and read
 // with validation. Used by workers, the coordinator (which gathers them), `train` and `report`.
 #pragma once
@@ -33,7 +33,7 @@ struct LinkTraffic {
   double seconds = 0;        // time the link was busy with this traffic
 };
 
-struct StepMetrics {
+struct WorkerStepMetrics {
   int64_t step = 0;
   int worker = 0;
   int stage = 0;
@@ -48,22 +48,22 @@ struct StepMetrics {
 // {"step":3,"worker":1,"stage":1,"loss":4.2,"tokens_per_s":812.5,"links":[{"src":1,"dst":2,
 //  "role":"act","dir":"send","codec":"int8","raw_bytes":…,"wire_bytes":…,"messages":4,"seconds":0.12}]}
 // Optional fields are omitted when absent.
-nlohmann::json step_metrics_to_json(const StepMetrics& m);
-std::string step_metrics_to_line(const StepMetrics& m);  // one line, no newline
+nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m);
+std::string step_metrics_to_line(const WorkerStepMetrics& m);  // one line, no newline
 
 // Parses one line. Required: step (integer ≥ 0). Optional: worker, stage (integers ≥ 0, default 0),
 // loss, val_loss, lr (numbers or null), tokens_per_s (number ≥ 0), links (array of objects with
 // src, dst (integers ≥ 0, different), role (a metrics role), dir (send|recv, default send), codec
 // (string), raw_bytes, wire_bytes, messages (integers ≥ 0, default 0), seconds (number ≥ 0)).
 // Other fields are ignored, so newer writers stay readable. Errors say "<source> line N: field F: …".
-Result<StepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source);
+Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source);
 
 // The "links" array of a metrics line or of LinkMeter::to_json(), validated like a line's links.
 Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& links, const std::string& source);
 
 // Reads every non-blank line; the first bad line is the error. An empty input gives no records.
-Result<std::vector<StepMetrics>> read_step_metrics(std::istream& in, const std::string& source);
-Result<std::vector<StepMetrics>> read_step_metrics_file(const std::string& path);
+Result<std::vector<WorkerStepMetrics>> read_step_metrics(std::istream& in, const std::string& source);
+Result<std::vector<WorkerStepMetrics>> read_step_metrics_file(const std::string& path);
 
 // Appends lines to a file, flushing each so a crash loses at most the line being written.
 class StepMetricsWriter {
@@ -72,7 +72,7 @@ class StepMetricsWriter {
   StepMetricsWriter(StepMetricsWriter&&) noexcept;
   StepMetricsWriter& operator=(StepMetricsWriter&&) noexcept;
   ~StepMetricsWriter();
-  Status write(const StepMetrics& m);
+  Status write(const WorkerStepMetrics& m);
   Status write_line(const std::string& json_line);  // a line received from a worker, already validated
   const std::string& path() const { return path_; }
 

@@ -23,9 +23,9 @@ std::string slurp(const std::string& path) {
 }
 
 MetricsSummary job(bool with_loss, bool with_links) {
-  std::vector<StepMetrics> records;
+  std::vector<WorkerStepMetrics> records;
   for (int step = 0; step < 5; ++step) {
-    StepMetrics m;
+    WorkerStepMetrics m;
     m.step = step;
     if (with_loss) m.loss = 5.0 - step;
     if (with_loss && step == 4) m.val_loss = 1.5;

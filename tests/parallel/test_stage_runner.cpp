@@ -54,7 +54,7 @@ TrainConfig tiny_config() {
 struct PipelineRun {
   std::vector<float> losses;            // the last stage's, per step
   std::vector<float> grad_norms;        // stage 0's (every stage sees the whole model's), per step
-  std::vector<StepMetrics> metrics;     // every stage, every step
+  std::vector<WorkerStepMetrics> metrics;     // every stage, every step
   std::vector<Status> statuses;         // per stage
 };
 
@@ -67,7 +67,7 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
   TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
   PipelineRun run;
   run.statuses.resize(S);
-  std::vector<std::vector<StepMetrics>> per_stage(S);
+  std::vector<std::vector<WorkerStepMetrics>> per_stage(S);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < S; ++rank) {
     threads.emplace_back([&, rank] {

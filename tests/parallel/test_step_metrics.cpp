@@ -1,4 +1,4 @@
-// Tests for StepMetrics JSON lines (round trip, validation errors naming line and field) and the
+// Tests for WorkerStepMetrics JSON lines (round trip, validation errors naming line and field) and the
 // job summary (per-link totals, codec switches, loss and tokens/s, tables). Label `parallel`.
 #include <gtest/gtest.h>
 
@@ -28,8 +28,8 @@ LinkTraffic traffic(int src, int dst, const std::string& role, uint64_t raw, uin
   return t;
 }
 
-TEST(StepMetrics, RoundTripsThroughALine) {
-  StepMetrics m;
+TEST(WorkerStepMetrics, RoundTripsThroughALine) {
+  WorkerStepMetrics m;
   m.step = 12;
   m.worker = 3;
   m.stage = 3;
@@ -38,7 +38,7 @@ TEST(StepMetrics, RoundTripsThroughALine) {
   m.links = {traffic(3, 2, "act_grad", 4000000, 1000000, "int8"), traffic(2, 3, "act", 4000000, 1000000, "", "recv")};
   const std::string line = step_metrics_to_line(m);
   EXPECT_EQ(line.find('\n'), std::string::npos);
-  StepMetrics back = value_of(parse_step_metrics_line(line, 7, "m.jsonl"));
+  WorkerStepMetrics back = value_of(parse_step_metrics_line(line, 7, "m.jsonl"));
   EXPECT_EQ(back.step, 12);
   EXPECT_EQ(back.worker, 3);
   EXPECT_EQ(back.stage, 3);
@@ -57,9 +57,9 @@ TEST(StepMetrics, RoundTripsThroughALine) {
   EXPECT_EQ(step_metrics_to_line(back), line);
 }
 
-TEST(StepMetrics, AcceptsMinimalAndForeignLines) {
+TEST(WorkerStepMetrics, AcceptsMinimalAndForeignLines) {
   // `longhaul train` lines: no worker, stage or links; extra fields are ignored.
-  StepMetrics m = value_of(parse_step_metrics_line(R"({"step":5,"loss":3.1,"lr":0.001,"extra":[1,2]})", 1, "f"));
+  WorkerStepMetrics m = value_of(parse_step_metrics_line(R"({"step":5,"loss":3.1,"lr":0.001,"extra":[1,2]})", 1, "f"));
   EXPECT_EQ(m.worker, 0);
   EXPECT_TRUE(m.links.empty());
   EXPECT_EQ(m.lr, 0.001);
@@ -67,7 +67,7 @@ TEST(StepMetrics, AcceptsMinimalAndForeignLines) {
   EXPECT_FALSE(value_of(parse_step_metrics_line(R"({"step":5,"loss":null})", 1, "f")).loss.has_value());
 }
 
-TEST(StepMetrics, MalformedLinesNameLineAndField) {
+TEST(WorkerStepMetrics, MalformedLinesNameLineAndField) {
   struct Case { const char* line; const char* says; };
   const Case cases[] = {
       {"{\"step\":1", "not valid JSON"},
@@ -100,7 +100,7 @@ TEST(StepMetrics, MalformedLinesNameLineAndField) {
   }
 }
 
-TEST(StepMetrics, ReadsStreamsSkippingBlankLinesAndStopsAtTheFirstBadOne) {
+TEST(WorkerStepMetrics, ReadsStreamsSkippingBlankLinesAndStopsAtTheFirstBadOne) {
   std::istringstream good("{\"step\":1}\n\n  \r\n{\"step\":2}\r\n");
   auto all = value_of(read_step_metrics(good, "s"));
   ASSERT_EQ(all.size(), 2u);
@@ -114,11 +114,11 @@ TEST(StepMetrics, ReadsStreamsSkippingBlankLinesAndStopsAtTheFirstBadOne) {
   EXPECT_NE(missing.status().message().find("/nonexistent/metrics.jsonl"), std::string::npos);
 }
 
-TEST(StepMetrics, WriterAppendsValidLines) {
+TEST(WorkerStepMetrics, WriterAppendsValidLines) {
   const std::string path = ::testing::TempDir() + "lh_step_metrics_writer.jsonl";
   {
     auto w = value_of(StepMetricsWriter::open(path));
-    StepMetrics m;
+    WorkerStepMetrics m;
     m.step = 1;
     ASSERT_TRUE(w.write(m).ok());
     EXPECT_FALSE(w.write_line("{\"step\":2}\n{\"step\":3}").ok());
@@ -136,18 +136,18 @@ TEST(StepMetrics, WriterAppendsValidLines) {
 
 // A 2-stage job over 3 steps: worker 0 sends activations, worker 1 sends gradients and reports the
 // loss; the activation codec changes from int8 to int4 at step 3; worker 1 also counts receives.
-std::vector<StepMetrics> two_stage_job() {
-  std::vector<StepMetrics> out;
+std::vector<WorkerStepMetrics> two_stage_job() {
+  std::vector<WorkerStepMetrics> out;
   int line = 0;
   for (int step = 1; step <= 3; ++step) {
-    StepMetrics w0;
+    WorkerStepMetrics w0;
     w0.step = step;
     w0.worker = 0;
     w0.tokens_per_s = 1000 + step;
     const bool int4 = step == 3;
     w0.links = {traffic(0, 1, "act", 8000000, int4 ? 1000000 : 2000000, int4 ? "int4" : "int8")};
     w0.source_line = ++line;
-    StepMetrics w1;
+    WorkerStepMetrics w1;
     w1.step = step;
     w1.worker = 1;
     w1.stage = 1;
@@ -195,7 +195,7 @@ TEST(MetricsSummary, TotalsPerLinkPreferTheSender) {
 }
 
 TEST(MetricsSummary, FallsBackToTheReceiversCount) {
-  StepMetrics m;
+  WorkerStepMetrics m;
   m.step = 0;
   m.worker = 1;
   m.links = {traffic(0, 1, "act", 100, 50, "", "recv")};
@@ -213,7 +213,7 @@ TEST(MetricsSummary, RefusesDoubleCounting) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("line 99 repeats step 2 of worker 0 (first at line 3)"), std::string::npos)
       << r.status().message();
-  StepMetrics twice;
+  WorkerStepMetrics twice;
   twice.step = 1;
   twice.source_line = 5;
   twice.links = {traffic(0, 1, "act", 1, 1), traffic(0, 1, "act", 1, 1)};
@@ -242,9 +242,9 @@ TEST(MetricsSummary, StepSummaryShowsLossAndSwitches) {
   EXPECT_NE(text.find("tokens/s: mean 900.0 over 3 steps"), std::string::npos) << text;
   EXPECT_NE(text.find("codec change: 0→1 act (fwd) int8 → int4 from step 3"), std::string::npos) << text;
   // Evenly spaced rows with both ends.
-  std::vector<StepMetrics> many;
+  std::vector<WorkerStepMetrics> many;
   for (int i = 0; i < 100; ++i) {
-    StepMetrics m;
+    WorkerStepMetrics m;
     m.step = i;
     m.loss = 100 - i;
     many.push_back(m);
@@ -260,7 +260,7 @@ TEST(MetricsSummary, StepSummaryShowsLossAndSwitches) {
 namespace lh {
 namespace {
 
-TEST(StepMetrics, ReadsBuiltJsonWithSignedIntegers) {
+TEST(WorkerStepMetrics, ReadsBuiltJsonWithSignedIntegers) {
   // LinkMeter::to_json builds its JSON from ints: non-negative values stored as signed integers.
   nlohmann::json links = nlohmann::json::array();
   links.push_back({{"src", int(0)}, {"dst", int(1)}, {"role", "act"}, {"dir", "send"}, {"raw_bytes", int64_t(8)},
