@@ -50,6 +50,15 @@ Transfer DataPlane::recv(int peer, Tag tag, uint64_t raw_bytes) {
   return t;
 }
 
+Transfer DataPlane::recv_into(int peer, Tag tag, void* dst, uint64_t capacity, uint64_t raw_bytes) {
+  auto st = make_state(Direction::kRecv, peer, tag, raw_bytes);
+  st->dst = static_cast<uint8_t*>(dst);
+  st->capacity = capacity;
+  Transfer t(st);
+  start_recv(std::move(st));
+  return t;
+}
+
 Status DataPlane::send_blocking(int peer, Tag tag, Bytes packet, uint64_t raw_bytes,
                                 std::chrono::milliseconds timeout) {
   return send(peer, tag, std::move(packet), raw_bytes).wait(timeout);

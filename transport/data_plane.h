@@ -46,6 +46,10 @@ class DataPlane {
   // Non-blocking receive of the next packet from `peer` with `tag`; Transfer::take() yields it.
   // `raw_bytes` is for the meter (the receiver usually knows the shape; 0 means "same as the packet").
   Transfer recv(int peer, Tag tag, uint64_t raw_bytes = 0);
+  // Receive into the caller's buffer (no allocation; zero-copy when posted before the packet arrives):
+  // [dst, dst + capacity) stays valid until done; Transfer::wire_bytes() is then the packet's size.
+  // A packet larger than `capacity` fails the receive with OutOfRange (and is consumed).
+  Transfer recv_into(int peer, Tag tag, void* dst, uint64_t capacity, uint64_t raw_bytes = 0);
 
   // Blocking conveniences.
   Status send_blocking(int peer, Tag tag, Bytes packet, uint64_t raw_bytes = 0,

@@ -107,7 +107,8 @@ void LinkShaper::start_send(std::shared_ptr<TransferState> st) {
 }
 
 void LinkShaper::start_recv(std::shared_ptr<TransferState> st) {
-  Transfer in = inner_->recv(st->peer, st->tag, st->raw_bytes);
+  Transfer in = st->dst ? inner_->recv_into(st->peer, st->tag, st->dst, st->capacity, st->raw_bytes)
+                        : inner_->recv(st->peer, st->tag, st->raw_bytes);
   in.state()->on_done([st](TransferState& t) {
     st->owned = std::move(t.owned);
     st->wire_bytes = t.wire_bytes;

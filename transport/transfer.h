@@ -32,6 +32,8 @@ struct TransferState {
   Clock::time_point t_start{}, t_end{};  // link busy from t_start (post, or arrival for receives) to t_end
 
   Bytes owned;                      // send: the buffer kept alive until done; recv: the received packet
+  uint8_t* dst = nullptr;           // recv_into: the caller's buffer (then `owned` stays empty) …
+  uint64_t capacity = 0;            // … and its size
   const uint8_t* data = nullptr;    // send: what goes on the wire (owned.data() or caller memory)
   uint64_t size = 0;
 
@@ -65,8 +67,9 @@ class Transfer {
   Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) const;
   // The final status; Unavailable("still in flight") before done().
   Status status() const;
-  // A finished receive's packet, moved out (empty for sends or before done()).
+  // A finished receive's packet, moved out (empty for sends, recv_into, or before done()).
   Bytes take();
+  // Bytes on the wire; for a finished receive (also recv_into), the packet's size.
   uint64_t wire_bytes() const;
   int peer() const;
   Tag tag() const;

@@ -39,6 +39,11 @@ T get(const uint8_t* p) {
 
 uint8_t g_empty_byte = 0;  // a valid pointer for 0-byte packets
 
+Status too_big(uint64_t length, uint64_t capacity, int peer) {
+  return out_of_range("packet of " + std::to_string(length) + " bytes from rank " + std::to_string(peer) +
+                      " does not fit the receive buffer of " + std::to_string(capacity) + " bytes");
+}
+
 }  // namespace
 
 Bytes wrap_worker_address(const void* ucx_address, size_t length) {
@@ -81,6 +86,8 @@ struct UcxDataPlane::Inbound {
   bool done = false;
   ucs_status_t status = UCS_OK;
   std::shared_ptr<TransferState> target;  // the receive it was matched to, if any yet
+  uint64_t length = 0;
+  bool direct = false;  // received straight into target->dst
 };
 
 Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& options) {
@@ -171,6 +178,7 @@ Status UcxDataPlane::run_on_progress(std::function<Status()> fn) {
 
 void UcxDataPlane::progress_loop() {
   std::vector<std::function<void()>> batch;
+  Clock::time_point last_activity{};
   while (true) {
     {
       std::lock_guard<std::mutex> lock(cmd_mu_);
@@ -183,7 +191,19 @@ void UcxDataPlane::progress_loop() {
     bool busy = false;
     while (ucp_worker_progress(worker_) != 0) busy = true;
     while (probe_inbound()) busy = true;
-    if (busy || had_commands) continue;
+    Clock::time_point now = Clock::now();
+    if (busy || had_commands) {
+      last_activity = now;
+      continue;
+    }
+    // While data is moving, poll: sleeping between the protocol's round trips costs a thread wake-up
+    // each (tens of microseconds on a loaded host). Shortly after the last activity, poll too, for
+    // the answer to what just went out. Otherwise sleep until UCX or a caller has something.
+    bool moving = !sends_in_flight_.empty() || !inbound_in_flight_.empty();
+    if (moving || now - last_activity < options_.poll_after_activity) {
+      std::this_thread::yield();
+      continue;
+    }
     ucs_status_t s = ucp_worker_arm(worker_);
     if (s == UCS_ERR_BUSY) continue;
     if (s != UCS_OK) LH_LOG_ERROR("ucp_worker_arm: {}", ucs_status_string(s));
@@ -256,7 +276,7 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers) {
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
-      ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      ep.err_mode = options_.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxDataPlane::on_ep_error;
       ep.err_handler.arg = this;
       Peer p;
@@ -387,10 +407,16 @@ void UcxDataPlane::deliver(const std::shared_ptr<Inbound>& in, const std::shared
   if (in->status != UCS_OK)
     return st->complete(unavailable(std::string("UCX receive from rank ") + std::to_string(in->peer) + ": " +
                                     ucs_status_string(in->status)));
-  st->owned = std::move(in->bytes);
-  st->wire_bytes = st->owned.size();
   st->t_start = in->arrived;
   st->t_end = in->finished;
+  st->wire_bytes = in->length;
+  if (st->dst && in->direct) return st->complete(Status::Ok());  // UCX wrote straight into it
+  if (st->dst) {  // arrived before recv_into was posted: one copy out of the staging buffer
+    if (in->length > st->capacity) return st->complete(too_big(in->length, st->capacity, in->peer));
+    if (in->length) std::memcpy(st->dst, in->bytes.data(), in->length);
+    return st->complete(Status::Ok());
+  }
+  st->owned = std::move(in->bytes);
   st->complete(Status::Ok());
 }
 
@@ -412,7 +438,7 @@ bool UcxDataPlane::probe_inbound() {
                 !tag.ok() ? tag.status().message()
                           : pit == peer_table_.end() ? std::string("not in the current plan") : "rank has failed");
   }
-  in->bytes.resize(info.length);
+  in->length = info.length;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
@@ -425,12 +451,22 @@ bool UcxDataPlane::probe_inbound() {
       in->target = posted->second.front();
       posted->second.erase(posted->second.begin());
       if (posted->second.empty()) posted_.erase(posted);
+      if (in->target->dst && info.length > in->target->capacity) {
+        in->target->complete(too_big(info.length, in->target->capacity, in->peer));
+        in->target.reset();
+        in->discard = true;
+      } else if (in->target->dst) {
+        in->direct = true;
+      }
     } else {
       unexpected_[key].push_back(in);
     }
   }
+  if (!in->direct) in->bytes.resize(info.length);
   inbound_in_flight_[in.get()] = in;
-  void* buf = info.length ? static_cast<void*>(in->bytes.data()) : static_cast<void*>(&g_empty_byte);
+  void* buf = !info.length ? static_cast<void*>(&g_empty_byte)
+              : in->direct ? static_cast<void*>(in->target->dst)
+                           : static_cast<void*>(in->bytes.data());
   ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, buf, info.length, msg, &p);
   if (UCS_PTR_IS_PTR(r)) return true;
   on_recv_done(nullptr, UCS_PTR_STATUS(r), nullptr, in.get());

@@ -38,6 +38,14 @@ struct UcxOptions {
   // UCX transports ("tcp", "shm,tcp", "rc,cuda_copy" …). Empty: the UCX_TLS environment variable, or
   // UCX's own choice when that is unset.
   std::string tls;
+  // UCP peer-failure handling on endpoints: a dead peer fails transfers quickly on its own, but UCX 1.13
+  // then limits itself to transports that support it (tcp, not shared memory/CMA). Off: shared memory
+  // is used between processes on one host, and a dead peer is failed through fail_peer() when the
+  // control plane reports it.
+  bool peer_error_handling = true;
+  // The progress thread polls while transfers are in flight and this long after the last activity;
+  // otherwise it sleeps on the worker's event fd (no core spent when idle). 0: sleep at once.
+  std::chrono::microseconds poll_after_activity{200};
   // How long closing waits for in-flight sends to flush before cutting endpoints.
   std::chrono::milliseconds close_timeout{2000};
   // Largest rank that fits the wire tag (12 bits).

@@ -30,6 +30,7 @@ std::vector<size_t> sizes_for(int world) {
 int child_main(const std::string& endpoint, const std::string& token, const std::string& mode) {
   UcxOptions uo;
   uo.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
+  uo.peer_error_handling = std::getenv("LH_TEST_UCX_SHM") == nullptr;
   auto plane_r = UcxDataPlane::create(uo);
   if (!plane_r.ok()) return (std::fprintf(stderr, "child: %s\n", plane_r.status().to_string().c_str()), 2);
   auto plane = std::move(plane_r).value();

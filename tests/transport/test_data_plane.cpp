@@ -117,6 +117,38 @@ TEST(UcxDataPlane, OutOfOrderPostingAndBothDirections) {
   for (auto& s : sends) EXPECT_TRUE(s.wait(std::chrono::seconds(30)).ok());
 }
 
+TEST(UcxDataPlane, RecvIntoCallerBuffers) {
+  Pair pr;
+  // Posted first: UCX writes straight into the buffer.
+  Bytes direct(1 << 20, 0);
+  Transfer r1 = pr.b->recv_into(0, make_tag(1, 0, Role::kActivation), direct.data(), direct.size());
+  ASSERT_TRUE(pr.a->send_blocking(1, make_tag(1, 0, Role::kActivation), pattern(700000, 1)).ok());
+  ASSERT_TRUE(r1.wait(std::chrono::seconds(30)).ok());
+  EXPECT_EQ(r1.wire_bytes(), 700000u);
+  EXPECT_TRUE(std::equal(direct.begin(), direct.begin() + 700000, pattern(700000, 1).begin()));
+  EXPECT_TRUE(r1.take().empty());
+  // Arrived first: copied out of the staging buffer.
+  ASSERT_TRUE(pr.a->send_blocking(1, make_tag(2, 0, Role::kActivation), pattern(5000, 2)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Bytes late(5000);
+  Transfer r2 = pr.b->recv_into(0, make_tag(2, 0, Role::kActivation), late.data(), late.size());
+  ASSERT_TRUE(r2.wait(std::chrono::seconds(30)).ok());
+  EXPECT_TRUE(late == pattern(5000, 2));
+  // Too big, posted before and after arrival: OutOfRange, and the link keeps working.
+  Bytes small(100);
+  Transfer r3 = pr.b->recv_into(0, make_tag(3, 0, Role::kActivation), small.data(), small.size());
+  ASSERT_TRUE(pr.a->send_blocking(1, make_tag(3, 0, Role::kActivation), pattern(101, 3)).ok());
+  EXPECT_EQ(r3.wait(std::chrono::seconds(30)).code(), StatusCode::kOutOfRange);
+  ASSERT_TRUE(pr.a->send_blocking(1, make_tag(4, 0, Role::kActivation), pattern(200, 4)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Transfer r4 = pr.b->recv_into(0, make_tag(4, 0, Role::kActivation), small.data(), small.size());
+  EXPECT_EQ(r4.wait(std::chrono::seconds(30)).code(), StatusCode::kOutOfRange);
+  auto ok = pr.b->recv_into(0, make_tag(5, 0, Role::kActivation), small.data(), small.size());
+  ASSERT_TRUE(pr.a->send_blocking(1, make_tag(5, 0, Role::kActivation), pattern(100, 5)).ok());
+  ASSERT_TRUE(ok.wait(std::chrono::seconds(30)).ok());
+  EXPECT_TRUE(small == pattern(100, 5));
+}
+
 TEST(UcxDataPlane, SameTagPacketsMatchInSendOrder) {
   Pair pr;
   for (int i = 0; i < 5; ++i) pr.a->send(1, make_tag(9, 0, Role::kOther), Bytes(10, uint8_t(i)));
