@@ -1,0 +1,140 @@
+// The pipeline job's coordinator: plans, metrics, ctl status / set-codec, and lost workers.
+// Used by `longhaul coordinator` and `longhaul launch`.
+#include "parallel/pipeline_coordinator.h"
+
+#include "core/log.h"
+
+namespace lh {
+
+Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const PipelineJobConfig& job,
+                                                                         const PipelineCoordinatorOptions& options) {
+  LH_RETURN_IF_ERROR(job.validate());
+  LH_ASSIGN_OR_RETURN(Topology topology, job.topology());
+  LH_ASSIGN_OR_RETURN(CodecPlan plan, job.codec_plan());
+  std::unique_ptr<PipelineCoordinator> c(new PipelineCoordinator(job, topology, CodecSchedule(topology, plan)));
+  LH_ASSIGN_OR_RETURN(c->collector_, MetricsCollector::open(options.metrics_path));
+  CoordinatorOptions control = options.control;
+  control.expected_workers = job.workers;
+  PipelineCoordinator* self = c.get();
+  CoordinatorHooks hooks;
+  hooks.make_plans = [self](const std::vector<WorkerInfo>& w) { return self->make_plans(w); };
+  hooks.on_metrics = [self](const StepMetrics& m) {
+    Status s = self->collector_->add(m.rank, m.step, m.json);
+    if (!s.ok()) LH_LOG_WARN("coordinator: {}", s.message());
+  };
+  hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
+  hooks.on_ctl = [self](const CtlRequest& r) { return self->handle_ctl(r.command, r.args); };
+  LH_ASSIGN_OR_RETURN(c->coordinator_, Coordinator::start(control, std::move(hooks)));
+  return c;
+}
+
+Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<WorkerInfo>& workers) {
+  if (static_cast<int>(workers.size()) != topology_.workers())
+    return internal_error("planning " + std::to_string(workers.size()) + " workers for a job of " +
+                          std::to_string(topology_.workers()));
+  CodecPlan plan = codecs_.initial();
+  const std::string config = job_.to_json().dump();
+  std::vector<Plan> plans;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    Plan p;
+    p.rank = static_cast<int>(i);  // join order; stages follow ranks
+    p.world_size = topology_.workers();
+    WorkerCoord c = topology_.coord_of(p.rank);
+    p.stage = c.stage;
+    p.tp_index = c.tp;
+    p.dp_index = c.dp;
+    p.pp = topology_.pp();
+    p.tp = topology_.tp();
+    p.dp = topology_.dp();
+    p.codecs = link_codecs_of(plan, topology_);
+    p.config = config;
+    plans.push_back(std::move(p));
+  }
+  return plans;
+}
+
+void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason) {
+  // The coordinator reports a leaving worker's own words as "left: <reason>"; workers that finished
+  // their steps say "done".
+  const std::string said = reason.rfind("left: ", 0) == 0 ? reason.substr(6) : reason;
+  if (w.state == WorkerInfo::State::kLeft && said == "done") return;
+  const std::string host = w.join.hostname.empty() ? "" : " (" + w.join.hostname + ")";
+  const std::string why = "worker " + std::to_string(w.rank) + host +
+                          (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") + ": " + said;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_) return;  // the first loss is the cause; the rest follow from it
+    failure_ = unavailable(why);
+  }
+  LH_LOG_ERROR("coordinator: {}", why);
+  coordinator_->shutdown(why);
+}
+
+Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
+  if (!coordinator_->wait_done(timeout)) return unavailable("the job did not finish within the timeout");
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_.value_or(Status::Ok());
+}
+
+nlohmann::json PipelineCoordinator::status_json() {
+  nlohmann::json links = nlohmann::json::array();
+  const int64_t step = collector_->newest_step();
+  auto summary = collector_->summary();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const PipelineLink& l : topology_.pipeline_links())
+    for (LinkDir d : {LinkDir::kFwd, LinkDir::kBwd}) {
+      nlohmann::json e = {{"link", l.name()}, {"dir", link_dir_name(d)},
+                          {"spec", codecs_.spec_at(l, d, std::max<int64_t>(step + 1, 0))}};
+      if (summary.ok())
+        for (const LinkTotals& t : summary->links) {
+          const bool fwd = t.role == "act", bwd = t.role == "act_grad";
+          auto tl = topology_.link_between(t.src, t.dst);
+          if (!tl || !(*tl == l) || !((d == LinkDir::kFwd && fwd) || (d == LinkDir::kBwd && bwd))) continue;
+          e["raw_bytes"] = e.value("raw_bytes", uint64_t(0)) + t.raw_bytes;
+          e["wire_bytes"] = e.value("wire_bytes", uint64_t(0)) + t.wire_bytes;
+          e["busy_seconds"] = e.value("busy_seconds", 0.0) + t.seconds;
+        }
+      if (e.value("busy_seconds", 0.0) > 0)
+        e["measured_bps"] = 8.0 * e.value("wire_bytes", uint64_t(0)) / e.value("busy_seconds", 0.0);
+      links.push_back(std::move(e));
+    }
+  nlohmann::json changes = nlohmann::json::array();
+  for (const CodecChange& c : codecs_.changes())
+    changes.push_back({{"link", c.link.name()}, {"dir", link_dir_name(c.dir)}, {"spec", c.spec}, {"from_step", c.from_step}});
+  auto part = job_.make_partition();  // valid: the job was validated at start
+  return {{"job", job_.to_json()},
+          {"step", step},
+          {"partition", part.ok() ? part->to_string() : part.status().message()},
+          {"schedule", schedule_kind_name(job_.schedule)},
+          {"links", links},
+          {"codec_changes", changes},
+          {"workers", coordinator_->status_json()}};
+}
+
+Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args) {
+  if (command == "status") return status_json().dump();
+  if (command != "set-codec") return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec)");
+  auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return invalid_argument("set-codec: the arguments are not a JSON object");
+  auto text = [&](const char* f) { return j.contains(f) && j[f].is_string() ? j[f].get<std::string>() : std::string(); };
+  std::lock_guard<std::mutex> lock(mu_);
+  // Workers may be one step past the newest report; two ahead is a boundary none has begun.
+  const int64_t newest = collector_->newest_step();
+  if (newest + 1 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 1));
+  CodecChange change;
+  if (j.contains("link")) {
+    LH_ASSIGN_OR_RETURN(change, codecs_.request_change(text("link"), text("dir"), text("spec")));
+  } else {
+    SetCodec m{j.value("src", -1), j.value("dst", -1), text("dir"), text("spec"), -1};
+    LH_ASSIGN_OR_RETURN(change, codec_change_of(m, topology_, codecs_));
+    LH_RETURN_IF_ERROR(codecs_.schedule_change(change));
+  }
+  coordinator_->broadcast(set_codec_message(change, topology_));
+  LH_LOG_INFO("coordinator: link {} {} switches to {} at step {}", change.link.name(), link_dir_name(change.dir),
+              change.spec, change.from_step);
+  return nlohmann::json{{"link", change.link.name()}, {"dir", link_dir_name(change.dir)}, {"spec", change.spec},
+                        {"from_step", change.from_step}}
+      .dump();
+}
+
+}  // namespace lh

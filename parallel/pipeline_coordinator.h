@@ -1,0 +1,58 @@
+// defines: lh::PipelineCoordinator — the coordinator of a pipeline job: it plans workers (rank, stage,
+// peers, codecs, job config), gathers their step metrics into the job's file, serves `ctl status` and
+// `ctl set-codec` (scheduled at a step boundary ahead of every worker), and ends the job with the name
+// of any worker lost. Used by `longhaul coordinator` and `longhaul launch`.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "parallel/codec_plan.h"
+#include "parallel/job_config.h"
+#include "parallel/metrics_collector.h"
+#include "transport/coordinator.h"
+
+namespace lh {
+
+struct PipelineCoordinatorOptions {
+  CoordinatorOptions control;  // listen address, token, heartbeats (expected_workers is set from the job)
+  std::string metrics_path;    // the job's JSON-lines metrics; empty: memory only
+};
+
+class PipelineCoordinator {
+ public:
+  static Result<std::unique_ptr<PipelineCoordinator>> start(const PipelineJobConfig& job,
+                                                            const PipelineCoordinatorOptions& options);
+  const std::string& endpoint() const { return coordinator_->endpoint(); }
+
+  // Blocks until every worker has left or one was lost: OK when all finished, else an error naming
+  // the lost worker (the others are told to stop). Unavailable on timeout.
+  Status wait(std::chrono::milliseconds timeout);
+  Result<MetricsSummary> summary() const { return collector_->summary(); }
+
+  // The ctl commands (also reachable through the control socket):
+  //   status                                  → JSON: job, step, plan, codecs per link, measured bandwidth
+  //   set-codec {"link":"1-2","dir":"fwd","spec":"int4"} (or "src"/"dst" ranks instead of "link")
+  //                                           → JSON with the step the change takes effect
+  Result<std::string> handle_ctl(const std::string& command, const std::string& args);
+
+ private:
+  PipelineCoordinator(PipelineJobConfig job, Topology topology, CodecSchedule schedule)
+      : job_(std::move(job)), topology_(std::move(topology)), codecs_(std::move(schedule)) {}
+  Result<std::vector<Plan>> make_plans(const std::vector<WorkerInfo>& workers);
+  void on_lost(const WorkerInfo& w, const std::string& reason);
+  nlohmann::json status_json();
+
+  PipelineJobConfig job_;
+  Topology topology_;
+  std::mutex mu_;          // guards codecs_ and failure_
+  CodecSchedule codecs_;
+  std::optional<Status> failure_;
+  std::unique_ptr<MetricsCollector> collector_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+}  // namespace lh

@@ -1,0 +1,33 @@
+// defines: run_pipeline_worker — one worker process of a pipeline job: join the coordinator, take the
+// Plan (rank, peers, codecs, job config), connect the UCX data plane (optionally behind a LinkShaper),
+// train its stage step by step, apply live codec changes at step boundaries, send metrics, and stop
+// with a clear error when a peer is lost. Used by `longhaul worker` and `longhaul launch`.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "transport/link_shaper.h"
+#include "transport/ucx_data_plane.h"
+
+namespace lh {
+
+struct PipelineWorkerOptions {
+  std::string coordinator;  // "tcp://HOST:PORT"
+  std::string token;
+  std::string hostname;  // empty: gethostname()
+  UcxOptions ucx;
+  std::optional<LinkShape> link;  // in-process shaper on every outgoing link
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(60)};
+  std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
+};
+
+// The caller names the process in logs (set_log_role) once it knows; this function never does,
+// so several workers can share a process in tests.
+// Returns OK when the job's steps are done (or the coordinator shut the job down cleanly after
+// them); an error naming the lost worker when a peer dies; any setup error (bad plan, data) as is.
+Status run_pipeline_worker(const PipelineWorkerOptions& options);
+
+}  // namespace lh

@@ -1,0 +1,156 @@
+// End-to-end pipeline jobs inside one process: a PipelineCoordinator and worker threads running
+// run_pipeline_worker over real ZeroMQ and UCX (tcp). Losses match the single-process trainer, a live
+// set-codec switches both ends of a link at one step, and a silent worker stops the job with its name.
+// Label `parallel`.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "core/exec.h"
+#include "core/rng.h"
+#include "parallel/pipeline_coordinator.h"
+#include "parallel/pipeline_worker.h"
+#include "tests/parallel/result_value.h"
+#include "transport/control_client.h"
+
+namespace lh {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string corpus() {
+  static const std::string path = [] {
+    const char* words[] = {"alpha ", "beta ", "gamma ", "delta ", "links ", "are ", "slow. ", "far\n"};
+    Rng rng(11);
+    std::string text;
+    while (text.size() < 100000) text += words[rng.next_u32() % 8];
+    std::string p = ::testing::TempDir() + "lh_pipeline_job_corpus_" + std::to_string(getpid()) + ".txt";
+    std::ofstream(p) << text;
+    return p;
+  }();
+  return path;
+}
+
+PipelineJobConfig job(int stages, int steps) {
+  PipelineJobConfig c;
+  c.train.model.layers = 4;
+  c.train.model.d_model = 32;
+  c.train.model.heads = 2;
+  c.train.model.seq = 16;
+  c.train.batch = 8;
+  c.train.steps = steps;
+  c.train.warmup = 1;
+  c.train.seed = 21;
+  c.train.data = corpus();
+  c.workers = c.pp = stages;
+  c.microbatches = 4;
+  return c;
+}
+
+PipelineCoordinatorOptions coordinator_options() {
+  PipelineCoordinatorOptions o;
+  o.control.token = "test-token";
+  o.control.heartbeat_interval = 100ms;
+  o.control.heartbeat_timeout = 1500ms;
+  return o;
+}
+
+PipelineWorkerOptions worker_options(const std::string& endpoint) {
+  PipelineWorkerOptions w;
+  w.coordinator = endpoint;
+  w.token = "test-token";
+  w.ucx.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
+  w.join_timeout = 30s;
+  w.receive_timeout = 60s;
+  return w;
+}
+
+class PipelineJob : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { set_num_threads(1); }
+};
+
+TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
+  const int steps = 8;
+  PipelineJobConfig cfg = job(2, steps);
+  auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
+  std::vector<Status> results(2);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.emplace_back([&, i] {
+      PipelineWorkerOptions w = worker_options(coord->endpoint());
+      w.link = value_of(parse_link_shape("4M,2ms"));  // slow enough that a live change lands mid-run
+      results[i] = run_pipeline_worker(w);
+    });
+  // Once step 1 is reported, switch the activation link to int8.
+  int64_t switch_step = -1;
+  for (int i = 0; i < 2000 && switch_step < 0; ++i) {
+    auto s = value_of(coord->summary());
+    if (s.last_step >= 1) {
+      auto reply = coord->handle_ctl("set-codec", R"({"link":"0-1","dir":"fwd","spec":"int8"})");
+      ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+      switch_step = nlohmann::json::parse(*reply)["from_step"].get<int64_t>();
+    } else {
+      std::this_thread::sleep_for(5ms);
+    }
+  }
+  for (auto& t : workers) t.join();
+  for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(coord->wait(30s).ok());
+  ASSERT_GT(switch_step, 1);
+  ASSERT_LE(switch_step, steps) << "the job finished before the change could apply";
+
+  MetricsSummary sum = value_of(coord->summary());
+  ASSERT_EQ(sum.loss.size(), size_t(steps));
+  // Before the switch the links carry fp32, so the losses are the trainer's.
+  auto trainer = value_of(Trainer::create(cfg.train));
+  for (int64_t step = 1; step < switch_step; ++step) {
+    const float ref = value_of(trainer->step()).loss;
+    EXPECT_NEAR(sum.loss[step - 1].value, ref, 1e-5 * ref) << "step " << step;
+  }
+  ASSERT_EQ(sum.codec_switches.size(), 1u);
+  EXPECT_EQ(sum.codec_switches[0].step, switch_step);
+  EXPECT_EQ(sum.codec_switches[0].from, "none");
+  EXPECT_EQ(sum.codec_switches[0].to, "int8");
+
+  std::string status = value_of(coord->handle_ctl("status", "{}"));
+  auto js = nlohmann::json::parse(status);
+  EXPECT_EQ(js["links"][0]["spec"], "int8");
+  EXPECT_GT(js["links"][0]["measured_bps"].get<double>(), 0);
+  EXPECT_FALSE(coord->handle_ctl("set-codec", R"({"link":"0-2","dir":"fwd","spec":"int8"})").ok());
+  EXPECT_FALSE(coord->handle_ctl("set-codec", R"({"link":"0-1","dir":"fwd","spec":"int9"})").ok());
+  EXPECT_FALSE(coord->handle_ctl("reboot", "{}").ok());
+}
+
+TEST_F(PipelineJob, ASilentWorkerStopsTheJobNamingIt) {
+  PipelineJobConfig cfg = job(2, 50);
+  auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
+  Status real;
+  std::thread worker([&] { real = run_pipeline_worker(worker_options(coord->endpoint())); });
+  // The other "worker" joins and then falls silent, as a crashed machine would.
+  UcxOptions uo;
+  uo.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
+  auto plane = value_of(UcxDataPlane::create(uo));
+  ControlClientOptions co;
+  co.coordinator = coord->endpoint();
+  co.token = "test-token";
+  auto cc = value_of(ControlClient::connect(co));
+  Plan plan = value_of(cc->join(plane->address(), 30s));
+  ASSERT_TRUE(cc->ready(30s).ok());
+  cc->stop_heartbeats_for_test();
+  worker.join();
+  ASSERT_FALSE(real.ok());
+  const std::string who = "worker " + std::to_string(plan.rank);
+  EXPECT_NE(real.message().find(who), std::string::npos) << real.message();
+  Status job_status = coord->wait(30s);
+  ASSERT_FALSE(job_status.ok());
+  EXPECT_NE(job_status.message().find(who + " "), std::string::npos) << job_status.message();
+  EXPECT_NE(job_status.message().find("stopped heartbeating"), std::string::npos) << job_status.message();
+}
+
+}  // namespace
+}  // namespace lh
