@@ -1,6 +1,9 @@
 // The `longhaul` entry point: builds the CLI from the command registry and runs the chosen subcommand.
 // Used by users, scripts and the integration tests.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "apps/commands.h"
@@ -22,7 +25,18 @@ void fail(const std::string& message, int code) {
 
 }  // namespace lh::app
 
+// libgomp reads OMP_WAIT_POLICY once, before main: spinning OpenMP threads make a loaded or shared
+// machine (several workers per host, CI) several times slower, so unless the user chose a policy we
+// re-exec once with PASSIVE.
+static void ensure_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);
+  // exec failed (no /proc): carry on with the default policy.
+}
+
 int main(int argc, char** argv) {
+  ensure_passive_openmp_wait(argv);
   using namespace lh::app;
   CLI::App app{"longhaul: train neural networks across far-apart machines over slow links,\n"
                "with compressed activations, gradients and partial sums."};
