@@ -29,7 +29,12 @@ LH_HD LH_INLINE float add_rn(float a, float b) {
 // Round half to even for |y| < 2^22 without SSE4.1 rounding instructions (vectorises on SSE2).
 LH_HD LH_INLINE float round_even_small(float y) { return add_rn(add_rn(y, 12582912.0f), -12582912.0f); }
 
-LH_HD LH_INLINE float clampf(float v, float lo, float hi) { return fminf(fmaxf(v, lo), hi); }
+// Clamp written as compares (maxss/minss, vectorisable; fminf/fmaxf are library calls on x86).
+// NaN maps to lo, so the int conversion after it is always defined.
+LH_HD LH_INLINE float clampf(float v, float lo, float hi) {
+  float t = v > lo ? v : lo;
+  return t < hi ? t : hi;
+}
 
 // The fp16 block scale: the fp16 of the same sign whose magnitude is the smallest >= |s|, so
 // x/scale never leaves the code range. Non-finite s stays non-finite (the block then decodes to
@@ -73,28 +78,22 @@ struct QuantizeBlock {
   uint8_t* scales;
   uint8_t* codes;
 
-  LH_HD LH_INLINE int code(float y, int64_t i, float lo, float hi) const {
-    float r;
-    if (q.stochastic) {
-      // floor(y + u), u ~ U[0,1): E[r] = y, so the rounding is unbiased.
-      r = floorf(add_rn(y, philox_uniform(q.seed, kStochasticStream, static_cast<uint64_t>(i))));
-    } else {
-      r = round_even_small(y);
-    }
-    return static_cast<int>(clampf(r, lo, hi));
-  }
-
   LH_HD void operator()(int64_t b) const {
     const int64_t start = b * q.block;
     const int len = static_cast<int>(n - start < q.block ? n - start : q.block);
     const float* xb = x + start;
-    float amax = 0.0f, vmax = 0.0f;
+    // Float bits read as int32 order like the floats for x >= 0 (NaN above inf), and bits ^ sign
+    // order like |x| for x <= 0. Two integer max reductions (which vectorise) thus give the largest
+    // positive and the largest negative magnitude; a NaN wins, so a block holding NaN decodes to NaN.
+    int32_t pos = 0, neg = 0;
     for (int i = 0; i < len; ++i) {
-      float a = fabsf(xb[i]);
-      bool take = a > amax || a != a;  // NaN sticks, so a NaN block decodes to NaN
-      amax = take ? a : amax;
-      vmax = take ? xb[i] : vmax;
+      int32_t v = static_cast<int32_t>(float_bits(xb[i]));
+      int32_t f = static_cast<int32_t>(static_cast<uint32_t>(v) ^ 0x80000000u);
+      pos = v > pos ? v : pos;
+      neg = f > neg ? f : neg;
     }
+    const float amax = bits_float(static_cast<uint32_t>(pos >= neg ? pos : neg));
+    const float vmax = pos >= neg ? amax : -amax;  // the signed value of largest magnitude
     const float lo = static_cast<float>(quant_qlo(q.bits)), hi = static_cast<float>(quant_qhi(q.bits));
     float s = q.bits == 2 ? amax : vmax / lo;
     if (q.fp32_scale) {
@@ -106,28 +105,54 @@ struct QuantizeBlock {
     }
     const float as = fabsf(s);
     const float inv = (as > 0.0f && as <= 3.0e38f) ? 1.0f / s : 0.0f;  // 0 for zero, NaN and inf scales
+    if (q.stochastic)
+      pack<true>(xb, len, start, inv, lo, hi);
+    else
+      pack<false>(xb, len, start, inv, lo, hi);
+  }
+
+  // Rounds and packs one block. The rounding mode is a template parameter so the nearest-rounding
+  // loops carry no branch and vectorise.
+  template <bool kStochastic>
+  LH_HD LH_INLINE int code_of(float v, int64_t i, float inv, float lo, float hi) const {
+    const float y = mul_rn(v, inv);
+    float r;
+    if constexpr (kStochastic) {
+      // floor(y + u), u ~ U[0,1): E[r] = y, so the rounding is unbiased.
+      r = floorf(add_rn(y, philox_uniform(q.seed, kStochasticStream, static_cast<uint64_t>(i))));
+    } else {
+      r = round_even_small(y);
+    }
+    return static_cast<int>(clampf(r, lo, hi));
+  }
+
+  template <bool kStochastic>
+  LH_HD void pack(const float* xb, int len, int64_t start, float inv, float lo, float hi) const {
     if (q.bits == 8) {
       int8_t* c = reinterpret_cast<int8_t*>(codes) + start;
-      if (!q.stochastic) {
-        for (int i = 0; i < len; ++i)
-          c[i] = static_cast<int8_t>(static_cast<int>(clampf(round_even_small(mul_rn(xb[i], inv)), lo, hi)));
-      } else {
-        for (int i = 0; i < len; ++i) c[i] = static_cast<int8_t>(code(mul_rn(xb[i], inv), start + i, lo, hi));
-      }
+      for (int i = 0; i < len; ++i) c[i] = static_cast<int8_t>(code_of<kStochastic>(xb[i], start + i, inv, lo, hi));
     } else if (q.bits == 4) {
       uint8_t* c = codes + start / 2;
-      for (int i = 0; i < len; i += 2) {
-        int c0 = code(mul_rn(xb[i], inv), start + i, lo, hi) + 8;
-        int c1 = i + 1 < len ? code(mul_rn(xb[i + 1], inv), start + i + 1, lo, hi) + 8 : 0;
-        c[i / 2] = static_cast<uint8_t>(c0 | (c1 << 4));
+      const int pairs = len / 2;
+      for (int j = 0; j < pairs; ++j) {
+        int c0 = code_of<kStochastic>(xb[2 * j], start + 2 * j, inv, lo, hi) + 8;
+        int c1 = code_of<kStochastic>(xb[2 * j + 1], start + 2 * j + 1, inv, lo, hi) + 8;
+        c[j] = static_cast<uint8_t>(c0 | (c1 << 4));
       }
+      if (len & 1) c[pairs] = static_cast<uint8_t>(code_of<kStochastic>(xb[len - 1], start + len - 1, inv, lo, hi) + 8);
     } else {
       uint8_t* c = codes + start / 4;
-      for (int i = 0; i < len; i += 4) {
-        unsigned byte = 0;
-        for (int j = 0; j < 4 && i + j < len; ++j)
-          byte |= static_cast<unsigned>(code(mul_rn(xb[i + j], inv), start + i + j, lo, hi) + 1) << (2 * j);
-        c[i / 4] = static_cast<uint8_t>(byte);
+      const int quads = len / 4;
+      for (int j = 0; j < quads; ++j) {
+        int v = 0;
+        for (int t = 0; t < 4; ++t) v |= (code_of<kStochastic>(xb[4 * j + t], start + 4 * j + t, inv, lo, hi) + 1) << (2 * t);
+        c[j] = static_cast<uint8_t>(v);
+      }
+      if (len & 3) {
+        int v = 0;
+        for (int t = 0; t < (len & 3); ++t)
+          v |= (code_of<kStochastic>(xb[4 * quads + t], start + 4 * quads + t, inv, lo, hi) + 1) << (2 * t);
+        c[quads] = static_cast<uint8_t>(v);
       }
     }
   }
@@ -151,10 +176,12 @@ struct DequantizeBlock {
       for (int i = 0; i < len; ++i) yb[i] = mul_rn(static_cast<float>(c[i]), s);
     } else if (q.bits == 4) {
       const uint8_t* c = codes + start / 2;
-      for (int i = 0; i < len; ++i) {
-        int v = (c[i >> 1] >> ((i & 1) * 4)) & 0xF;
-        yb[i] = mul_rn(static_cast<float>(v - 8), s);
+      const int pairs = len / 2;
+      for (int j = 0; j < pairs; ++j) {
+        yb[2 * j] = mul_rn(static_cast<float>((c[j] & 0xF) - 8), s);
+        yb[2 * j + 1] = mul_rn(static_cast<float>((c[j] >> 4) - 8), s);
       }
+      if (len & 1) yb[len - 1] = mul_rn(static_cast<float>((c[pairs] & 0xF) - 8), s);
     } else {
       const uint8_t* c = codes + start / 4;
       for (int i = 0; i < len; ++i) {
@@ -172,14 +199,15 @@ struct DequantizeBlock {
 LH_HD LH_INLINE uint16_t fp16_from_float_fast(float f) {
   float base = mul_rn(mul_rn(fabsf(f), 0x1.0p+112f), 0x1.0p-110f);  // overflows to inf exactly when fp16 does
   const uint32_t w = float_bits(f);
-  const uint32_t shl1_w = w + w;
-  const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;
-  base = add_rn(bits_float((bias >> 1) + 0x07800000u), base);
+  const int32_t aw = static_cast<int32_t>(w & 0x7fffffffu);  // signed compares below: SSE2 has no unsigned ones
+  int32_t e = aw >> 23;
+  e = e < 0x71 ? 0x71 : e;
+  base = add_rn(bits_float(static_cast<uint32_t>(e << 23) + 0x07800000u), base);
   const uint32_t bits = float_bits(base);
   const uint32_t nonsign = ((bits >> 13) & 0x00007C00u) + (bits & 0x00000FFFu);
-  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+  const uint32_t sign = (w >> 16) & 0x8000u;
+  const uint32_t nan = 0u - static_cast<uint32_t>(aw > 0x7f800000);  // a mask, not a branch: GCC vectorises it
+  return static_cast<uint16_t>(sign | (nan & 0x7E00u) | (~nan & nonsign));
 }
 
 LH_HD LH_INLINE float fp16_to_float_fast(uint16_t h) {
@@ -188,7 +216,9 @@ LH_HD LH_INLINE float fp16_to_float_fast(uint16_t h) {
   const uint32_t two_w = w + w;
   const float normalized = mul_rn(bits_float((two_w >> 4) + (0xE0u << 23)), 0x1.0p-112f);
   const float denormalized = add_rn(bits_float((two_w >> 17) | (126u << 23)), -0.5f);
-  return bits_float(sign | (two_w < (1u << 27) ? float_bits(denormalized) : float_bits(normalized)));
+  const int32_t ah = h & 0x7fff;
+  const uint32_t sub = 0u - static_cast<uint32_t>(ah < 0x400);
+  return bits_float(sign | (sub & float_bits(denormalized)) | (~sub & float_bits(normalized)));
 }
 
 // Elementwise work in chunks of kChunk elements per call: a large chunk lets the CPU compiler

@@ -1,5 +1,6 @@
 // CPU instantiation of the codec kernels (Thrust on OpenMP) and the device dispatch behind
 // device_kernels.h. Used by every codec stage; CUDA calls go to kernels_cuda.cu.
+#include <thrust/system/cpp/execution_policy.h>
 #include <thrust/system/omp/execution_policy.h>
 
 #include <algorithm>
@@ -13,6 +14,17 @@ namespace lh::compress::kern {
 
 namespace {
 constexpr int kCpuChunk = 4096;  // elements per OpenMP work item: vectorisable inner loops, few items
+// Below this many elements an OpenMP fork/join costs more than the work: run on the calling thread.
+constexpr int64_t kParallelMin = 1 << 16;
+
+// Calls f with the sequential or the OpenMP policy, by size.
+template <class F>
+void on_cpu(int64_t n, F&& f) {
+  if (n < kParallelMin)
+    f(thrust::cpp::par);
+  else
+    f(thrust::omp::par);
+}
 
 #if defined(LH_USE_CUDA)
 #define LH_KERN_DISPATCH(ex, call)                                \
@@ -27,39 +39,39 @@ constexpr int kCpuChunk = 4096;  // elements per OpenMP work item: vectorisable 
 
 void quantize(const Exec& ex, const float* x, int64_t n, const QuantSpec& q, uint8_t* scales, uint8_t* codes) {
   LH_KERN_DISPATCH(ex, quantize(ex.stream, x, n, q, scales, codes));
-  impl::quantize(thrust::omp::par, x, n, q, scales, codes);
+  on_cpu(n, [&](auto p) { impl::quantize(p, x, n, q, scales, codes); });
 }
 void dequantize(const Exec& ex, const uint8_t* scales, const uint8_t* codes, int64_t n, const QuantSpec& q, float* y) {
   LH_KERN_DISPATCH(ex, dequantize(ex.stream, scales, codes, n, q, y));
-  impl::dequantize(thrust::omp::par, scales, codes, n, q, y);
+  on_cpu(n, [&](auto p) { impl::dequantize(p, scales, codes, n, q, y); });
 }
 void to_half(const Exec& ex, const float* x, int64_t n, bool bf16, uint16_t* y) {
   LH_KERN_DISPATCH(ex, to_half(ex.stream, x, n, bf16, y));
-  impl::to_half<kCpuChunk>(thrust::omp::par, x, n, bf16, y);
+  on_cpu(n, [&](auto p) { impl::to_half<kCpuChunk>(p, x, n, bf16, y); });
 }
 void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y) {
   LH_KERN_DISPATCH(ex, from_half(ex.stream, x, n, bf16, y));
-  impl::from_half<kCpuChunk>(thrust::omp::par, x, n, bf16, y);
+  on_cpu(n, [&](auto p) { impl::from_half<kCpuChunk>(p, x, n, bf16, y); });
 }
 void axpby(const Exec& ex, float* y, const float* a, const float* b, float s, int64_t n) {
   LH_KERN_DISPATCH(ex, axpby(ex.stream, y, a, b, s, n));
-  impl::axpby<kCpuChunk>(thrust::omp::par, y, a, b, s, n);
+  on_cpu(n, [&](auto p) { impl::axpby<kCpuChunk>(p, y, a, b, s, n); });
 }
 void randk_gather(const Exec& ex, const float* x, uint64_t n, uint64_t seed, int64_t k, float* v) {
   LH_KERN_DISPATCH(ex, randk_gather(ex.stream, x, n, seed, k, v));
-  impl::randk_gather(thrust::omp::par, x, n, seed, k, v);
+  on_cpu(k, [&](auto p) { impl::randk_gather(p, x, n, seed, k, v); });
 }
 void randk_scatter(const Exec& ex, const float* v, uint64_t n, uint64_t seed, int64_t k, float* y) {
   LH_KERN_DISPATCH(ex, randk_scatter(ex.stream, v, n, seed, k, y));
-  impl::randk_scatter(thrust::omp::par, v, n, seed, k, y);
+  on_cpu(k, [&](auto p) { impl::randk_scatter(p, v, n, seed, k, y); });
 }
 void index_gather(const Exec& ex, const float* x, const uint32_t* idx, int64_t k, float* v) {
   LH_KERN_DISPATCH(ex, index_gather(ex.stream, x, idx, k, v));
-  impl::index_gather(thrust::omp::par, x, idx, k, v);
+  on_cpu(k, [&](auto p) { impl::index_gather(p, x, idx, k, v); });
 }
 void index_scatter(const Exec& ex, const float* v, const uint32_t* idx, int64_t k, float* y) {
   LH_KERN_DISPATCH(ex, index_scatter(ex.stream, v, idx, k, y));
-  impl::index_scatter(thrust::omp::par, v, idx, k, y);
+  on_cpu(k, [&](auto p) { impl::index_scatter(p, v, idx, k, y); });
 }
 
 Status topk_indices(const Exec& ex, const float* x, int64_t n, int64_t k, uint32_t* idx) {
