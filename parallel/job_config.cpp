@@ -83,10 +83,25 @@ class JobFieldReader {
 Result<Topology> PipelineJobConfig::topology() const { return Topology::create(workers, pp, tp, dp); }
 
 Result<Partition> PipelineJobConfig::make_partition() const {
-  if (partition.empty()) return Partition::even(train.model.layers, pp);
+  if (partition.empty() || partition == "speed") return Partition::even(train.model.layers, pp);
   auto p = Partition::parse(partition, train.model.layers, pp);
   if (!p.ok()) return Status(p.status()).prepend("--partition");
   return p;
+}
+
+Result<std::string> PipelineJobConfig::planned_partition(const std::vector<double>& speeds) const {
+  if (partition != "speed") {
+    LH_ASSIGN_OR_RETURN(Partition p, make_partition());
+    return partition.empty() ? std::string() : p.to_string();
+  }
+  if (static_cast<int>(speeds.size()) != pp)
+    return invalid_argument("--partition speed: " + std::to_string(speeds.size()) + " speeds for " + std::to_string(pp) +
+                            " stages");
+  bool known = true;
+  for (double v : speeds) known &= v > 0 && std::isfinite(v);
+  LH_ASSIGN_OR_RETURN(Partition p, known ? Partition::proportional(train.model.layers, speeds)
+                                         : Partition::even(train.model.layers, pp));
+  return p.to_string();
 }
 
 Result<CodecPlan> PipelineJobConfig::codec_plan() const {

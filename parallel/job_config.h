@@ -22,7 +22,10 @@ namespace lh {
 struct PipelineJobConfig {
   TrainConfig train;  // model, data, steps, global batch, optimizer, seed, device, evaluation
   int workers = 1, pp = 1, tp = 1, dp = 1;
-  std::string partition;  // "" = even split, else block counts per stage ("3,3,2")
+  // "" = even split; block counts per stage ("3,3,2"); or "speed": the coordinator splits in
+  // proportion to the compute speed each worker reports when it joins (even when any is unknown)
+  // and sends the resulting counts in every worker's plan.
+  std::string partition;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int microbatches = 4;
   std::string compress_fwd = "none", compress_bwd = "none";
@@ -31,7 +34,9 @@ struct PipelineJobConfig {
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
   Result<Topology> topology() const;
-  Result<Partition> make_partition() const;  // needs a valid topology
+  Result<Partition> make_partition() const;  // "speed" gives the even split until planned
+  // The partition for workers of these speeds (in rank order), as a string for `partition`.
+  Result<std::string> planned_partition(const std::vector<double>& speeds) const;
   Result<CodecPlan> codec_plan() const;
 
   // Every field; from_json refuses missing or mistyped fields, naming them, then validates.

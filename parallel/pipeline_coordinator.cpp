@@ -33,11 +33,23 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
     return internal_error("planning " + std::to_string(workers.size()) + " workers for a job of " +
                           std::to_string(topology_.workers()));
   CodecPlan plan = codecs_.initial();
-  const std::string config = job_.to_json().dump();
+  // Stages follow ranks, ranks follow join order; a speed partition is settled now.
+  std::vector<double> speeds;
+  for (const WorkerInfo& w : workers) speeds.push_back(w.join.compute_speed);
+  LH_ASSIGN_OR_RETURN(std::string partition, job_.planned_partition(speeds));
+  std::string config;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // status_json reads job_
+    if (job_.partition == "speed") {
+      LH_LOG_INFO("coordinator: partition by speed: {}", partition);
+      job_.partition = partition;
+    }
+    config = job_.to_json().dump();
+  }
   std::vector<Plan> plans;
   for (size_t i = 0; i < workers.size(); ++i) {
     Plan p;
-    p.rank = static_cast<int>(i);  // join order; stages follow ranks
+    p.rank = static_cast<int>(i);
     p.world_size = topology_.workers();
     WorkerCoord c = topology_.coord_of(p.rank);
     p.stage = c.stage;

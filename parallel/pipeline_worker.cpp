@@ -83,6 +83,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.coordinator = options.coordinator;
   co.token = options.token;
   co.hostname = options.hostname;
+  co.compute_speed = options.compute_speed;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
   LH_ASSIGN_OR_RETURN(Plan plan, cc->join(ucx->address(), options.join_timeout));
   auto job = PipelineJobConfig::from_json(plan.config);

@@ -18,6 +18,7 @@ struct PipelineWorkerOptions {
   std::string coordinator;  // "tcp://HOST:PORT"
   std::string token;
   std::string hostname;  // empty: gethostname()
+  double compute_speed = 0;  // measured GFLOP/s for `--partition speed`; 0: unknown
   UcxOptions ucx;
   std::optional<LinkShape> link;  // in-process shaper on every outgoing link
   std::chrono::milliseconds join_timeout{std::chrono::seconds(60)};

@@ -85,6 +85,21 @@ TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
   expect_error(PipelineJobConfig::from_json("[]").status(), "expected a JSON object");
 }
 
+TEST(PipelineJobConfig, SpeedPartitionIsSettledAtPlanning) {
+  PipelineJobConfig c = four_stages();
+  c.partition = "speed";
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(value_of(c.make_partition()).to_string(), "2,2,2,2");  // until planned
+  EXPECT_EQ(value_of(c.planned_partition({3, 1, 1, 1})), "5,1,1,1");
+  EXPECT_EQ(value_of(c.planned_partition({3, 0, 1, 1})), "2,2,2,2");  // a speed unknown: even
+  expect_error(c.planned_partition({1, 1}).status(), "2 speeds for 4 stages");
+  EXPECT_EQ(value_of(PipelineJobConfig::from_json(c.to_json().dump())).partition, "speed");
+  c.partition = "3,2,2,1";
+  EXPECT_EQ(value_of(c.planned_partition({})), "3,2,2,1");
+  c.partition.clear();
+  EXPECT_EQ(value_of(c.planned_partition({})), "");
+}
+
 TEST(PlanCodecs, RoundTripThroughLinkCodecs) {
   Topology t = value_of(Topology::pipeline(3));
   CodecPlan plan = value_of(CodecPlan::create(t, "int8", "bf16", {"1-2:fwd=topk:ratio=0.1+int8"}));

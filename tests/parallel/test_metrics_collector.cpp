@@ -1,4 +1,5 @@
-// Tests for MetricsCollector: workers' lines validated, written to the job's file, summarised. Label `parallel`.
+// Tests for MetricsCollector: workers' lines validated, written to the job's file, summarised.
+// Run by ctest with label `parallel`.
 #include <gtest/gtest.h>
 
 #include <unistd.h>

@@ -77,6 +77,7 @@ class PipelineJob : public ::testing::Test {
 TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
   const int steps = 8;
   PipelineJobConfig cfg = job(2, steps);
+  cfg.partition = "speed";  // equal speeds below: the even split, settled by the coordinator
   auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
   std::vector<Status> results(2);
   std::vector<std::thread> workers;
@@ -84,6 +85,7 @@ TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
     workers.emplace_back([&, i] {
       PipelineWorkerOptions w = worker_options(coord->endpoint());
       w.link = value_of(parse_link_shape("4M,2ms"));  // slow enough that a live change lands mid-run
+      w.compute_speed = 10;
       results[i] = run_pipeline_worker(w);
     });
   // Once step 1 is reported, switch the activation link to int8.
@@ -120,6 +122,7 @@ TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
   std::string status = value_of(coord->handle_ctl("status", "{}"));
   auto js = nlohmann::json::parse(status);
   EXPECT_EQ(js["links"][0]["spec"], "int8");
+  EXPECT_EQ(js["partition"], "2,2");
   EXPECT_GT(js["links"][0]["measured_bps"].get<double>(), 0);
   EXPECT_FALSE(coord->handle_ctl("set-codec", R"({"link":"0-2","dir":"fwd","spec":"int8"})").ok());
   EXPECT_FALSE(coord->handle_ctl("set-codec", R"({"link":"0-1","dir":"fwd","spec":"int9"})").ok());
