@@ -34,7 +34,7 @@ struct LinkBenchOptions {
   bool peer_errors = false;           // UCP peer error handling (forces tcp in UCX 1.13)
   int64_t size = 4 << 20;        // large-message size
   int64_t total = 256 << 20;     // bytes per throughput run
-  int repeats = 3;               // throughput runs per side; the best is reported
+  int repeats = 5;               // throughput runs per side; the best is reported
   int pings = 2000;
   std::string shape = "100M,10ms";
   bool netns = true;             // when root

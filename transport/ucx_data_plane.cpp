@@ -310,7 +310,13 @@ void UcxDataPlane::fail_peer(int peer, const std::string& reason) {
 void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
   auto it = peer_table_.find(peer);
   if (it == peer_table_.end() || it->second.failed) return;
-  LH_LOG_WARN("data plane: rank {} failed: {}", peer, reason);
+  size_t pending = 0;
+  for (auto& [key, v] : posted_) pending += key.first == peer ? v.size() : 0;
+  for (auto& [ptr, ctx] : sends_in_flight_) pending += ctx.st->peer == peer;
+  // A peer that simply finished (its endpoint times out after it exits) is not news; one that leaves
+  // transfers behind is.
+  if (pending) LH_LOG_WARN("data plane: rank {} failed with {} transfers pending: {}", peer, pending, reason);
+  else LH_LOG_INFO("data plane: rank {} is gone: {}", peer, reason);
   it->second.failed = true;
   it->second.why = reason;
   Status why = unavailable("rank " + std::to_string(peer) + " failed: " + reason);
