@@ -140,6 +140,19 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         result = events.stop_reason().value_or(r.status());
         break;
       }
+      // Validation as `longhaul train` does it: every eval_every steps and after the last, on the
+      // same fixed batches (a fresh sampler under the job's seed) every time.
+      if ((train.eval_every > 0 && step % train.eval_every == 0) || step == train.steps) {
+        BatchSampler val(&*data, Split::val, train.batch, train.model.seq, train.seed);
+        const size_t n = size_t(train.batch) * train.model.seq;
+        std::vector<int32_t> vtok(n * train.eval_batches), vtgt(n * train.eval_batches);
+        for (int b = 0; b < train.eval_batches; ++b) val.next(vtok.data() + b * n, vtgt.data() + b * n);
+        auto v = runner->evaluate(step, vtok.data(), vtgt.data(), train.eval_batches);
+        if (!v.ok()) {
+          result = events.stop_reason().value_or(v.status());
+          break;
+        }
+      }
       cc->send_metrics(step, step_metrics_to_line(runner->take_step_metrics()));
     }
   }

@@ -62,6 +62,13 @@ class StageRunner {
   // must have been applied before.
   Result<StageStepResult> step(int64_t step, const int32_t* tokens, const int32_t* targets);
 
+  // Validation loss after `step`, forward only, as Trainer::evaluate computes it: the mean over
+  // `batches` batches of train.batch sequences (tokens and targets hold batches · batch · seq each,
+  // the same on every worker). The last stage returns the loss, the others nullopt. Its traffic is
+  // tagged and metered as role "other", with its own codec stream state, so training streams and
+  // their stateful codecs are untouched; the forward codec of each link at `step` is used.
+  Result<std::optional<float>> evaluate(int64_t step, const int32_t* tokens, const int32_t* targets, int batches);
+
   // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
   // call (taken from the data plane's meter, which is reset), each annotated with its codec.
   WorkerStepMetrics take_step_metrics();
@@ -109,6 +116,8 @@ class StageRunner {
   std::map<std::string, compress::CodecChain> chains_;
 
   StageStepResult last_;
+  std::optional<float> last_val_loss_;
+  ActivationCache eval_cache_;
 };
 
 }  // namespace lh

@@ -114,6 +114,8 @@ TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
     const float ref = value_of(trainer->step()).loss;
     EXPECT_NEAR(sum.loss[step - 1].value, ref, 1e-5 * ref) << "step " << step;
   }
+  ASSERT_EQ(sum.val_loss.size(), 1u);  // evaluated after the last step (eval_every > steps)
+  EXPECT_EQ(sum.val_loss[0].step, steps);
   ASSERT_EQ(sum.codec_switches.size(), 1u);
   EXPECT_EQ(sum.codec_switches[0].step, switch_step);
   EXPECT_EQ(sum.codec_switches[0].from, "none");

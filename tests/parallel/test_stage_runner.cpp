@@ -54,6 +54,7 @@ TrainConfig tiny_config() {
 struct PipelineRun {
   std::vector<float> losses;            // the last stage's, per step
   std::vector<float> grad_norms;        // stage 0's (every stage sees the whole model's), per step
+  std::optional<float> val_loss;        // the last stage's, after the last step
   std::vector<WorkerStepMetrics> metrics;     // every stage, every step
   std::vector<Status> statuses;         // per stage
 };
@@ -101,6 +102,18 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
         }
         if (r->loss) run.losses.push_back(*r->loss);
         if (rank == 0) run.grad_norms.push_back(r->grad_norm);
+        if (step == steps) {
+          BatchSampler val(&data, Split::val, cfg.batch, cfg.model.seq, cfg.seed);
+          const size_t n = size_t(cfg.batch) * cfg.model.seq;
+          std::vector<int32_t> vtok(n * cfg.eval_batches), vtgt(n * cfg.eval_batches);
+          for (int b = 0; b < cfg.eval_batches; ++b) val.next(vtok.data() + b * n, vtgt.data() + b * n);
+          auto v = (*runner)->evaluate(step, vtok.data(), vtgt.data(), cfg.eval_batches);
+          if (!v.ok()) {
+            run.statuses[rank] = v.status();
+            return;
+          }
+          if (*v) run.val_loss = **v;
+        }
         per_stage[rank].push_back((*runner)->take_step_metrics());
       }
     });
@@ -110,10 +123,11 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
   return run;
 }
 
-std::vector<StepStats> reference_steps(const TrainConfig& cfg, int steps) {
+std::vector<StepStats> reference_steps(const TrainConfig& cfg, int steps, float* val_loss = nullptr) {
   auto trainer = value_of(Trainer::create(cfg));
   std::vector<StepStats> out;
   for (int i = 0; i < steps; ++i) out.push_back(value_of(trainer->step()));
+  if (val_loss) *val_loss = value_of(trainer->evaluate());
   return out;
 }
 
@@ -131,7 +145,8 @@ class StageRunnerTest : public ::testing::Test {
 TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
   const TrainConfig cfg = tiny_config();
   const int steps = 4;
-  const std::vector<StepStats> ref_steps = reference_steps(cfg, steps);
+  float ref_val = 0;
+  const std::vector<StepStats> ref_steps = reference_steps(cfg, steps, &ref_val);
   std::vector<float> ref;
   for (const StepStats& s : ref_steps) ref.push_back(s.loss);
   ASSERT_LT(ref.back(), ref.front());  // the reference learns, so the comparison means something
@@ -144,6 +159,8 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
       for (int i = 0; i < steps; ++i)
         EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i]))
             << schedule_kind_name(kind) << " S=" << S << " step " << i + 1;
+      ASSERT_TRUE(run.val_loss.has_value());
+      EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << schedule_kind_name(kind) << " S=" << S;
       ASSERT_EQ(run.grad_norms.size(), ref.size());
       for (int i = 0; i < steps; ++i)
         EXPECT_NEAR(run.grad_norms[i], ref_steps[i].grad_norm, 1e-5 * ref_steps[i].grad_norm)
@@ -164,8 +181,9 @@ TEST_F(StageRunnerTest, CompressedLinksCarryFewerBytesAndSwitchAtAStep) {
   bool saw_act = false, saw_grad = false;
   for (const LinkTotals& t : sum.links) {
     EXPECT_EQ(t.counted_by, "send");
-    if (t.role == "other") {  // the gradient-norm exchange: one double per step each way
-      EXPECT_EQ(t.wire_bytes, uint64_t(8 * steps));
+    if (t.role == "other") {  // the gradient-norm exchange (a double per step each way) and evaluation
+      if (t.src == 1) EXPECT_EQ(t.wire_bytes, uint64_t(8 * steps));
+      else EXPECT_GT(t.wire_bytes, uint64_t(8 * steps));
       continue;
     }
     EXPECT_EQ(t.raw_bytes, uint64_t(raw_per_step * steps)) << t.role;
