@@ -1,13 +1,12 @@
 // `longhaul bench core [--json] [--device cpu|cuda|all] [--repeats N]`: throughput of the core ops —
 // GEMM GFLOP/s at 3 sizes, layernorm/GELU GB/s and attention GFLOP/s forward and backward — each with
 // a ratio to a baseline measured in the same run. Used by people tuning ops and by scripts/gpu_check.sh.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -114,15 +113,14 @@ void bench_device(Device d, const BenchOptions& o, std::vector<Row>& rows, doubl
   const int R = o.repeats;
 
   // GEMM: square sizes; the CPU is compared with the plain loop, CUDA with the CPU BLAS figure.
-  const std::vector<int> sizes = d == Device::cpu ? std::vector<int>{256, 512, 1024} : std::vector<int>{1024, 2048, 4096};
+  const std::vector<int> sizes =
+      d == Device::cpu ? std::vector<int>{256, 512, 1024} : std::vector<int>{1024, 2048, 4096};
   for (size_t si = 0; si < sizes.size(); ++si) {
     const int n = sizes[si];
     Buffer A(d, int64_t(n) * n, 3), B(d, int64_t(n) * n, 4), C(d, int64_t(n) * n, 5);
-    double ms = time_ms(d, R, [&] {
-      matmul(ex, false, false, n, n, n, 1.f, A.get(), n, B.get(), n, 0.f, C.get(), n);
-    });
+    double ms = time_ms(d, R, [&] { matmul(ex, false, false, n, n, n, 1.f, A.get(), n, B.get(), n, 0.f, C.get(), n); });
     double gflops = 2.0 * n * n * double(n) / (ms * 1e6);
-    Row r{dev, "gemm", std::to_string(n) + "x" + std::to_string(n) + "x" + std::to_string(n), "GFLOP/s", "", ms,
+    Row r{dev,    "gemm", std::to_string(n) + "x" + std::to_string(n) + "x" + std::to_string(n), "GFLOP/s", "", ms,
           gflops, 0};
     if (d == Device::cpu) {
       *cpu_gemm_gflops = gflops;  // the last (largest) size is the baseline for CUDA
@@ -145,11 +143,10 @@ void bench_device(Device d, const BenchOptions& o, std::vector<Row>& rows, doubl
   // Bandwidth-bound ops, compared with a copy of the same tensor. Bytes are the minimal traffic.
   const double copy = copy_gbps(d, size_t(N) * C * 4, R);
   {
-    Buffer x(d, int64_t(N) * C, 6), w(d, C, 7), b(d, C, 8), out(d, int64_t(N) * C, 9), mean(d, N, 10),
-        rstd(d, N, 11), dout(d, int64_t(N) * C, 12), dx(d, int64_t(N) * C, 13), dw(d, C, 14), db(d, C, 15);
-    double f = time_ms(d, R, [&] {
-      layernorm_forward(ex, out.get(), mean.get(), rstd.get(), x.get(), w.get(), b.get(), N, C);
-    });
+    Buffer x(d, int64_t(N) * C, 6), w(d, C, 7), b(d, C, 8), out(d, int64_t(N) * C, 9), mean(d, N, 10), rstd(d, N, 11),
+        dout(d, int64_t(N) * C, 12), dx(d, int64_t(N) * C, 13), dw(d, C, 14), db(d, C, 15);
+    double f = time_ms(
+        d, R, [&] { layernorm_forward(ex, out.get(), mean.get(), rstd.get(), x.get(), w.get(), b.get(), N, C); });
     double g = time_ms(d, R, [&] {
       layernorm_backward(ex, dx.get(), dw.get(), db.get(), dout.get(), x.get(), w.get(), mean.get(), rstd.get(), N, C);
     });
@@ -175,12 +172,11 @@ void bench_device(Device d, const BenchOptions& o, std::vector<Row>& rows, doubl
         dout(d, int64_t(N) * C, 23), dqkv(d, int64_t(N) * 3 * C, 24),
         ws(d, int64_t(attention_backward_workspace(B, T, C, NH) / 4), 25);
     double f = time_ms(d, R, [&] { attention_forward(ex, out.get(), att.get(), qkv.get(), B, T, C, NH); });
-    double g = time_ms(d, R, [&] {
-      attention_backward(ex, dqkv.get(), dout.get(), qkv.get(), att.get(), B, T, C, NH, ws.get());
-    });
+    double g = time_ms(
+        d, R, [&] { attention_backward(ex, dqkv.get(), dout.get(), qkv.get(), att.get(), B, T, C, NH, ws.get()); });
     const double gemm = 2.0 * B * NH * double(T) * T * hs;
-    const std::string shape = "B" + std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
-                              std::to_string(NH);
+    const std::string shape =
+        "B" + std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" + std::to_string(NH);
     double fr = 2 * gemm / (f * 1e6), gr = 4 * gemm / (g * 1e6);
     double ref = 0;
     for (auto& r : rows)
@@ -208,9 +204,10 @@ int run_bench_core(const BenchOptions& o) {
   }
   for (const auto& r : rows) {
     if (o.json) {
-      nlohmann::json j = {{"bench", "core"}, {"device", r.device}, {"op", r.op},       {"shape", r.shape},
-                          {"ms", r.ms},      {"rate", r.rate},     {"unit", r.unit},   {"ratio", r.ratio},
-                          {"baseline", r.baseline}, {"threads", num_threads()}};
+      nlohmann::json j = {{"bench", "core"},         {"device", r.device}, {"op", r.op},
+                          {"shape", r.shape},        {"ms", r.ms},         {"rate", r.rate},
+                          {"unit", r.unit},          {"ratio", r.ratio},   {"baseline", r.baseline},
+                          {"threads", num_threads()}};
       std::printf("%s\n", j.dump().c_str());
     } else {
       std::printf("%-5s %-14s %-24s %10.3f %12.2f %-8s %8.2f  %s\n", r.device.c_str(), r.op.c_str(), r.shape.c_str(),

@@ -35,7 +35,9 @@ struct SerialLanes {
 // ---------------------------------------------------------------- GELU (tanh approximation, GPT-2)
 // tanh through one expf: glibc's tanhf is about 3x slower on the CPU, and this form is within 2e-7
 // (absolute) of tanh; exp overflow to inf gives exactly ±1 at the tails.
-LH_HD LH_INLINE float tanh_via_exp(float u) { return 1.0f - 2.0f / (1.0f + expf(2.0f * u)); }
+LH_HD LH_INLINE float tanh_via_exp(float u) {
+  return 1.0f - 2.0f / (1.0f + expf(2.0f * u));
+}
 LH_HD LH_INLINE float gelu(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2/pi)
   float cube = 0.044715f * x * x * x;
@@ -174,9 +176,7 @@ struct LayerNormWeightGradValue {
   const float* mean;
   const float* rstd;
   int C;
-  LH_HD float operator()(int64_t r, int c) const {
-    return dout[r * C + c] * (inp[r * C + c] - mean[r]) * rstd[r];
-  }
+  LH_HD float operator()(int64_t r, int c) const { return dout[r * C + c] * (inp[r * C + c] - mean[r]) * rstd[r]; }
 };
 
 // ---------------------------------------------------------------- row functions
@@ -255,8 +255,7 @@ struct CausalSoftmaxBackwardRows {
   float scale;
   template <class L>
   LH_HD void operator()(const L& lanes, int64_t r) const {
-    softmax_row_backward(lanes, datt + r * T, att + r * T, datt + r * T, static_cast<int>(r % T) + 1, T, scale,
-                         false);
+    softmax_row_backward(lanes, datt + r * T, att + r * T, datt + r * T, static_cast<int>(r % T) + 1, T, scale, false);
   }
 };
 

@@ -35,13 +35,15 @@ struct WarpLanes {
 };
 
 struct LaunchConfig {
-  static constexpr int kRowBlock = 256;      // threads per block for row kernels (8 warps = 8 rows)
-  static constexpr int kColTile = 32;        // columns per block in column sums
-  static constexpr int kColLanes = 8;        // row lanes per block in column sums
-  static constexpr int64_t kColRows = 512;   // rows per block in column sums
+  static constexpr int kRowBlock = 256;     // threads per block for row kernels (8 warps = 8 rows)
+  static constexpr int kColTile = 32;       // columns per block in column sums
+  static constexpr int kColLanes = 8;       // row lanes per block in column sums
+  static constexpr int64_t kColRows = 512;  // rows per block in column sums
 };
 
-inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+inline cudaStream_t as_stream(void* s) {
+  return static_cast<cudaStream_t>(s);
+}
 
 // f(i) for i in [0, n) on `stream`, without a host synchronisation.
 template <class F>

@@ -33,10 +33,10 @@ void embedding_forward(void* stream, float* out, const int32_t* tokens, const fl
                        int T, int C);
 void embedding_backward(void* stream, float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B, int T,
                         int C);
-void crossentropy_forward(void* stream, float* losses, float* probs, const float* logits, const int32_t* targets,
-                          int N, int V);
-void crossentropy_backward(void* stream, float* dlogits, const float* probs, const int32_t* targets,
-                           float dloss_scale, int N, int V);
+void crossentropy_forward(void* stream, float* losses, float* probs, const float* logits, const int32_t* targets, int N,
+                          int V);
+void crossentropy_backward(void* stream, float* dlogits, const float* probs, const int32_t* targets, float dloss_scale,
+                           int N, int V);
 void residual_forward(void* stream, float* out, const float* a, const float* b, int64_t n);
 void add_inplace(void* stream, float* y, const float* x, int64_t n);
 void scale_inplace(void* stream, float* y, float s, int64_t n);
@@ -45,17 +45,19 @@ float sum_squares(void* stream, const float* x, int64_t n);
 void adamw_update(void* stream, float* param, const float* grad, float* m, float* v, int64_t n, const AdamWConfig& cfg,
                   int t, float weight_decay);
 }  // namespace lh::cuda
-#define LH_CUDA_DISPATCH(ex, call)                                       \
-  do {                                                                   \
-    if ((ex).device == ::lh::Device::cuda) { ::lh::cuda::call; return; } \
+#define LH_CUDA_DISPATCH(ex, call)           \
+  do {                                       \
+    if ((ex).device == ::lh::Device::cuda) { \
+      ::lh::cuda::call;                      \
+      return;                                \
+    }                                        \
   } while (0)
 // For ops that return a value (sum, sum_squares).
-#define LH_CUDA_DISPATCH_RETURN(ex, call)                                \
-  do {                                                                   \
-    if ((ex).device == ::lh::Device::cuda) return ::lh::cuda::call;      \
+#define LH_CUDA_DISPATCH_RETURN(ex, call)                           \
+  do {                                                              \
+    if ((ex).device == ::lh::Device::cuda) return ::lh::cuda::call; \
   } while (0)
 #else
-#define LH_CUDA_DISPATCH(ex, call) \
-  LH_ASSERT((ex).device == ::lh::Device::cpu, "CUDA op in a build without CUDA")
+#define LH_CUDA_DISPATCH(ex, call) LH_ASSERT((ex).device == ::lh::Device::cpu, "CUDA op in a build without CUDA")
 #define LH_CUDA_DISPATCH_RETURN(ex, call) LH_CUDA_DISPATCH(ex, call)
 #endif

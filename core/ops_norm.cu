@@ -13,8 +13,7 @@ void layernorm_forward(void* stream, float* out, float* mean, float* rstd, const
 void layernorm_backward(void* stream, float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                         const float* weight, const float* mean, const float* rstd, int N, int C) {
   if (dinp) kern::gpu_rows(stream, N, kern::LayerNormBackwardRows{dinp, dout, inp, weight, mean, rstd, C});
-  if (dweight)
-    kern::gpu_column_sum(stream, dweight, N, C, kern::LayerNormWeightGradValue{dout, inp, mean, rstd, C});
+  if (dweight) kern::gpu_column_sum(stream, dweight, N, C, kern::LayerNormWeightGradValue{dout, inp, mean, rstd, C});
   if (dbias) kern::gpu_column_sum(stream, dbias, N, C, kern::ColumnValue{dout, C});
 }
 
@@ -26,13 +25,13 @@ void softmax_backward(void* stream, float* dinp, const float* out, const float* 
   kern::gpu_rows(stream, rows, kern::SoftmaxBackwardRows{dinp, out, dout, cols});
 }
 
-void crossentropy_forward(void* stream, float* losses, float* probs, const float* logits, const int32_t* targets,
-                          int N, int V) {
+void crossentropy_forward(void* stream, float* losses, float* probs, const float* logits, const int32_t* targets, int N,
+                          int V) {
   kern::gpu_rows(stream, N, kern::CrossEntropyForwardRows{losses, probs, logits, targets, V});
 }
 
-void crossentropy_backward(void* stream, float* dlogits, const float* probs, const int32_t* targets,
-                           float dloss_scale, int N, int V) {
+void crossentropy_backward(void* stream, float* dlogits, const float* probs, const int32_t* targets, float dloss_scale,
+                           int N, int V) {
   kern::gpu_for_each(stream, int64_t(N) * V, kern::CrossEntropyBackward{dlogits, probs, targets, dloss_scale, V});
 }
 

@@ -42,15 +42,15 @@ void scale_inplace(const Exec& ex, float* y, float s, int64_t n) {
 float sum(const Exec& ex, const float* x, int64_t n) {
   LH_CUDA_DISPATCH_RETURN(ex, sum(ex.stream, x, n));
   if (n <= 0) return 0.f;
-  return static_cast<float>(thrust::transform_reduce(thrust::omp::par, x, x + n, kern::ToDouble{}, 0.0,
-                                                     thrust::plus<double>()));
+  return static_cast<float>(
+      thrust::transform_reduce(thrust::omp::par, x, x + n, kern::ToDouble{}, 0.0, thrust::plus<double>()));
 }
 
 float sum_squares(const Exec& ex, const float* x, int64_t n) {
   LH_CUDA_DISPATCH_RETURN(ex, sum_squares(ex.stream, x, n));
   if (n <= 0) return 0.f;
-  return static_cast<float>(thrust::transform_reduce(thrust::omp::par, x, x + n, kern::Square{}, 0.0,
-                                                     thrust::plus<double>()));
+  return static_cast<float>(
+      thrust::transform_reduce(thrust::omp::par, x, x + n, kern::Square{}, 0.0, thrust::plus<double>()));
 }
 
 void embedding_forward(const Exec& ex, float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
@@ -81,12 +81,12 @@ void embedding_backward(const Exec& ex, float* dwte, float* dwpe, const float* d
   if (dwpe) kern::cpu_for_each(int64_t(T) * C, kern::EmbeddingPositionGrad{dwpe, dout, B, T, C});
 }
 
-
 void adamw_update(const Exec& ex, float* param, const float* grad, float* m, float* v, int64_t n,
                   const AdamWConfig& cfg, int t, float weight_decay) {
   LH_ASSERT(t >= 1, "AdamW step t is 1-based, got " + std::to_string(t));
   LH_CUDA_DISPATCH(ex, adamw_update(ex.stream, param, grad, m, v, n, cfg, t, weight_decay));
-  kern::cpu_for_each(n, kern::make_adamw_step(param, grad, m, v, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, weight_decay, t));
+  kern::cpu_for_each(n,
+                     kern::make_adamw_step(param, grad, m, v, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, weight_decay, t));
 }
 
 float clip_grad_norm(const Exec& ex, float* const* grads, const int64_t* sizes, int count, float max_norm) {

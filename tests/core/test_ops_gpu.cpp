@@ -113,8 +113,8 @@ TEST_F(OpsGpu, LayernormForwardBackwardOnAStream) {
 #endif
   layernorm_forward(cpu, out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   layernorm_forward(on_stream, d_out.get(), d_mean.get(), d_rstd.get(), d_x.get(), d_w.get(), d_b.get(), N, C);
-  layernorm_backward(cpu, dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(),
-                     N, C);
+  layernorm_backward(cpu, dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                     C);
   layernorm_backward(on_stream, d_dx.get(), d_dw.get(), d_db.get(), d_dout.get(), d_x.get(), d_w.get(), d_mean.get(),
                      d_rstd.get(), N, C);
 #if defined(LH_USE_CUDA)

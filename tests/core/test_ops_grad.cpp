@@ -28,7 +28,9 @@ const Exec cpu = Exec::cpu();
 constexpr double kRelBound = 2e-3;
 constexpr float kBase = 0.25f;
 
-std::vector<float> filled(size_t n) { return std::vector<float>(n, kBase); }
+std::vector<float> filled(size_t n) {
+  return std::vector<float>(n, kBase);
+}
 
 TEST(OpsGrad, Linear) {
   const int BT = 3, C = 4, OC = 5;

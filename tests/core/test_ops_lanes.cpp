@@ -89,13 +89,16 @@ TEST(OpsLanes, LayernormForwardAndBackward) {
     std::vector<float> out1(N * C), mean1(N), rstd1(N), out2(N * C, 9.f), mean2(N, 9.f), rstd2(N, 9.f);
     run_serial(N, kern::LayerNormForwardRows{out1.data(), mean1.data(), rstd1.data(), x.data(), w.data(), b.data(), C});
     EmulatedWarp warp;
-    warp.run_rows(N, kern::LayerNormForwardRows{out2.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), C});
+    warp.run_rows(N,
+                  kern::LayerNormForwardRows{out2.data(), mean2.data(), rstd2.data(), x.data(), w.data(), b.data(), C});
     EXPECT_LT(max_abs_diff(out2, out1), kTol) << C;
     EXPECT_LT(max_abs_diff(mean2, mean1), kTol) << C;
     EXPECT_LT(max_abs_diff(rstd2, rstd1), kTol) << C;
     auto dx1 = randn(N * C, 5), dx2 = dx1;
-    run_serial(N, kern::LayerNormBackwardRows{dx1.data(), dout.data(), x.data(), w.data(), mean1.data(), rstd1.data(), C});
-    warp.run_rows(N, kern::LayerNormBackwardRows{dx2.data(), dout.data(), x.data(), w.data(), mean1.data(), rstd1.data(), C});
+    run_serial(N,
+               kern::LayerNormBackwardRows{dx1.data(), dout.data(), x.data(), w.data(), mean1.data(), rstd1.data(), C});
+    warp.run_rows(
+        N, kern::LayerNormBackwardRows{dx2.data(), dout.data(), x.data(), w.data(), mean1.data(), rstd1.data(), C});
     EXPECT_LT(max_abs_diff(dx2, dx1), kTol) << C;
   }
 }
