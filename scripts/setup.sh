@@ -8,7 +8,7 @@ PACKAGES=(
   libopenblas-dev libucx-dev ucx-utils libzmq3-dev cppzmq-dev libcereal-dev
   libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev libomp-dev
   fortunes fortunes-min
   gnuplot-nox iproute2 procps
 )
