@@ -162,6 +162,7 @@ Result<std::unique_ptr<ControlClient>> join_job(const std::string& endpoint, Ucx
 int peer_child_main(const LinkBenchOptions& o) {
   UcxOptions uo;
   uo.tls = o.tls;
+  uo.net_devices = "lo";
   uo.peer_error_handling = o.peer_errors;
   auto plane = UcxDataPlane::create(uo);
   if (!plane.ok()) return 2;
@@ -210,6 +211,7 @@ Result<std::unique_ptr<PeerJob>> start_peer_job(const LinkBenchOptions& o) {
   LH_ASSIGN_OR_RETURN(job->coord, Coordinator::start(co));
   UcxOptions uo;
   uo.tls = o.tls;
+  uo.net_devices = "lo";
   uo.peer_error_handling = o.peer_errors;
   LH_ASSIGN_OR_RETURN(job->plane, UcxDataPlane::create(uo));
   std::string exe = self_exe(), ep = job->coord->endpoint();
@@ -262,6 +264,7 @@ Result<double> ucx_latency_us(PeerJob& job, int pings) {
 Result<std::pair<std::unique_ptr<UcxDataPlane>, std::unique_ptr<UcxDataPlane>>> ucx_pair(const std::string& tls) {
   UcxOptions o;
   o.tls = tls;
+  o.net_devices = "lo";
   LH_ASSIGN_OR_RETURN(auto a, UcxDataPlane::create(o));
   LH_ASSIGN_OR_RETURN(auto b, UcxDataPlane::create(o));
   LH_RETURN_IF_ERROR(a->connect(0, {{1, b->address()}}));
@@ -308,6 +311,7 @@ const size_t kNetnsPacket = 1 << 20;
 int netns_child(const std::string& endpoint) {
   UcxOptions uo;
   uo.tls = "tcp";
+  uo.net_devices = "eth0";
   auto plane = UcxDataPlane::create(uo);
   if (!plane.ok()) return 2;
   ControlClientOptions co;

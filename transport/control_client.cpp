@@ -142,7 +142,10 @@ void ControlClient::send_metrics(int64_t step, std::string json) {
   send(StepMetrics{plan_->rank, step, std::move(json)});
 }
 
-void ControlClient::leave(const std::string& reason) { send(Shutdown{reason}); }
+void ControlClient::leave(const std::string& reason) {
+  heartbeats_paused_ = true;  // the coordinator has forgotten us; a heartbeat now would be refused
+  send(Shutdown{reason});
+}
 
 std::optional<ControlMessage> ControlClient::poll_event() {
   std::lock_guard<std::mutex> lock(mu_);

@@ -107,6 +107,13 @@ Status UcxDataPlane::init(const UcxOptions& options) {
       return invalid_argument("UCX transports '" + options.tls + "': " + ucs_status_string(s));
     }
   }
+  if (!options.net_devices.empty()) {
+    ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+    if (s != UCS_OK) {
+      ucp_config_release(config);
+      return invalid_argument("UCX network devices '" + options.net_devices + "': " + ucs_status_string(s));
+    }
+  }
   const char* env_tls = std::getenv("UCX_TLS");
   tls_in_use_ = !options.tls.empty() ? options.tls : (env_tls ? env_tls : "ucx-default");
   ucp_params_t params{};

@@ -38,6 +38,9 @@ struct UcxOptions {
   // UCX transports ("tcp", "shm,tcp", "rc,cuda_copy" …). Empty: the UCX_TLS environment variable, or
   // UCX's own choice when that is unset.
   std::string tls;
+  // Network devices UCX may use ("lo", "eth0", "mlx5_0:1" …). Empty: UCX_NET_DEVICES or all. Tests
+  // pin "lo": an interface that vanishes mid-run (another test's namespace bridge) would strand a lane.
+  std::string net_devices;
   // UCP peer-failure handling on endpoints: a dead peer fails transfers quickly on its own, but UCX 1.13
   // then limits itself to transports that support it (tcp, not shared memory/CMA). Off: shared memory
   // is used between processes on one host, and a dead peer is failed through fail_peer() when the

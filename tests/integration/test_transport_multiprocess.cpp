@@ -31,6 +31,7 @@ int child_main(const std::string& endpoint, const std::string& token, const std:
   UcxOptions uo;
   uo.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
   uo.peer_error_handling = std::getenv("LH_TEST_UCX_SHM") == nullptr;
+  uo.net_devices = "lo";  // loopback only, whatever interfaces other tests add meanwhile
   auto plane_r = UcxDataPlane::create(uo);
   if (!plane_r.ok()) return (std::fprintf(stderr, "child: %s\n", plane_r.status().to_string().c_str()), 2);
   auto plane = std::move(plane_r).value();

@@ -24,6 +24,7 @@ Bytes pattern(size_t n, uint32_t seed) {
 std::unique_ptr<UcxDataPlane> make_plane() {
   UcxOptions o;
   o.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
+  o.net_devices = "lo";
   auto p = UcxDataPlane::create(o);
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return std::move(p).value();

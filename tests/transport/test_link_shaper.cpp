@@ -15,6 +15,7 @@ using namespace std::chrono_literals;
 std::unique_ptr<UcxDataPlane> make_plane() {
   UcxOptions o;
   o.tls = "tcp";
+  o.net_devices = "lo";
   auto p = UcxDataPlane::create(o);
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return std::move(p).value();
