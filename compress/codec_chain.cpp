@@ -302,7 +302,7 @@ Status CodecChain::decode(const Packet& p, StreamState& st, Tensor* out, const D
 Status decode_packet(const uint8_t* data, size_t size, StreamState& st, Tensor* out, const DecodeOptions& opts) {
   // Payload words are read in place, so they must be aligned: copy a packet that sits at an odd address.
   std::vector<uint64_t> aligned;
-  if (reinterpret_cast<uintptr_t>(data) % 8 != 0) {
+  if (size > 0 && reinterpret_cast<uintptr_t>(data) % 8 != 0) {  // (memcpy into an empty vector's null is UB)
     aligned.resize((size + 7) / 8);
     std::memcpy(aligned.data(), data, size);
     data = reinterpret_cast<const uint8_t*>(aligned.data());

@@ -144,6 +144,21 @@ TEST_P(Corruption, MutatedPacketsNeverCrashAndHashedOnesAreRejected) {
   RecordProperty("accepted_unhashed", accepted_unhashed);
 }
 
+// Found by fuzz_decode: an empty packet at an odd address once reached memcpy(nullptr, …, 0), which
+// UBSan reports (this test runs under it in scripts/sanitize_check.sh).
+TEST(CorruptionEdges, EmptyAndShortPacketsAtOddAddresses) {
+  std::vector<uint8_t> storage(64, 0);
+  StreamState rx;
+  for (size_t offset : {1, 3, 7}) {
+    for (size_t n : {0, 1, 8, 47}) {
+      Tensor y;
+      Status s = decode_packet(storage.data() + offset, n, rx, &y);
+      EXPECT_EQ(s.code(), StatusCode::kCorrupt) << s.to_string();
+      EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.to_string();
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Codecs, Corruption,
                          ::testing::Values("none", "fp16", "bf16", "int8", "int4:block=32,scale=fp32", "int2",
                                            "topk:ratio=0.2", "randk:ratio=0.3", "lowrank:rank=2", "subspace:k=4",
