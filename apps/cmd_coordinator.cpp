@@ -1,0 +1,69 @@
+// `longhaul coordinator --listen tcp://HOST:PORT --workers N [job flags]`: plans a pipeline job for the
+// workers that join, gathers their metrics, serves `longhaul ctl`, and prints the job's tables at the end.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+
+#include "apps/commands.h"
+#include "apps/job_cli.h"
+#include "core/log.h"
+
+namespace lh::app {
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+struct CoordinatorFlags {
+  JobFlags job;
+  std::string listen = "tcp://0.0.0.0:5555";
+};
+
+void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
+  PipelineJobConfig job = job_config_from_flags(f.job, cmd);
+  if (f.listen.rfind("tcp://", 0) != 0) fail("--listen '" + f.listen + "': expected tcp://HOST:PORT", 2);
+  const std::string token = resolve_token(f.job.token, f.job.token_file, false);
+  set_log_role("coordinator");
+  PipelineCoordinatorOptions o;
+  o.control = control_options(f.listen, token, f.job.heartbeat_timeout_s);
+  o.metrics_path = f.job.metrics;
+  auto coord = PipelineCoordinator::start(job, o);
+  if (!coord.ok()) fail("--listen " + f.listen + ": " + coord.status().to_string());
+  std::printf("longhaul coordinator: %s, %d workers (pp %d), %lld steps, schedule %s, %d microbatches\n",
+              job.train.model.describe().c_str(), job.workers, job.pp, static_cast<long long>(job.train.steps),
+              schedule_kind_name(job.schedule), job.microbatches);
+  std::printf("listening on %s%s; start each worker with:\n  longhaul worker --coordinator tcp://<this host>:%s%s\n",
+              (*coord)->endpoint().c_str(), token.empty() ? " (no token: anyone who reaches the port may join)" : "",
+              (*coord)->endpoint().substr((*coord)->endpoint().rfind(':') + 1).c_str(),
+              token.empty() ? "" : " --token-file <the same token>");
+  std::fflush(stdout);
+  std::signal(SIGINT, on_stop_signal);
+  std::signal(SIGTERM, on_stop_signal);
+  int64_t printed = 0;
+  Status result = unavailable("not finished");
+  for (;;) {
+    result = (*coord)->wait(std::chrono::milliseconds(200));
+    if (result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout")
+      break;
+    print_progress(**coord, job.train.steps, printed);
+    if (g_stop_signal) {
+      std::printf("\nstopping: signal %d (the workers stop when they miss the coordinator)\n", int(g_stop_signal));
+      result = unavailable("interrupted by signal " + std::to_string(g_stop_signal));
+      break;
+    }
+  }
+  print_progress(**coord, job.train.steps, printed);
+  print_job_summary(**coord, f.job.metrics);
+  if (!result.ok()) fail("the job failed: " + result.message());
+}
+
+RegisterCommand reg("", 30, [](CLI::App& app) {
+  auto f = std::make_shared<CoordinatorFlags>();
+  auto* cmd = app.add_subcommand("coordinator", "run a pipeline job's coordinator for workers on other machines");
+  cmd->add_option("--listen", f->listen, "tcp://HOST:PORT to bind (PORT '*': any free port)")->capture_default_str();
+  add_job_flags(cmd, f->job, "coordinator_metrics.jsonl");
+  cmd->callback([f, cmd] { run_coordinator(*f, cmd); });
+});
+
+}  // namespace
+}  // namespace lh::app

@@ -1,0 +1,290 @@
+// `longhaul launch --workers S --pp S [job flags] [--link RATE[,DELAY] | --netns RATE]`: a whole pipeline job on
+// this machine — the coordinator in this process, S `longhaul worker` processes — stopped together on failure.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "apps/commands.h"
+#include "apps/job_cli.h"
+#include "core/log.h"
+#include "transport/link_shaper.h"
+
+namespace lh::app {
+namespace {
+
+using namespace std::chrono_literals;
+
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+struct LaunchFlags {
+  JobFlags job;
+  std::string listen = "tcp://127.0.0.1:*";
+  std::string link, netns;
+  std::string ucx_tls;
+  std::string wan_script;
+  int worker_threads = 0;
+};
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, size_t(n)) : std::string();
+}
+
+std::string find_wan_script(const std::string& given) {
+  if (!given.empty()) return given;
+  std::string exe = self_exe();
+  for (std::string dir = exe.substr(0, exe.rfind('/')); !dir.empty(); dir = dir.substr(0, dir.rfind('/'))) {
+    std::string cand = dir + "/scripts/wan.sh";
+    if (access(cand.c_str(), R_OK) == 0) return cand;
+    if (dir.find('/') == std::string::npos) break;
+  }
+  return "scripts/wan.sh";
+}
+
+std::string describe_exit(int st) {
+  if (WIFEXITED(st)) return "exited with code " + std::to_string(WEXITSTATUS(st));
+  if (WIFSIGNALED(st)) return "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+  return "stopped";
+}
+
+// The worker processes: started in this process group with a parent-death signal, so none outlives launch.
+class WorkerGroup {
+ public:
+  ~WorkerGroup() { stop(3s); }
+  Status start(const std::vector<std::string>& argv, const std::vector<std::string>& prefix, const std::string& token) {
+    std::vector<std::string> all = prefix;
+    all.insert(all.end(), argv.begin(), argv.end());
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) return io_error("fork failed");
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(126);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      setenv("LH_JOB_TOKEN", token.c_str(), 1);  // not on the command line, where `ps` shows it
+      std::vector<char*> args;
+      for (auto& a : all) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      execvp(args[0], args.data());
+      std::fprintf(stderr, "longhaul launch: cannot run %s\n", args[0]);
+      _exit(127);
+    }
+    pids_.push_back(pid);
+    status_[pid] = -1;
+    return Status::Ok();
+  }
+  const std::vector<pid_t>& pids() const { return pids_; }
+  // Reaps what has exited; returns the first abnormal exit not reported yet.
+  std::optional<std::pair<pid_t, int>> poll() {
+    std::optional<std::pair<pid_t, int>> bad;
+    for (pid_t p : pids_) {
+      if (status_[p] != -1) continue;
+      int st = 0;
+      if (waitpid(p, &st, WNOHANG) != p) continue;
+      status_[p] = st;
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !bad) bad = std::make_pair(p, st);
+    }
+    return bad;
+  }
+  bool all_exited() {
+    poll();
+    for (pid_t p : pids_)
+      if (status_[p] == -1) return false;
+    return true;
+  }
+  bool wait_all(std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!all_exited()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(20ms);
+    }
+    return true;
+  }
+  // SIGTERM, then SIGKILL after `grace`; reaps everything.
+  void stop(std::chrono::milliseconds grace) {
+    if (all_exited()) return;
+    for (pid_t p : pids_)
+      if (status_[p] == -1) kill(p, SIGTERM);
+    if (wait_all(grace)) return;
+    for (pid_t p : pids_)
+      if (status_[p] == -1) {
+        kill(p, SIGKILL);
+        waitpid(p, &status_[p], 0);
+      }
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+  std::map<pid_t, int> status_;
+};
+
+// Namespaces behind tc tbf links (root): removed again when this goes out of scope.
+struct WanNamespaces {
+  std::string script, prefix, subnet;
+  bool up = false;
+  ~WanNamespaces() {
+    if (up) (void)!std::system(("LH_WAN_PREFIX=" + prefix + " bash '" + script + "' down").c_str());
+  }
+};
+
+// The rank the coordinator gave the worker process `pid` (workers name themselves "HOST pid N").
+int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
+  auto st = coord.handle_ctl("status", "{}");
+  if (!st.ok()) return -1;
+  auto j = nlohmann::json::parse(*st, nullptr, false);
+  if (j.is_discarded() || !j.contains("workers")) return -1;
+  const auto& ws = j["workers"].is_object() && j["workers"].contains("workers") ? j["workers"]["workers"] : j["workers"];
+  if (!ws.is_array()) return -1;
+  const std::string tag = " pid " + std::to_string(pid);
+  for (const auto& w : ws) {
+    std::string host = w.value("hostname", std::string());
+    if (host.size() >= tag.size() && host.compare(host.size() - tag.size(), tag.size(), tag) == 0)
+      return w.value("rank", -1);
+  }
+  return -1;
+}
+
+void run_launch(LaunchFlags& f, CLI::App* cmd) {
+  PipelineJobConfig job = job_config_from_flags(f.job, cmd);
+  if (!f.link.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
+  if (!f.link.empty()) {
+    auto shape = parse_link_shape(f.link);
+    if (!shape.ok()) fail("--link '" + f.link + "': " + shape.status().message(), 2);
+  }
+  WanNamespaces wan;
+  std::string listen = f.listen;
+  if (!f.netns.empty()) {
+    auto shape = parse_link_shape(f.netns);
+    if (!shape.ok() || shape->rate_bps <= 0)
+      fail("--netns '" + f.netns + "': " + (shape.ok() ? std::string("needs a rate") : shape.status().message()), 2);
+    if (shape->delay.count() > 0) fail("--netns '" + f.netns + "': takes a rate only (tbf adds no delay)", 2);
+    if (geteuid() != 0)
+      fail("--netns needs root (network namespaces and tc); use --link RATE[,DELAY] for an in-process shaper", 2);
+    wan.script = find_wan_script(f.wan_script);
+    wan.prefix = "lhj" + std::to_string(getpid() % 100000);
+    wan.subnet = "10.214." + std::to_string(getpid() % 250);
+    std::string up = "LH_WAN_PREFIX=" + wan.prefix + " LH_WAN_SUBNET=" + wan.subnet + " bash '" + wan.script + "' up " +
+                     std::to_string(job.workers) + " " + std::to_string(int64_t(shape->rate_bps));
+    wan.up = true;
+    if (std::system(up.c_str()) != 0) fail("--netns: could not build the namespaces with " + wan.script);
+    listen = "tcp://" + wan.subnet + ".254:*";
+  }
+  const std::string token = resolve_token(f.job.token, f.job.token_file, true);
+  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = f.worker_threads > 0 ? f.worker_threads : std::max(1, cores / job.workers);
+
+  set_log_role("launch");
+  PipelineCoordinatorOptions o;
+  o.control = control_options(listen, token, f.job.heartbeat_timeout_s);
+  o.metrics_path = f.job.metrics;
+  auto coord = PipelineCoordinator::start(job, o);
+  if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
+  const std::string ep = (*coord)->endpoint();
+  std::printf("longhaul launch: %s, %d workers (pp %d, %d thread%s each), %lld steps, schedule %s, %d microbatches\n",
+              job.train.model.describe().c_str(), job.workers, job.pp, threads, threads == 1 ? "" : "s",
+              static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
+  std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job.compress_fwd.c_str(), job.compress_bwd.c_str(),
+              job.compress_link.empty() ? "" : " (with per-link overrides)",
+              !f.link.empty() ? ("shaped " + parse_link_shape(f.link)->to_string()).c_str()
+              : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
+                                 : "loopback, unlimited");
+  std::printf("coordinator %s  (longhaul ctl --coordinator %s --token %s status)\n", ep.c_str(), ep.c_str(),
+              token.c_str());
+  std::fflush(stdout);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+
+  WorkerGroup group;
+  const std::string exe = self_exe();
+  const char* level = spdlog::level::to_string_view(spdlog::get_level()).data();
+  for (int i = 0; i < job.workers; ++i) {
+    std::vector<std::string> argv = {exe, "--threads", std::to_string(threads), "--log-level", level,
+                                     "worker", "--coordinator", ep};
+    std::vector<std::string> prefix;
+    if (!f.link.empty()) argv.insert(argv.end(), {"--link", f.link});
+    if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
+    if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
+    Status s = group.start(argv, prefix, token);
+    if (!s.ok()) fail(s.message());
+  }
+  std::printf("workers: pids");
+  for (pid_t p : group.pids()) std::printf(" %d", int(p));
+  std::printf("\n");
+  std::fflush(stdout);
+
+  int64_t printed = 0;
+  std::string failure;
+  Status result = Status::Ok();
+  for (;;) {
+    result = (*coord)->wait(100ms);
+    const bool finished =
+        result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout";
+    print_progress(**coord, job.train.steps, printed);
+    if (finished) break;
+    if (g_stop_signal) {
+      failure = std::string("interrupted by signal ") + strsignal(g_stop_signal) + "; stopping every worker";
+      break;
+    }
+    if (auto bad = group.poll()) {
+      const int rank = rank_of_pid(**coord, bad->first);
+      failure = "worker " + (rank >= 0 ? std::to_string(rank) + " " : std::string()) + "(pid " +
+                std::to_string(bad->first) + ") " + describe_exit(bad->second);
+      // The others hear of it through the coordinator within the heartbeat timeout; wait for that.
+      auto grace = std::chrono::milliseconds(int64_t(f.job.heartbeat_timeout_s * 1000)) + 5s;
+      result = (*coord)->wait(grace);
+      break;
+    }
+    if (group.all_exited()) {
+      result = (*coord)->wait(std::chrono::milliseconds(int64_t(f.job.heartbeat_timeout_s * 1000)) + 2s);
+      break;
+    }
+  }
+  // Workers leave after the coordinator saw their last step; give them a moment, then stop the rest.
+  if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s)) group.stop(2s);
+  if (failure.empty())
+    if (auto bad = group.poll()) failure = "worker (pid " + std::to_string(bad->first) + ") " + describe_exit(bad->second);
+  print_progress(**coord, job.train.steps, printed);
+  print_job_summary(**coord, f.job.metrics);
+  if (!failure.empty() || !result.ok()) {
+    std::string msg = failure;
+    const bool timed_out = result.message() == "the job did not finish within the timeout";
+    if (!result.ok() && !timed_out) msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result.message();
+    fail(msg.empty() ? "the job failed" : msg);
+  }
+}
+
+RegisterCommand reg("", 20, [](CLI::App& app) {
+  auto f = std::make_shared<LaunchFlags>();
+  auto* cmd = app.add_subcommand("launch", "run a pipeline job on this machine: a coordinator and one process per worker");
+  add_job_flags(cmd, f->job, "launch_metrics.jsonl");
+  cmd->add_option("--link", f->link, "shape every inter-stage link in process: RATE[,DELAY], e.g. 20M,30ms");
+  cmd->add_option("--netns", f->netns, "each worker in its own network namespace behind a tc tbf link of RATE (root)");
+  cmd->add_option("--listen", f->listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
+  cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
+  cmd->add_option("--worker-threads", f->worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
+  cmd->add_option("--wan-script", f->wan_script, "path of scripts/wan.sh for --netns (found next to the build)");
+  cmd->callback([f, cmd] { run_launch(*f, cmd); });
+});
+
+}  // namespace
+}  // namespace lh::app

@@ -1,0 +1,72 @@
+// `longhaul worker --coordinator tcp://HOST:PORT`: one worker process of a pipeline job (its stage, codecs and
+// training settings come from the coordinator's plan). Started by users on each machine and by `launch`.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "apps/commands.h"
+#include "apps/job_cli.h"
+#include "core/log.h"
+#include "parallel/pipeline_worker.h"
+
+namespace lh::app {
+namespace {
+
+struct WorkerFlags {
+  std::string coordinator;
+  std::string token, token_file;
+  std::string hostname;
+  std::string link;
+  std::string ucx_tls;
+  double compute_speed = 0;
+  double join_timeout_s = 60, receive_timeout_s = 600;
+};
+
+void run_worker(const WorkerFlags& f) {
+  if (f.coordinator.rfind("tcp://", 0) != 0 || f.coordinator.rfind(':') <= 6)
+    fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
+  PipelineWorkerOptions o;
+  o.coordinator = f.coordinator;
+  o.token = resolve_token(f.token, f.token_file, false);
+  o.hostname = f.hostname;
+  if (o.hostname.empty()) {
+    // Several workers may share a machine: the pid tells them apart in the coordinator's messages.
+    char buf[256] = {0};
+    gethostname(buf, sizeof(buf) - 1);
+    o.hostname = std::string(buf) + " pid " + std::to_string(getpid());
+  }
+  o.compute_speed = f.compute_speed;
+  o.ucx.tls = f.ucx_tls;
+  if (!f.link.empty()) {
+    auto shape = parse_link_shape(f.link);
+    if (!shape.ok()) fail("--link '" + f.link + "': " + shape.status().message(), 2);
+    o.link = *shape;
+  }
+  o.join_timeout = std::chrono::milliseconds(int64_t(f.join_timeout_s * 1000));
+  o.receive_timeout = std::chrono::milliseconds(int64_t(f.receive_timeout_s * 1000));
+  set_log_role("worker " + o.hostname);
+  Status s = run_pipeline_worker(o);
+  if (!s.ok()) fail("worker " + o.hostname + ": " + s.message());
+}
+
+RegisterCommand reg("", 40, [](CLI::App& app) {
+  auto f = std::make_shared<WorkerFlags>();
+  auto* cmd = app.add_subcommand("worker", "join a pipeline job's coordinator and train the stage it assigns");
+  cmd->add_option("--coordinator", f->coordinator, "the coordinator's tcp://HOST:PORT")->required();
+  cmd->add_option("--token", f->token, "join token (default: --token-file, $LH_JOB_TOKEN, none)");
+  cmd->add_option("--token-file", f->token_file, "read the join token from this file's first line");
+  cmd->add_option("--hostname", f->hostname, "name shown by the coordinator (default: host and pid)");
+  cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
+  cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports (default: $UCX_TLS or UCX's choice)");
+  cmd->add_option("--compute-speed", f->compute_speed, "GFLOP/s reported for --partition speed (0: unknown)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--join-timeout", f->join_timeout_s, "seconds to wait for the plan and the start")
+      ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--receive-timeout", f->receive_timeout_s, "seconds a stage waits for a neighbour's tensor")
+      ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
+  cmd->callback([f] { run_worker(*f); });
+});
+
+}  // namespace
+}  // namespace lh::app

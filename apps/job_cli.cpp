@@ -1,0 +1,155 @@
+// The job flags of `launch` and `coordinator`, their PipelineJobConfig, the token, and the progress and
+// summary printing at the end of a job. Used by apps/cmd_launch.cpp and apps/cmd_coordinator.cpp.
+#include "apps/job_cli.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+
+#include "apps/commands.h"
+#include "parallel/metrics_summary.h"
+
+namespace lh::app {
+
+void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_default) {
+  TrainConfig& c = f.job.train;
+  f.metrics = metrics_default;
+  const char* g = "Job";
+  cmd->add_option("--workers", f.job.workers, "worker processes (default: pp × tp × dp)")
+      ->check(CLI::Range(1, 4096))->group(g);
+  cmd->add_option("--pp", f.job.pp, "pipeline stages (default: --workers)")->check(CLI::Range(1, 4096))->group(g);
+  cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage (only 1 so far)")->capture_default_str()->group(g);
+  cmd->add_option("--dp", f.job.dp, "data-parallel replicas (only 1 so far)")->capture_default_str()->group(g);
+  cmd->add_option("--partition", f.job.partition, "blocks per stage, e.g. 3,3,2; 'speed': by reported speed (default: even)")
+      ->group(g);
+  cmd->add_option("--schedule", f.schedule, "gpipe|1f1b")->capture_default_str()->group(g);
+  cmd->add_option("--microbatches", f.job.microbatches, "microbatches per global batch")->capture_default_str()->group(g);
+  cmd->add_option("--compress-fwd", f.job.compress_fwd, "codec spec for activations on every link")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link")
+      ->capture_default_str()->group(g);
+  cmd->add_option("--compress-link", f.job.compress_link, "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4 (repeatable)")
+      ->group(g);
+  cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")->capture_default_str()->group(g);
+  cmd->add_option("--token", f.token, "join/ctl token (default: --token-file, $LH_JOB_TOKEN)")->group(g);
+  cmd->add_option("--token-file", f.token_file, "read the token from this file's first line")->group(g);
+  cmd->add_option("--heartbeat-timeout", f.heartbeat_timeout_s, "seconds of silence before a worker is declared dead")
+      ->capture_default_str()->check(CLI::Range(0.1, 3600.0))->group(g);
+
+  const char* m = "Model and training (as `longhaul train`)";
+  cmd->add_option("--data", c.data, "text file to train on (default: the fortunes corpus)")->group(m);
+  cmd->add_option("--model", f.model, std::string("model size: ") + gpt_preset_names())->capture_default_str()->group(m);
+  cmd->add_option("--layers", f.layers, "override the number of blocks")->check(CLI::Range(1, 1024))->group(m);
+  cmd->add_option("--d-model", f.d_model, "override the model width")->check(CLI::Range(1, 65536))->group(m);
+  cmd->add_option("--heads", f.heads, "override the attention heads")->check(CLI::Range(1, 65536))->group(m);
+  cmd->add_option("--seq", f.seq, "context length")->check(CLI::Range(1, 16384))->group(m);
+  cmd->add_option("--subspace-k", f.subspace_k, "subspace model: K coordinates per token cross each link (0 = off)")
+      ->check(CLI::Range(0, 65536))->group(m);
+  cmd->add_flag("--tied-head", f.tied_head, "share the output head with the token embedding")->group(m);
+  cmd->add_option("--steps", c.steps, "optimizer steps")->capture_default_str()->check(CLI::Range(1, 1 << 30))->group(m);
+  cmd->add_option("--batch", c.batch, "sequences per global batch")->capture_default_str()->check(CLI::Range(1, 65536))
+      ->group(m);
+  cmd->add_option("--lr", c.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber)->group(m);
+  cmd->add_option("--warmup", c.warmup, "linear warmup steps")->capture_default_str()->check(CLI::NonNegativeNumber)
+      ->group(m);
+  cmd->add_option("--seed", c.seed, "seed for init and data order")->capture_default_str()->group(m);
+  cmd->add_option("--device", f.device, "cpu|cuda")->capture_default_str()->group(m);
+  cmd->add_option("--eval-every", c.eval_every, "validation loss every N steps (0: at the end only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber)->group(m);
+}
+
+PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
+  PipelineJobConfig job = f.job;
+  if (f.device == "cpu") job.train.device = Device::cpu;
+  else if (f.device == "cuda") job.train.device = Device::cuda;
+  else fail("--device '" + f.device + "': choose cpu or cuda", 2);
+  auto preset = gpt_preset(f.model);
+  if (!preset.ok()) fail("--model: " + preset.status().message(), 2);
+  GptConfig& g = job.train.model;
+  g = *preset;
+  if (f.layers > 0) g.layers = f.layers;
+  if (f.d_model > 0) g.d_model = f.d_model;
+  if (f.heads > 0) g.heads = f.heads;
+  if (f.seq > 0) g.seq = f.seq;
+  if (f.subspace_k >= 0) g.subspace_k = f.subspace_k;
+  g.tied_head = f.tied_head;
+  auto kind = parse_schedule_kind(f.schedule);
+  if (!kind.ok()) fail("--schedule: " + kind.status().message(), 2);
+  job.schedule = *kind;
+  const bool workers_given = cmd->count("--workers") > 0, pp_given = cmd->count("--pp") > 0;
+  if (!workers_given && !pp_given) fail("give --workers N (and optionally --pp S)", 2);
+  if (!pp_given) job.pp = job.workers / std::max(1, job.tp * job.dp);
+  if (!workers_given) job.workers = job.pp * job.tp * job.dp;
+  if (job.workers != job.pp * job.tp * job.dp)
+    fail("--workers " + std::to_string(job.workers) + " must equal --pp × --tp × --dp = " +
+             std::to_string(job.pp * job.tp * job.dp), 2);
+  if (job.train.model.layers < job.pp)
+    fail("--pp " + std::to_string(job.pp) + ": more stages than the model's " + std::to_string(job.train.model.layers) +
+             " blocks (use --layers)", 2);
+  if (!job.train.data.empty()) {
+    std::ifstream in(job.train.data);
+    if (!in) fail("--data '" + job.train.data + "': cannot read the file", 2);
+  }
+  Status s = job.validate();
+  if (!s.ok()) fail(s.message(), 2);
+  return job;
+}
+
+std::string resolve_token(const std::string& token, const std::string& token_file, bool generate) {
+  if (!token.empty()) return token;
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::string line;
+    if (!in || !std::getline(in, line)) fail("--token-file '" + token_file + "': cannot read a token from it", 2);
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (line.empty()) fail("--token-file '" + token_file + "': the first line is empty", 2);
+    return line;
+  }
+  if (const char* env = std::getenv("LH_JOB_TOKEN"); env && *env) return env;
+  if (!generate) return "";
+  std::random_device rd;
+  char buf[33];
+  for (int i = 0; i < 4; ++i) std::snprintf(buf + 8 * i, 9, "%08x", rd());
+  return buf;
+}
+
+CoordinatorOptions control_options(const std::string& listen, const std::string& token, double heartbeat_timeout_s) {
+  CoordinatorOptions o;
+  o.listen = listen;
+  o.token = token;
+  o.heartbeat_timeout = std::chrono::milliseconds(int64_t(heartbeat_timeout_s * 1000));
+  o.heartbeat_interval = std::max(std::chrono::milliseconds(20), o.heartbeat_timeout / 10);
+  return o;
+}
+
+void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed) {
+  auto s = coord.summary();
+  if (!s.ok() || s->loss.empty() || s->loss.back().step <= last_printed) return;
+  last_printed = s->loss.back().step;
+  double tps = s->tokens_per_s.empty() ? 0 : s->tokens_per_s.back().value;
+  std::string val;
+  if (!s->val_loss.empty() && s->val_loss.back().step == last_printed) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "  val %.4f", s->val_loss.back().value);
+    val = b;
+  }
+  std::printf("step %lld/%lld  loss %.4f%s  %.0f tok/s\n", static_cast<long long>(last_printed),
+              static_cast<long long>(steps), s->loss.back().value, val.c_str(), tps);
+  std::fflush(stdout);
+}
+
+void print_job_summary(const PipelineCoordinator& coord, const std::string& metrics_path) {
+  auto s = coord.summary();
+  if (!s.ok()) {
+    std::printf("no summary: %s\n", s.status().message().c_str());
+    return;
+  }
+  std::printf("\nlink traffic\n%s", format_link_table(*s).c_str());
+  std::printf("\nsteps\n%s", format_step_summary(*s).c_str());
+  if (!metrics_path.empty()) std::printf("metrics: %s\n", metrics_path.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace lh::app

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The mission's headline benchmark: the small GPT in 4 pipeline stages over 20 Mbit/s links, with none / int8 /
+# subspace+int8 compression against an unlimited-link ceiling. Used by people and the closing report.
+#
+#   scripts/bench_wan.sh [LONGHAUL]      (default: build/bin/longhaul)
+# Environment: STEPS (30), RATE (20M; "RATE,DELAY" works too), MODEL (small), STAGES (4), BATCH (16),
+#   MICROBATCHES (4), SUBSPACE_K (32), SCHEDULE (1f1b), NETNS=1 (root: real tbf links instead of the
+#   in-process shaper), OUT (a fresh temp dir: each run's log and metrics).
+# Prints, per run: tokens/s (mean over steps 2.., slowest worker), ratio to the ceiling, final and validation
+# loss, total wire MB, ratio raw/wire, and the wire bytes saved against the `none` run.
+set -euo pipefail
+
+LH="${1:-build/bin/longhaul}"
+STEPS="${STEPS:-30}"
+RATE="${RATE:-20M}"
+MODEL="${MODEL:-small}"
+STAGES="${STAGES:-4}"
+BATCH="${BATCH:-16}"
+MICROBATCHES="${MICROBATCHES:-4}"
+SUBSPACE_K="${SUBSPACE_K:-32}"
+SCHEDULE="${SCHEDULE:-1f1b}"
+OUT="${OUT:-$(mktemp -d /tmp/lh_bench_wan.XXXXXX)}"
+command -v jq >/dev/null || { echo "bench_wan.sh: needs jq (apt-get install jq)" >&2; exit 1; }
+[ -x "$LH" ] || { echo "bench_wan.sh: no longhaul binary at $LH" >&2; exit 1; }
+mkdir -p "$OUT"
+
+LINK=(--link "$RATE")
+if [ "${NETNS:-0}" = 1 ]; then LINK=(--netns "$RATE"); fi
+
+common=(--log-level warn launch --workers "$STAGES" --pp "$STAGES" --model "$MODEL" --steps "$STEPS"
+        --batch "$BATCH" --microbatches "$MICROBATCHES" --schedule "$SCHEDULE" --eval-every 0 --seed 7)
+
+run() {  # name, extra flags...
+  local name="$1"; shift
+  local t0 t1
+  t0=$(date +%s.%N)
+  if ! "$LH" "${common[@]}" --metrics "$OUT/$name.jsonl" "$@" >"$OUT/$name.log" 2>&1; then
+    echo "bench_wan.sh: run '$name' failed; its log:" >&2; tail -20 "$OUT/$name.log" >&2; exit 1
+  fi
+  t1=$(date +%s.%N)
+  echo "$name $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}')" >>"$OUT/wall.txt"
+}
+
+stats() {  # metrics file -> "tokens_per_s final_loss val_loss wire_bytes raw_bytes"
+  jq -rs '
+    (map(select(.loss != null)) | sort_by(.step) | last | .loss) as $final |
+    (map(select(.val_loss != null)) | sort_by(.step) | last | .val_loss) as $val |
+    (group_by(.step) | map(map(.tokens_per_s // empty) | min)) as $t |
+    (if ($t | length) > 1 then $t[1:] else $t end) as $t2 |
+    ([.[] | .links[]? | select((.dir // "send") == "send")]) as $ls |
+    "\($t2 | add / length) \($final) \($val) \($ls | map(.wire_bytes) | add // 0) \($ls | map(.raw_bytes) | add // 0)"
+  ' "$1"
+}
+
+: >"$OUT/wall.txt"
+echo "bench_wan: $MODEL GPT, $STAGES stages ($SCHEDULE, $MICROBATCHES microbatches, batch $BATCH), $STEPS steps," \
+     "links ${LINK[*]}; output in $OUT" >&2
+run ceiling
+run none "${LINK[@]}"
+run int8 "${LINK[@]}" --compress-fwd int8 --compress-bwd int8
+run subspace_int8 "${LINK[@]}" --subspace-k "$SUBSPACE_K" --compress-fwd int8 --compress-bwd int8
+
+read -r c_tps _ _ _ _ < <(stats "$OUT/ceiling.jsonl")
+read -r _ _ _ n_wire _ < <(stats "$OUT/none.jsonl")
+printf '\n%-22s %10s %8s %10s %10s %10s %8s %8s %7s\n' run "tokens/s" "x ceil" "loss" "val loss" "wire MB" "raw/wire" "saved" "wall s"
+for name in ceiling none int8 subspace_int8; do
+  read -r tps loss val wire raw < <(stats "$OUT/$name.jsonl")
+  wall=$(awk -v n="$name" '$1 == n {print $2}' "$OUT/wall.txt")
+  label="$name"
+  [ "$name" = ceiling ] && label="ceiling (no limit)"
+  [ "$name" = subspace_int8 ] && label="subspace k=$SUBSPACE_K+int8"
+  awk -v l="$label" -v t="$tps" -v c="$c_tps" -v lo="$loss" -v v="$val" -v w="$wire" -v r="$raw" -v nw="$n_wire" \
+      -v wl="$wall" 'BEGIN {
+    ratio = (w > 0) ? sprintf("%.2fx", r / w) : "-"
+    saved = (nw > 0) ? sprintf("%.1f%%", 100 * (1 - w / nw)) : "-"
+    printf "%-22s %10.0f %8.2f %10.4f %10.4f %10.2f %8s %8s %7s\n", l, t, t / c, lo, v, w / 1e6, ratio, saved, wl }'
+done
+echo
+echo "targets: compressed tokens/s >= 0.9x the ceiling; int8 loss within 2% of none at the same step." \
+     "'saved' is wire bytes against the none run; the subspace run is a different (subspace) model."

@@ -1,0 +1,260 @@
+// Multi-process pipeline jobs through the real binary ($LH_BIN): `launch` reproduces `train`'s losses, `ctl`
+// switches a link's codec mid-run, a SIGKILLed worker stops the job naming it, and bad flags are named.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "parallel/metrics_summary.h"
+#include "parallel/step_metrics.h"
+
+namespace lh {
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* bin() { return std::getenv("LH_BIN"); }
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "lh_launch_" + std::to_string(getpid()) + "_" + name;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// `$LH_BIN args...` with stdout and stderr into `out`.
+pid_t spawn(const std::vector<std::string>& args, const std::string& out) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> argv = {const_cast<char*>(bin())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(bin(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The exit code, or -1 when it had to be killed after `timeout`, or 128+signal.
+int wait_exit(pid_t pid, std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGTERM);
+      std::this_thread::sleep_for(3s);
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+struct Run {
+  int code;
+  std::string output;
+};
+Run run(const std::vector<std::string>& args, std::chrono::seconds timeout = 120s) {
+  static int n = 0;
+  std::string out = temp_path("run" + std::to_string(n++) + ".txt");
+  int code = wait_exit(spawn(args, out), timeout);
+  return {code, slurp(out)};
+}
+
+// Waits until `path` holds a line starting with `prefix`; returns the rest of it.
+std::string wait_for_line(const std::string& path, const std::string& prefix, std::chrono::seconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::istringstream in(slurp(path));
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(prefix, 0) == 0) return line.substr(prefix.size());
+    std::this_thread::sleep_for(50ms);
+  }
+  return "";
+}
+
+// The tiny model of the in-process pipeline tests: a few steps take seconds.
+std::vector<std::string> model_flags(int steps) {
+  return {"--layers", "4", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8",
+          "--steps", std::to_string(steps), "--warmup", "1", "--seed", "21"};
+}
+
+std::vector<std::string> launch_args(int workers, int steps, const std::string& metrics,
+                                     std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"--log-level", "warn", "launch", "--workers", std::to_string(workers),
+                                "--worker-threads", "1", "--ucx-tls", "tcp", "--metrics", metrics,
+                                "--microbatches", "4"};
+  for (auto& f : model_flags(steps)) a.push_back(f);
+  for (auto& f : extra) a.push_back(f);
+  return a;
+}
+
+std::map<int64_t, double> losses_of(const std::string& metrics_path) {
+  auto records = read_step_metrics_file(metrics_path);
+  EXPECT_TRUE(records.ok()) << records.status().to_string();
+  std::map<int64_t, double> out;
+  if (records.ok())
+    for (auto& r : *records)
+      if (r.loss) out[r.step] = *r.loss;
+  return out;
+}
+
+class Launch : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!bin()) GTEST_SKIP() << "LH_BIN is not set (ctest sets it to the longhaul binary)";
+  }
+};
+
+void expect_launch_matches_train(int workers, const std::string& schedule) {
+  const int steps = 4;
+  std::string train_metrics = temp_path("train.jsonl"), job_metrics = temp_path("job.jsonl");
+  std::vector<std::string> train = {"--threads", "1", "--log-level", "warn", "train", "--sample", "0",
+                                    "--metrics", train_metrics};
+  for (auto& f : model_flags(steps)) train.push_back(f);
+  Run t = run(train);
+  ASSERT_EQ(t.code, 0) << t.output;
+  Run l = run(launch_args(workers, steps, job_metrics, {"--schedule", schedule}));
+  ASSERT_EQ(l.code, 0) << l.output;
+  EXPECT_NE(l.output.find("link traffic"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("total"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("metrics: " + job_metrics), std::string::npos) << l.output;
+  auto ref = losses_of(train_metrics), got = losses_of(job_metrics);
+  ASSERT_EQ(ref.size(), size_t(steps));
+  ASSERT_EQ(got.size(), size_t(steps)) << l.output;
+  for (auto& [step, loss] : ref) EXPECT_NEAR(got[step], loss, 1e-5 * std::abs(loss)) << "step " << step;
+  auto records = read_step_metrics_file(job_metrics);
+  ASSERT_TRUE(records.ok());
+  EXPECT_EQ(records->size(), size_t(steps * workers));  // every worker, every step
+}
+
+TEST_F(Launch, TwoStagesReproduceTrain) { expect_launch_matches_train(2, "1f1b"); }
+TEST_F(Launch, FourStagesGPipeReproduceTrain) { expect_launch_matches_train(4, "gpipe"); }
+
+TEST_F(Launch, CtlSwitchesACodecMidRun) {
+  const int steps = 40;
+  std::string metrics = temp_path("ctl.jsonl"), out = temp_path("ctl_launch.txt");
+  pid_t launch = spawn(launch_args(2, steps, metrics, {"--link", "2M,1ms", "--token", "ctl-test"}), out);
+  std::string ep = wait_for_line(out, "coordinator ", 60s);
+  ep = ep.substr(0, ep.find(' '));
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  const std::vector<std::string> ctl = {"ctl", "--coordinator", ep, "--token", "ctl-test"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = ctl;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  // A wrong token is refused, naming the problem.
+  Run bad = run({"ctl", "--coordinator", ep, "--token", "wrong", "--timeout", "3", "status"}, 30s);
+  EXPECT_NE(bad.code, 0);
+  int64_t step = -1;
+  for (int i = 0; i < 600 && step < 1; ++i) {
+    Run s = run(with({"--json", "status"}), 30s);
+    ASSERT_EQ(s.code, 0) << s.output;
+    step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
+    if (step < 1) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GE(step, 1);
+  Run set = run(with({"--json", "set-codec", "--link", "0-1", "--dir", "fwd", "int8"}), 30s);
+  ASSERT_EQ(set.code, 0) << set.output;
+  const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
+  Run status = run(with({"status"}), 30s);
+  EXPECT_EQ(status.code, 0) << status.output;
+  EXPECT_NE(status.output.find("int8"), std::string::npos) << status.output;
+  Run wrong_link = run(with({"set-codec", "--link", "0-2", "--dir", "fwd", "int8"}), 30s);
+  EXPECT_NE(wrong_link.code, 0);
+  EXPECT_NE(wrong_link.output.find("0-2"), std::string::npos) << wrong_link.output;
+
+  ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
+  ASSERT_LE(from, steps) << "the job ended before the switch";
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok());
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok());
+  ASSERT_EQ(sum->codec_switches.size(), 1u);
+  EXPECT_EQ(sum->codec_switches[0].step, from);
+  EXPECT_EQ(sum->codec_switches[0].to, "int8");
+  EXPECT_NE(slurp(out).find("int8"), std::string::npos);  // the summary table's codec column
+}
+
+TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
+  std::string metrics = temp_path("kill.jsonl"), out = temp_path("kill_launch.txt");
+  pid_t launch = spawn(launch_args(2, 100000, metrics, {"--heartbeat-timeout", "2"}), out);
+  std::string pids = wait_for_line(out, "workers: pids ", 60s);
+  std::istringstream ps(pids);
+  pid_t a = 0, b = 0;
+  ps >> a >> b;
+  ASSERT_GT(b, 0) << slurp(out);
+  // Let it train a step, then kill one worker as a crashed machine would.
+  for (int i = 0; i < 1200 && losses_of(metrics).empty(); ++i) std::this_thread::sleep_for(50ms);
+  ASSERT_FALSE(losses_of(metrics).empty()) << slurp(out);
+  ASSERT_EQ(kill(b, SIGKILL), 0);
+  const int code = wait_exit(launch, 60s);
+  const std::string text = slurp(out);
+  EXPECT_GT(code, 0) << text;
+  EXPECT_NE(text.find("(pid " + std::to_string(b) + ") was killed by signal 9"), std::string::npos) << text;
+  EXPECT_NE(text.find("longhaul: error: worker "), std::string::npos) << text;
+  // Nothing left behind: launch reaped both workers.
+  EXPECT_NE(kill(a, 0), 0);
+  EXPECT_NE(kill(b, 0), 0);
+}
+
+TEST_F(Launch, BadFlagsAreNamed) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {{"launch", "--workers", "2", "--schedule", "zigzag"}, "--schedule"},
+      {{"launch", "--workers", "2", "--compress-fwd", "int9"}, "int9"},
+      {{"launch", "--workers", "2", "--link", "fast"}, "--link"},
+      {{"launch", "--workers", "2", "--pp", "3"}, "--workers"},
+      {{"launch", "--workers", "8", "--layers", "4"}, "--pp"},
+      {{"launch", "--workers", "2", "--batch", "6", "--microbatches", "4"}, "--microbatches"},
+      {{"launch", "--workers", "2", "--link", "1M", "--netns", "1M"}, "--netns"},
+      {{"launch", "--workers", "2", "--model", "huge"}, "--model"},
+      {{"launch", "--workers", "2", "--data", "/nonexistent/x.txt"}, "--data"},
+      {{"launch", "--steps", "3"}, "--workers"},
+      {{"coordinator", "--workers", "2", "--listen", "udp://x"}, "--listen"},
+      {{"worker", "--coordinator", "localhost"}, "--coordinator"},
+      {{"worker", "--coordinator", "tcp://127.0.0.1:1", "--link", "x"}, "--link"},
+      {{"ctl", "--coordinator", "tcp://127.0.0.1:1", "set-codec", "--link", "0-1", "--dir", "up", "int8"}, "--dir"},
+      {{"ctl", "--coordinator", "nowhere", "status"}, "--coordinator"},
+  };
+  for (const Case& c : cases) {
+    Run r = run(c.args, 60s);
+    std::string cmd;
+    for (auto& a : c.args) cmd += a + " ";
+    EXPECT_NE(r.code, 0) << cmd;
+    EXPECT_NE(r.output.find(c.names), std::string::npos) << cmd << "\n" << r.output;
+  }
+  if (geteuid() != 0) {
+    Run r = run({"launch", "--workers", "2", "--netns", "20M"}, 60s);
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.output.find("--netns needs root"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
+}  // namespace lh
