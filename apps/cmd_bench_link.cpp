@@ -8,11 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "apps/commands.h"
@@ -32,19 +31,21 @@ struct LinkBenchOptions {
   bool json = false;
   std::string tls = "posix,cma,tcp";  // UCX's own pick between two processes on one host
   bool peer_errors = false;           // UCP peer error handling (forces tcp in UCX 1.13)
-  int64_t size = 4 << 20;        // large-message size
-  int64_t total = 256 << 20;     // bytes per throughput run
-  int repeats = 5;               // throughput runs per side; the best is reported
+  int64_t size = 4 << 20;             // large-message size
+  int64_t total = 256 << 20;          // bytes per throughput run
+  int repeats = 5;                    // throughput runs per side; the best is reported
   int pings = 2000;
   std::string shape = "100M,10ms";
-  bool netns = true;             // when root
+  bool netns = true;  // when root
   std::string netns_rate = "50M";
   std::string wan_script;
-  std::string netns_child;       // internal: run as a namespace child against this coordinator
-  std::string peer_child;        // internal: run as the loopback peer process against this coordinator
+  std::string netns_child;  // internal: run as a namespace child against this coordinator
+  std::string peer_child;   // internal: run as the loopback peer process against this coordinator
 };
 
-double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double secs(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 // ---- plain TCP baseline --------------------------------------------------------------------------
 struct TcpPair {
@@ -188,7 +189,8 @@ int peer_child_main(const LinkBenchOptions& o) {
   }
   for (int i = 0; i < o.pings; ++i) {
     auto got = (*plane)->recv_blocking(peer, make_tag(uint32_t(i), 2, Role::kOther), 30s);
-    if (!got.ok() || !(*plane)->send_blocking(peer, make_tag(uint32_t(i), 3, Role::kOther), std::move(got).value()).ok())
+    if (!got.ok() ||
+        !(*plane)->send_blocking(peer, make_tag(uint32_t(i), 3, Role::kOther), std::move(got).value()).ok())
       return 6;
   }
   Status b = (*cc)->barrier(1, 60s);
@@ -215,9 +217,23 @@ Result<std::unique_ptr<PeerJob>> start_peer_job(const LinkBenchOptions& o) {
   uo.peer_error_handling = o.peer_errors;
   LH_ASSIGN_OR_RETURN(job->plane, UcxDataPlane::create(uo));
   std::string exe = self_exe(), ep = job->coord->endpoint();
-  std::vector<std::string> args = {exe, "--log-level", "warn", "bench", "link", "--peer-child", ep, "--tls", o.tls,
-                                   "--size", std::to_string(o.size), "--total", std::to_string(o.total),
-                                   "--repeats", std::to_string(o.repeats), "--pings", std::to_string(o.pings)};
+  std::vector<std::string> args = {exe,
+                                   "--log-level",
+                                   "warn",
+                                   "bench",
+                                   "link",
+                                   "--peer-child",
+                                   ep,
+                                   "--tls",
+                                   o.tls,
+                                   "--size",
+                                   std::to_string(o.size),
+                                   "--total",
+                                   std::to_string(o.total),
+                                   "--repeats",
+                                   std::to_string(o.repeats),
+                                   "--pings",
+                                   std::to_string(o.pings)};
   if (o.peer_errors) args.push_back("--peer-errors");
   job->child = fork();
   if (job->child == 0) {
@@ -240,7 +256,8 @@ Result<double> ucx_throughput(PeerJob& job, size_t size, int count, int run) {
   auto t0 = Clock::now();
   for (int i = 0; i < count; ++i) {
     if (i >= window) LH_RETURN_IF_ERROR(sends[size_t(i - window)].wait(60s));
-    sends.push_back(job.plane->send_view(job.peer, make_tag(uint32_t(run * count + i), 0, Role::kOther), src.data(), size));
+    sends.push_back(
+        job.plane->send_view(job.peer, make_tag(uint32_t(run * count + i), 0, Role::kOther), src.data(), size));
   }
   LH_RETURN_IF_ERROR(ack.wait(300s));
   double bps = double(size) * count / secs(Clock::now() - t0);
@@ -287,7 +304,8 @@ Result<Json> shaped_run(const LinkBenchOptions& o) {
   for (int i = 0; i < count; ++i) recvs.push_back(pr.second->recv(0, make_tag(i, 0, Role::kActivation)));
   Bytes src(size, 0x33);
   auto t0 = Clock::now();
-  for (int i = 0; i < count; ++i) sends.push_back(shaped.send_view(1, make_tag(i, 0, Role::kActivation), src.data(), size));
+  for (int i = 0; i < count; ++i)
+    sends.push_back(shaped.send_view(1, make_tag(i, 0, Role::kActivation), src.data(), size));
   Clock::time_point first{}, last{};
   for (int i = 0; i < count; ++i) {
     LH_RETURN_IF_ERROR(recvs[size_t(i)].wait(600s));
@@ -297,8 +315,12 @@ Result<Json> shaped_run(const LinkBenchOptions& o) {
   double ideal = double(count) * size * 8 / shape.rate_bps;
   double elapsed = secs(last - t0) - std::chrono::duration<double>(shape.delay).count();
   double achieved = double(count - 1) * size * 8 / secs(last - first);
-  return Json{{"rate_bps", shape.rate_bps}, {"delay_ms", shape.delay.count() / 1000.0}, {"messages", count},
-              {"msg_bytes", size}, {"achieved_bps", achieved}, {"rate_fraction", achieved / shape.rate_bps},
+  return Json{{"rate_bps", shape.rate_bps},
+              {"delay_ms", shape.delay.count() / 1000.0},
+              {"messages", count},
+              {"msg_bytes", size},
+              {"achieved_bps", achieved},
+              {"rate_fraction", achieved / shape.rate_bps},
               {"busy_fraction", ideal / elapsed},
               {"meter_busy_seconds", meter->link_stats(1, Direction::kSend).busy_seconds},
               {"meter_bandwidth_bps", meter->bandwidth_bps(1, Direction::kSend)}};
@@ -322,7 +344,8 @@ int netns_child(const std::string& endpoint) {
   auto plan = (*cc)->join((*plane)->address(), 30s);
   if (!plan.ok()) return 4;
   int me = plan->rank, other = 1 - me;
-  if (!(*plane)->connect(me, {{other, plan->peers[size_t(other)].ucx_address}}).ok() || !(*cc)->ready(30s).ok()) return 5;
+  if (!(*plane)->connect(me, {{other, plan->peers[size_t(other)].ucx_address}}).ok() || !(*cc)->ready(30s).ok())
+    return 5;
   Bytes src(kNetnsPacket, 0x77);
   std::vector<Transfer> ts;
   Clock::time_point first{}, last{};
@@ -355,7 +378,8 @@ std::string find_wan_script(const std::string& given) {
 
 Result<Json> netns_run(const LinkBenchOptions& o) {
   LH_ASSIGN_OR_RETURN(LinkShape shape, parse_link_shape(o.netns_rate));
-  const std::string prefix = "lhb" + std::to_string(getpid() % 10000), subnet = "10.213." + std::to_string(getpid() % 100);
+  const std::string prefix = "lhb" + std::to_string(getpid() % 10000),
+                    subnet = "10.213." + std::to_string(getpid() % 100);
   setenv("LH_WAN_PREFIX", prefix.c_str(), 1);
   setenv("LH_WAN_SUBNET", subnet.c_str(), 1);
   std::string wan = find_wan_script(o.wan_script);
@@ -401,8 +425,11 @@ Result<Json> netns_run(const LinkBenchOptions& o) {
   }
   if (!ok) return unavailable("a namespace worker failed");
   std::lock_guard<std::mutex> lock(mu);
-  return Json{{"rate_bps", shape.rate_bps}, {"achieved_bps", bps}, {"rate_fraction", bps / shape.rate_bps},
-              {"messages", kNetnsPackets}, {"msg_bytes", kNetnsPacket}};
+  return Json{{"rate_bps", shape.rate_bps},
+              {"achieved_bps", bps},
+              {"rate_fraction", bps / shape.rate_bps},
+              {"messages", kNetnsPackets},
+              {"msg_bytes", kNetnsPacket}};
 }
 
 // ---- the command ------------------------------------------------------------------------------------
@@ -436,7 +463,12 @@ int run_bench_link(const LinkBenchOptions& o) {
   job->reset();
 
   Json j = {{"bench", "link"},
-            {"ucx", {{"tls", o.tls}, {"peer_errors", o.peer_errors}, {"msg_bytes", size}, {"throughput_Bps", best_ucx}, {"latency_us", *ucx_lat}}},
+            {"ucx",
+             {{"tls", o.tls},
+              {"peer_errors", o.peer_errors},
+              {"msg_bytes", size},
+              {"throughput_Bps", best_ucx},
+              {"latency_us", *ucx_lat}}},
             {"tcp", {{"msg_bytes", size}, {"throughput_Bps", best_tcp}, {"latency_us", tcp_lat}}},
             {"ucx_over_tcp_throughput", best_ucx / best_tcp},
             {"ucx_over_tcp_latency", *ucx_lat / tcp_lat}};
@@ -446,17 +478,19 @@ int run_bench_link(const LinkBenchOptions& o) {
   j["netns"] = nullptr;
   if (o.netns && geteuid() == 0) {
     auto ns = netns_run(o);
-    if (ns.ok()) j["netns"] = *ns;
-    else j["netns"] = {{"skipped", ns.status().message()}};
+    if (ns.ok())
+      j["netns"] = *ns;
+    else
+      j["netns"] = {{"skipped", ns.status().message()}};
   }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
   }
-  std::printf("link bench (two processes; UCX transports: %s; %.1f MiB messages, %d per run, best of %d)\n", o.tls.c_str(),
-              size / 1048576.0, count, o.repeats);
-  std::printf("  loopback throughput  UCX %8.1f MB/s   TCP %8.1f MB/s   UCX/TCP %.2fx (target >= 0.8)\n", best_ucx / 1e6,
-              best_tcp / 1e6, best_ucx / best_tcp);
+  std::printf("link bench (two processes; UCX transports: %s; %.1f MiB messages, %d per run, best of %d)\n",
+              o.tls.c_str(), size / 1048576.0, count, o.repeats);
+  std::printf("  loopback throughput  UCX %8.1f MB/s   TCP %8.1f MB/s   UCX/TCP %.2fx (target >= 0.8)\n",
+              best_ucx / 1e6, best_tcp / 1e6, best_ucx / best_tcp);
   std::printf("  8-byte latency       UCX %8.1f us     TCP %8.1f us     UCX/TCP %.2fx (median one-way)\n", *ucx_lat,
               tcp_lat, *ucx_lat / tcp_lat);
   const Json& s = j["shaped"];
@@ -478,7 +512,8 @@ RegisterCommand reg("bench", 30, [](CLI::App& bench) {
   auto* cmd = bench.add_subcommand("link", "UCX vs plain TCP on loopback; shaped-link and netns+tbf busy fraction");
   cmd->add_flag("--json", opts->json, "one JSON object");
   cmd->add_option("--tls", opts->tls, "UCX transports for the loopback runs (as UCX_TLS)")->capture_default_str();
-  cmd->add_flag("--peer-errors", opts->peer_errors, "UCP peer error handling on endpoints (UCX 1.13 then uses tcp only)");
+  cmd->add_flag("--peer-errors", opts->peer_errors,
+                "UCP peer error handling on endpoints (UCX 1.13 then uses tcp only)");
   cmd->add_option("--size", opts->size, "large-message size in bytes")->capture_default_str();
   cmd->add_option("--total", opts->total, "bytes per throughput run")->capture_default_str();
   cmd->add_option("--repeats", opts->repeats, "throughput runs per side (best reported)")->check(CLI::Range(1, 100));

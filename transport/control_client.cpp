@@ -24,15 +24,19 @@ Result<std::unique_ptr<ControlClient>> ControlClient::connect(const ControlClien
   lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
   lo.max_message_bytes = int64_t(kMaxControlMessage);
   ControlClient* self = c.get();
-  LH_ASSIGN_OR_RETURN(c->loop_, ZmqLoop::start(
-                                    lo, [self](Frames&& f) { self->on_message(std::move(f)); },
-                                    [self] { self->on_tick(); }));
+  LH_ASSIGN_OR_RETURN(c->loop_,
+                      ZmqLoop::start(
+                          lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [self] { self->on_tick(); }));
   return c;
 }
 
-ControlClient::~ControlClient() { loop_.reset(); }
+ControlClient::~ControlClient() {
+  loop_.reset();
+}
 
-void ControlClient::send(const ControlMessage& m) { loop_->send({encode_message(m)}); }
+void ControlClient::send(const ControlMessage& m) {
+  loop_->send({encode_message(m)});
+}
 
 void ControlClient::on_message(Frames&& frames) {
   if (frames.size() != 1) {
@@ -48,7 +52,8 @@ void ControlClient::on_message(Frames&& frames) {
   std::lock_guard<std::mutex> lock(mu_);
   last_heard_ = std::chrono::steady_clock::now();
   switch (message_type(m)) {
-    case MsgType::kHeartbeat: return;
+    case MsgType::kHeartbeat:
+      return;
     case MsgType::kPlan:
       if (joined_ || join_reply_) {
         LH_LOG_WARN("control: ignoring a second Plan");
@@ -58,17 +63,25 @@ void ControlClient::on_message(Frames&& frames) {
       break;
     case MsgType::kReject:
       LH_LOG_WARN("control: the coordinator refused a message: {}", std::get<Reject>(m).reason);
-      if (!joined_ && !join_reply_) join_reply_ = Result<Plan>(invalid_argument("join refused: " + std::get<Reject>(m).reason));
-      else events_.push_back(std::move(m));
+      if (!joined_ && !join_reply_)
+        join_reply_ = Result<Plan>(invalid_argument("join refused: " + std::get<Reject>(m).reason));
+      else
+        events_.push_back(std::move(m));
       break;
-    case MsgType::kBarrier: released_barriers_.insert(std::get<Barrier>(m).id); break;
+    case MsgType::kBarrier:
+      released_barriers_.insert(std::get<Barrier>(m).id);
+      break;
     case MsgType::kShutdown:
       shutdown_ = true;
       events_.push_back(std::move(m));
       break;
     case MsgType::kSetCodec:
-    case MsgType::kPeerLost: events_.push_back(std::move(m)); break;
-    default: LH_LOG_WARN("control: ignoring {} from the coordinator", msg_type_name(message_type(m))); return;
+    case MsgType::kPeerLost:
+      events_.push_back(std::move(m));
+      break;
+    default:
+      LH_LOG_WARN("control: ignoring {} from the coordinator", msg_type_name(message_type(m)));
+      return;
   }
   cv_.notify_all();
 }
@@ -131,7 +144,8 @@ Status ControlClient::barrier(uint64_t id, std::chrono::milliseconds timeout) {
   send(Barrier{id});
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(id) || shutdown_; }))
-    return unavailable("barrier " + std::to_string(id) + " not released within " + std::to_string(timeout.count()) + " ms");
+    return unavailable("barrier " + std::to_string(id) + " not released within " + std::to_string(timeout.count()) +
+                       " ms");
   if (!released_barriers_.count(id)) return unavailable("shut down while waiting at barrier " + std::to_string(id));
   released_barriers_.erase(id);
   return Status::Ok();
@@ -187,7 +201,8 @@ Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& r
   zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    long left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+    long left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0 || zmq_poll(&item, 1, left) <= 0) {
       cleanup();
       return unavailable("no reply from the coordinator at " + coordinator);

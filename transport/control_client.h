@@ -20,7 +20,7 @@ namespace lh {
 struct ControlClientOptions {
   std::string coordinator;  // "tcp://HOST:PORT"
   std::string token;
-  std::string hostname;     // empty: gethostname()
+  std::string hostname;  // empty: gethostname()
   std::string device = "cpu";
   double compute_speed = 0;
   // Until the Plan says otherwise: how often to heartbeat, and how long the coordinator may be silent

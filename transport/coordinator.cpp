@@ -15,7 +15,9 @@ void run_all(Deferred& d) {
   for (auto& fn : d) fn();
 }
 
-bool live(const WorkerInfo& w) { return w.state != WorkerInfo::State::kDead && w.state != WorkerInfo::State::kLeft; }
+bool live(const WorkerInfo& w) {
+  return w.state != WorkerInfo::State::kDead && w.state != WorkerInfo::State::kLeft;
+}
 
 std::string printable_id(const std::string& id) {
   static const char* hex = "0123456789abcdef";
@@ -31,11 +33,16 @@ std::string printable_id(const std::string& id) {
 
 const char* worker_state_name(WorkerInfo::State s) {
   switch (s) {
-    case WorkerInfo::State::kJoined: return "joined";
-    case WorkerInfo::State::kPlanned: return "planned";
-    case WorkerInfo::State::kReady: return "ready";
-    case WorkerInfo::State::kDead: return "dead";
-    case WorkerInfo::State::kLeft: return "left";
+    case WorkerInfo::State::kJoined:
+      return "joined";
+    case WorkerInfo::State::kPlanned:
+      return "planned";
+    case WorkerInfo::State::kReady:
+      return "ready";
+    case WorkerInfo::State::kDead:
+      return "dead";
+    case WorkerInfo::State::kLeft:
+      return "left";
   }
   return "unknown";
 }
@@ -55,14 +62,16 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
   lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
   lo.max_message_bytes = int64_t(kMaxControlMessage);
   Coordinator* self = c.get();
-  LH_ASSIGN_OR_RETURN(c->loop_, ZmqLoop::start(
-                                    lo, [self](Frames&& f) { self->on_message(std::move(f)); },
-                                    [self] { self->on_tick(); }));
+  LH_ASSIGN_OR_RETURN(c->loop_,
+                      ZmqLoop::start(
+                          lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [self] { self->on_tick(); }));
   LH_LOG_INFO("coordinator listening on {} for {} workers", c->endpoint(), options.expected_workers);
   return c;
 }
 
-Coordinator::~Coordinator() { loop_.reset(); }
+Coordinator::~Coordinator() {
+  loop_.reset();
+}
 
 void Coordinator::send_raw(const std::string& identity, const ControlMessage& m) {
   auto body = encode_message(m);
@@ -110,7 +119,8 @@ void Coordinator::on_message(Frames&& frames) {
     }
     w->last_seen = std::chrono::steady_clock::now();
     switch (type) {
-      case MsgType::kHeartbeat: break;
+      case MsgType::kHeartbeat:
+        break;
       case MsgType::kReady: {
         int r = std::get<Ready>(m).rank;
         if (w->state != WorkerInfo::State::kPlanned || r != w->rank) {
@@ -139,7 +149,8 @@ void Coordinator::on_message(Frames&& frames) {
         auto& sm = std::get<StepMetrics>(m);
         if (sm.rank != w->rank) {
           lock.unlock();
-          return reject(id, "StepMetrics for rank " + std::to_string(sm.rank) + " from rank " + std::to_string(w->rank));
+          return reject(id,
+                        "StepMetrics for rank " + std::to_string(sm.rank) + " from rank " + std::to_string(w->rank));
         }
         if (hooks_.on_metrics) later.push_back([this, sm] { hooks_.on_metrics(sm); });
         break;
@@ -167,8 +178,10 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     std::string why;
-    if (find(id)) why = "already joined";
-    else if (planned_) why = "the job is already planned";
+    if (find(id))
+      why = "already joined";
+    else if (planned_)
+      why = "the job is already planned";
     else if (int(workers_.size()) >= options_.expected_workers)
       why = "the job is full (" + std::to_string(options_.expected_workers) + " workers)";
     if (!why.empty()) {
@@ -213,14 +226,17 @@ void Coordinator::send_plans() {
   }
   std::set<int> ranks;
   for (auto& p : plans) ranks.insert(p.rank);
-  if (plans.size() != ws.size() || ranks.size() != ws.size() || *ranks.begin() != 0 || *ranks.rbegin() != int(ws.size()) - 1) {
-    LH_LOG_ERROR("coordinator: make_plans returned {} plans for {} workers or ranks not 0..N-1", plans.size(), ws.size());
+  if (plans.size() != ws.size() || ranks.size() != ws.size() || *ranks.begin() != 0 ||
+      *ranks.rbegin() != int(ws.size()) - 1) {
+    LH_LOG_ERROR("coordinator: make_plans returned {} plans for {} workers or ranks not 0..N-1", plans.size(),
+                 ws.size());
     shutdown("planning failed: bad plan set");
     return;
   }
   std::vector<PeerInfo> peers(ws.size());
   for (size_t i = 0; i < ws.size(); ++i)
-    peers[size_t(plans[i].rank)] = PeerInfo{plans[i].rank, ws[i].join.hostname, ws[i].join.device, ws[i].join.ucx_address};
+    peers[size_t(plans[i].rank)] =
+        PeerInfo{plans[i].rank, ws[i].join.hostname, ws[i].join.device, ws[i].join.ucx_address};
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < ws.size(); ++i) {
@@ -333,7 +349,8 @@ void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
       SetCodec sc{j.value("src", -1), j.value("dst", -1), j.value("dir", std::string()), j.value("spec", std::string()),
                   j.value("apply_at_step", int64_t(-1))};
       auto check = decode_message(encode_message(sc));  // the same field checks workers apply
-      if (!check.ok()) reply = check.status();
+      if (!check.ok())
+        reply = check.status();
       else {
         broadcast(sc);
         reply = std::string(R"({"broadcast":true})");
@@ -342,7 +359,8 @@ void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
   } else {
     reply = invalid_argument("unknown ctl command '" + req.command + "' (allowed: status, set-codec)");
   }
-  if (reply.ok()) send_raw(id, CtlReply{true, reply.value()});
+  if (reply.ok())
+    send_raw(id, CtlReply{true, reply.value()});
   else {
     LH_LOG_WARN("coordinator: ctl '{}' failed: {}", req.command, reply.status().message());
     send_raw(id, CtlReply{false, reply.status().message()});
@@ -391,11 +409,19 @@ nlohmann::json Coordinator::status_json() const {
   nlohmann::json ws = nlohmann::json::array();
   auto now = std::chrono::steady_clock::now();
   for (auto& w : workers_)
-    ws.push_back({{"rank", w.rank}, {"hostname", w.join.hostname}, {"device", w.join.device},
-                  {"compute_speed", w.join.compute_speed}, {"state", worker_state_name(w.state)},
+    ws.push_back({{"rank", w.rank},
+                  {"hostname", w.join.hostname},
+                  {"device", w.join.device},
+                  {"compute_speed", w.join.compute_speed},
+                  {"state", worker_state_name(w.state)},
                   {"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen).count()}});
-  return {{"endpoint", loop_->endpoint()}, {"expected_workers", options_.expected_workers}, {"planned", planned_},
-          {"running", all_ready_}, {"shut_down", shut_down_}, {"rejected", rejected_}, {"workers", ws}};
+  return {{"endpoint", loop_->endpoint()},
+          {"expected_workers", options_.expected_workers},
+          {"planned", planned_},
+          {"running", all_ready_},
+          {"shut_down", shut_down_},
+          {"rejected", rejected_},
+          {"workers", ws}};
 }
 
 uint64_t Coordinator::rejected() const {

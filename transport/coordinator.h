@@ -10,11 +10,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "transport/messages.h"
 #include "transport/zmq_loop.h"
@@ -23,8 +22,8 @@ namespace lh {
 
 struct CoordinatorOptions {
   std::string listen = "tcp://127.0.0.1:*";  // '*' port: pick a free one (see endpoint())
-  std::string token;                          // the shared join token
-  int expected_workers = 1;                   // plans go out once this many have joined
+  std::string token;                         // the shared join token
+  int expected_workers = 1;                  // plans go out once this many have joined
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{5000};  // silence longer than this: dead
 };
@@ -105,7 +104,7 @@ class Coordinator {
 
   mutable std::mutex mu_;  // guards everything below (hooks run with it released)
   mutable std::condition_variable cv_;
-  std::vector<WorkerInfo> workers_;      // in join order
+  std::vector<WorkerInfo> workers_;  // in join order
   std::map<int, std::string> rank_to_identity_;
   bool planned_ = false, all_ready_ = false, shut_down_ = false;
   std::map<uint64_t, std::set<int>> barrier_arrivals_;  // barrier id -> ranks that reached it

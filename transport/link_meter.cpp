@@ -6,7 +6,9 @@
 namespace lh {
 namespace {
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 // Adds the part of [start, end] not yet covered; returns the start of that uncovered part.
 Clock::time_point add_busy(double& busy, Clock::time_point& covered_until, Clock::time_point start,
@@ -88,15 +90,23 @@ nlohmann::json LinkMeter::to_json() const {
   for (const auto& [key, e] : roles_) {
     auto [peer, role, dir] = key;
     auto [src, dst] = ends(peer, dir);
-    links.push_back({{"src", src}, {"dst", dst}, {"role", role_name(Role(role))},
-                     {"dir", direction_name(Direction(dir))}, {"messages", e.stats.messages},
-                     {"raw_bytes", e.stats.raw_bytes}, {"wire_bytes", e.stats.wire_bytes},
+    links.push_back({{"src", src},
+                     {"dst", dst},
+                     {"role", role_name(Role(role))},
+                     {"dir", direction_name(Direction(dir))},
+                     {"messages", e.stats.messages},
+                     {"raw_bytes", e.stats.raw_bytes},
+                     {"wire_bytes", e.stats.wire_bytes},
                      {"seconds", e.stats.busy_seconds}});
   }
   for (const auto& [key, e] : links_) {
     auto [src, dst] = ends(key.first, key.second);
-    bw.push_back({{"src", src}, {"dst", dst}, {"dir", direction_name(Direction(key.second))}, {"bps", e.ewma_bps},
-                  {"busy_seconds", e.stats.busy_seconds}, {"wire_bytes", e.stats.wire_bytes}});
+    bw.push_back({{"src", src},
+                  {"dst", dst},
+                  {"dir", direction_name(Direction(key.second))},
+                  {"bps", e.ewma_bps},
+                  {"busy_seconds", e.stats.busy_seconds},
+                  {"wire_bytes", e.stats.wire_bytes}});
   }
   return {{"rank", self_rank_}, {"links", links}, {"bandwidth", bw}};
 }

@@ -4,9 +4,8 @@
 
 #include <map>
 #include <mutex>
-#include <tuple>
-
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "transport/tag.h"
 #include "transport/transfer.h"

@@ -12,8 +12,10 @@ namespace lh {
 
 std::string LinkShape::to_string() const {
   char buf[96];
-  if (rate_bps <= 0) std::snprintf(buf, sizeof(buf), "unlimited, %.3g ms", delay.count() / 1000.0);
-  else std::snprintf(buf, sizeof(buf), "%.4g Mbit/s, %.3g ms", rate_bps / 1e6, delay.count() / 1000.0);
+  if (rate_bps <= 0)
+    std::snprintf(buf, sizeof(buf), "unlimited, %.3g ms", delay.count() / 1000.0);
+  else
+    std::snprintf(buf, sizeof(buf), "%.4g Mbit/s, %.3g ms", rate_bps / 1e6, delay.count() / 1000.0);
   return buf;
 }
 
@@ -43,9 +45,12 @@ Result<LinkShape> parse_link_shape(const std::string& text) {
   if (!split_number(rate, v, unit) || v < 0)
     return invalid_argument("link rate '" + rate + "' is not a number of bits per second (e.g. 20M, 1.5G, 800k)");
   double mult = 1;
-  if (!unit.empty() && (unit[0] == 'k' || unit[0] == 'K')) mult = 1e3, unit.erase(0, 1);
-  else if (!unit.empty() && unit[0] == 'M') mult = 1e6, unit.erase(0, 1);
-  else if (!unit.empty() && (unit[0] == 'G' || unit[0] == 'g')) mult = 1e9, unit.erase(0, 1);
+  if (!unit.empty() && (unit[0] == 'k' || unit[0] == 'K'))
+    mult = 1e3, unit.erase(0, 1);
+  else if (!unit.empty() && unit[0] == 'M')
+    mult = 1e6, unit.erase(0, 1);
+  else if (!unit.empty() && (unit[0] == 'G' || unit[0] == 'g'))
+    mult = 1e9, unit.erase(0, 1);
   if (!(unit.empty() || unit == "bit" || unit == "bps" || unit == "bit/s" || unit == "b"))
     return invalid_argument("link rate '" + rate + "': unknown unit '" + unit + "' (use k, M, G, optionally + bit)");
   shape.rate_bps = v * mult;
@@ -53,10 +58,14 @@ Result<LinkShape> parse_link_shape(const std::string& text) {
     if (!split_number(delay, v, unit) || v < 0)
       return invalid_argument("link delay '" + delay + "' is not a duration (e.g. 30ms, 0.1s, 500us)");
     double us;
-    if (unit.empty() || unit == "ms") us = v * 1e3;
-    else if (unit == "s") us = v * 1e6;
-    else if (unit == "us") us = v;
-    else return invalid_argument("link delay '" + delay + "': unknown unit '" + unit + "' (use us, ms or s)");
+    if (unit.empty() || unit == "ms")
+      us = v * 1e3;
+    else if (unit == "s")
+      us = v * 1e6;
+    else if (unit == "us")
+      us = v;
+    else
+      return invalid_argument("link delay '" + delay + "': unknown unit '" + unit + "' (use us, ms or s)");
     if (us > 60e6) return invalid_argument("link delay '" + delay + "' is over a minute");
     shape.delay = std::chrono::microseconds(int64_t(std::llround(us)));
   }

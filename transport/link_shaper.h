@@ -16,9 +16,9 @@
 namespace lh {
 
 struct LinkShape {
-  double rate_bps = 0;                    // 0: unlimited
-  std::chrono::microseconds delay{0};     // one-way propagation delay
-  std::string to_string() const;          // "20 Mbit/s, 30 ms"
+  double rate_bps = 0;                 // 0: unlimited
+  std::chrono::microseconds delay{0};  // one-way propagation delay
+  std::string to_string() const;       // "20 Mbit/s, 30 ms"
 };
 
 // "RATE[,DELAY]": RATE is bits per second with an optional k/M/G suffix (decimal) and an optional

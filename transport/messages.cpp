@@ -3,7 +3,6 @@
 
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
-
 #include <cstring>
 #include <set>
 
@@ -15,7 +14,8 @@ namespace {
 constexpr size_t kMaxName = 4096;  // token, hostname, device, reasons, specs
 
 Status check_len(const std::string& s, const char* what, size_t max = kMaxName) {
-  if (s.size() > max) return corrupt(std::string(what) + " is " + std::to_string(s.size()) + " bytes (max " + std::to_string(max) + ")");
+  if (s.size() > max)
+    return corrupt(std::string(what) + " is " + std::to_string(s.size()) + " bytes (max " + std::to_string(max) + ")");
   return Status::Ok();
 }
 
@@ -28,18 +28,23 @@ Status validate(const Join& m) {
   LH_RETURN_IF_ERROR(check_len(m.token, "join token"));
   LH_RETURN_IF_ERROR(check_len(m.hostname, "hostname"));
   LH_RETURN_IF_ERROR(check_len(m.device, "device"));
-  if (!(m.compute_speed >= 0) || m.compute_speed > 1e12) return corrupt("compute speed " + std::to_string(m.compute_speed) + " is not a speed");
-  if (m.ucx_address.empty() || m.ucx_address.size() > (1u << 20)) return corrupt("UCX address of " + std::to_string(m.ucx_address.size()) + " bytes");
+  if (!(m.compute_speed >= 0) || m.compute_speed > 1e12)
+    return corrupt("compute speed " + std::to_string(m.compute_speed) + " is not a speed");
+  if (m.ucx_address.empty() || m.ucx_address.size() > (1u << 20))
+    return corrupt("UCX address of " + std::to_string(m.ucx_address.size()) + " bytes");
   return Status::Ok();
 }
 
 Status validate(const Plan& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "plan rank"));
-  if (m.world_size <= m.rank || m.world_size > 4096) return corrupt("plan world size " + std::to_string(m.world_size) + " does not hold rank " + std::to_string(m.rank));
+  if (m.world_size <= m.rank || m.world_size > 4096)
+    return corrupt("plan world size " + std::to_string(m.world_size) + " does not hold rank " + std::to_string(m.rank));
   if (m.pp < 1 || m.tp < 1 || m.dp < 1 || int64_t(m.pp) * m.tp * m.dp != m.world_size)
-    return corrupt("plan grid " + std::to_string(m.pp) + "x" + std::to_string(m.tp) + "x" + std::to_string(m.dp) + " does not match world size " + std::to_string(m.world_size));
+    return corrupt("plan grid " + std::to_string(m.pp) + "x" + std::to_string(m.tp) + "x" + std::to_string(m.dp) +
+                   " does not match world size " + std::to_string(m.world_size));
   if (m.stage < 0 || m.stage >= m.pp || m.tp_index < 0 || m.tp_index >= m.tp || m.dp_index < 0 || m.dp_index >= m.dp)
-    return corrupt("plan position (stage " + std::to_string(m.stage) + ", tp " + std::to_string(m.tp_index) + ", dp " + std::to_string(m.dp_index) + ") outside the grid");
+    return corrupt("plan position (stage " + std::to_string(m.stage) + ", tp " + std::to_string(m.tp_index) + ", dp " +
+                   std::to_string(m.dp_index) + ") outside the grid");
   std::set<int32_t> seen;
   for (const auto& p : m.peers) {
     LH_RETURN_IF_ERROR(check_rank(p.rank, "plan peer rank"));
@@ -52,13 +57,20 @@ Status validate(const Plan& m) {
     LH_RETURN_IF_ERROR(check_len(c.spec, "codec spec"));
   }
   if (m.heartbeat_interval_ms <= 0 || m.heartbeat_timeout_ms < m.heartbeat_interval_ms)
-    return corrupt("plan heartbeat interval " + std::to_string(m.heartbeat_interval_ms) + " ms / timeout " + std::to_string(m.heartbeat_timeout_ms) + " ms");
+    return corrupt("plan heartbeat interval " + std::to_string(m.heartbeat_interval_ms) + " ms / timeout " +
+                   std::to_string(m.heartbeat_timeout_ms) + " ms");
   return Status::Ok();
 }
 
-Status validate(const Ready& m) { return check_rank(m.rank, "ready rank"); }
-Status validate(const Barrier&) { return Status::Ok(); }
-Status validate(const Heartbeat&) { return Status::Ok(); }
+Status validate(const Ready& m) {
+  return check_rank(m.rank, "ready rank");
+}
+Status validate(const Barrier&) {
+  return Status::Ok();
+}
+Status validate(const Heartbeat&) {
+  return Status::Ok();
+}
 Status validate(const SetCodec& m) {
   LH_RETURN_IF_ERROR(check_rank(m.src, "set-codec src"));
   LH_RETURN_IF_ERROR(check_rank(m.dst, "set-codec dst"));
@@ -72,8 +84,12 @@ Status validate(const StepMetrics& m) {
   if (m.step < 0) return corrupt("metrics step " + std::to_string(m.step));
   return Status::Ok();
 }
-Status validate(const Shutdown& m) { return check_len(m.reason, "shutdown reason"); }
-Status validate(const Reject& m) { return check_len(m.reason, "reject reason"); }
+Status validate(const Shutdown& m) {
+  return check_len(m.reason, "shutdown reason");
+}
+Status validate(const Reject& m) {
+  return check_len(m.reason, "reject reason");
+}
 Status validate(const PeerLost& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "lost rank"));
   return check_len(m.reason, "lost reason");
@@ -82,7 +98,9 @@ Status validate(const CtlRequest& m) {
   LH_RETURN_IF_ERROR(check_len(m.token, "ctl token"));
   return check_len(m.command, "ctl command");
 }
-Status validate(const CtlReply&) { return Status::Ok(); }
+Status validate(const CtlReply&) {
+  return Status::Ok();
+}
 
 template <class T>
 Result<ControlMessage> decode_as(const uint8_t* body, size_t size) {
@@ -90,8 +108,7 @@ Result<ControlMessage> decode_as(const uint8_t* body, size_t size) {
   try {
     WireInputArchive ar(body, size);
     ar(m);
-    if (ar.remaining() != 0)
-      return corrupt(std::to_string(ar.remaining()) + " stray bytes after the message body");
+    if (ar.remaining() != 0) return corrupt(std::to_string(ar.remaining()) + " stray bytes after the message body");
   } catch (const std::exception& e) {  // cereal::Exception, or bad_alloc/length_error from a container
     return corrupt(std::string("malformed body: ") + e.what());
   }
@@ -103,23 +120,37 @@ Result<ControlMessage> decode_as(const uint8_t* body, size_t size) {
 
 const char* msg_type_name(MsgType t) {
   switch (t) {
-    case MsgType::kJoin: return "Join";
-    case MsgType::kPlan: return "Plan";
-    case MsgType::kReady: return "Ready";
-    case MsgType::kBarrier: return "Barrier";
-    case MsgType::kHeartbeat: return "Heartbeat";
-    case MsgType::kSetCodec: return "SetCodec";
-    case MsgType::kStepMetrics: return "StepMetrics";
-    case MsgType::kShutdown: return "Shutdown";
-    case MsgType::kReject: return "Reject";
-    case MsgType::kPeerLost: return "PeerLost";
-    case MsgType::kCtlRequest: return "CtlRequest";
-    case MsgType::kCtlReply: return "CtlReply";
+    case MsgType::kJoin:
+      return "Join";
+    case MsgType::kPlan:
+      return "Plan";
+    case MsgType::kReady:
+      return "Ready";
+    case MsgType::kBarrier:
+      return "Barrier";
+    case MsgType::kHeartbeat:
+      return "Heartbeat";
+    case MsgType::kSetCodec:
+      return "SetCodec";
+    case MsgType::kStepMetrics:
+      return "StepMetrics";
+    case MsgType::kShutdown:
+      return "Shutdown";
+    case MsgType::kReject:
+      return "Reject";
+    case MsgType::kPeerLost:
+      return "PeerLost";
+    case MsgType::kCtlRequest:
+      return "CtlRequest";
+    case MsgType::kCtlReply:
+      return "CtlReply";
   }
   return "unknown";
 }
 
-MsgType message_type(const ControlMessage& m) { return static_cast<MsgType>(m.index() + 1); }
+MsgType message_type(const ControlMessage& m) {
+  return static_cast<MsgType>(m.index() + 1);
+}
 
 std::vector<uint8_t> encode_message(const ControlMessage& m) {
   std::vector<uint8_t> out(kControlHeaderBytes);
@@ -134,7 +165,8 @@ std::vector<uint8_t> encode_message(const ControlMessage& m) {
 }
 
 Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
-  if (size < kControlHeaderBytes) return corrupt("message of " + std::to_string(size) + " bytes is shorter than the 8-byte header");
+  if (size < kControlHeaderBytes)
+    return corrupt("message of " + std::to_string(size) + " bytes is shorter than the 8-byte header");
   if (size > kMaxControlMessage) return corrupt("message of " + std::to_string(size) + " bytes exceeds the limit");
   uint32_t magic;
   uint16_t version, type;
@@ -147,18 +179,30 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
   const uint8_t* body = data + kControlHeaderBytes;
   size_t n = size - kControlHeaderBytes;
   switch (static_cast<MsgType>(type)) {
-    case MsgType::kJoin: return decode_as<Join>(body, n);
-    case MsgType::kPlan: return decode_as<Plan>(body, n);
-    case MsgType::kReady: return decode_as<Ready>(body, n);
-    case MsgType::kBarrier: return decode_as<Barrier>(body, n);
-    case MsgType::kHeartbeat: return decode_as<Heartbeat>(body, n);
-    case MsgType::kSetCodec: return decode_as<SetCodec>(body, n);
-    case MsgType::kStepMetrics: return decode_as<StepMetrics>(body, n);
-    case MsgType::kShutdown: return decode_as<Shutdown>(body, n);
-    case MsgType::kReject: return decode_as<Reject>(body, n);
-    case MsgType::kPeerLost: return decode_as<PeerLost>(body, n);
-    case MsgType::kCtlRequest: return decode_as<CtlRequest>(body, n);
-    case MsgType::kCtlReply: return decode_as<CtlReply>(body, n);
+    case MsgType::kJoin:
+      return decode_as<Join>(body, n);
+    case MsgType::kPlan:
+      return decode_as<Plan>(body, n);
+    case MsgType::kReady:
+      return decode_as<Ready>(body, n);
+    case MsgType::kBarrier:
+      return decode_as<Barrier>(body, n);
+    case MsgType::kHeartbeat:
+      return decode_as<Heartbeat>(body, n);
+    case MsgType::kSetCodec:
+      return decode_as<SetCodec>(body, n);
+    case MsgType::kStepMetrics:
+      return decode_as<StepMetrics>(body, n);
+    case MsgType::kShutdown:
+      return decode_as<Shutdown>(body, n);
+    case MsgType::kReject:
+      return decode_as<Reject>(body, n);
+    case MsgType::kPeerLost:
+      return decode_as<PeerLost>(body, n);
+    case MsgType::kCtlRequest:
+      return decode_as<CtlRequest>(body, n);
+    case MsgType::kCtlReply:
+      return decode_as<CtlReply>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(type));
 }

@@ -14,7 +14,7 @@ namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
 constexpr uint16_t kProtocolVersion = 1;
-constexpr size_t kControlHeaderBytes = 8;      // magic u32, version u16, type u16
+constexpr size_t kControlHeaderBytes = 8;  // magic u32, version u16, type u16
 constexpr size_t kMaxControlMessage = 64 << 20;
 
 enum class MsgType : uint16_t {
@@ -35,13 +35,15 @@ const char* msg_type_name(MsgType t);
 
 // worker → coordinator: the first message of a worker.
 struct Join {
-  std::string token;          // must equal the coordinator's join token
+  std::string token;  // must equal the coordinator's join token
   std::string hostname;
-  std::string device;         // "cpu", "cuda:0 (NVIDIA H200)" …
-  double compute_speed = 0;   // measured GFLOP/s (the partitioner balances stages with it)
+  std::string device;                // "cpu", "cuda:0 (NVIDIA H200)" …
+  double compute_speed = 0;          // measured GFLOP/s (the partitioner balances stages with it)
   std::vector<uint8_t> ucx_address;  // UcxDataPlane::address()
   template <class A>
-  void serialize(A& ar) { ar(token, hostname, device, compute_speed, ucx_address); }
+  void serialize(A& ar) {
+    ar(token, hostname, device, compute_speed, ucx_address);
+  }
 };
 
 struct PeerInfo {
@@ -50,7 +52,9 @@ struct PeerInfo {
   std::string device;
   std::vector<uint8_t> ucx_address;
   template <class A>
-  void serialize(A& ar) { ar(rank, hostname, device, ucx_address); }
+  void serialize(A& ar) {
+    ar(rank, hostname, device, ucx_address);
+  }
 };
 
 // The codec for one directed link and traffic direction ("fwd", "bwd", "grad", "tp").
@@ -59,15 +63,17 @@ struct LinkCodec {
   std::string dir;
   std::string spec;  // a codec spec as parse_codec_spec reads it ("int8", "lowrank:rank=8+int8" …)
   template <class A>
-  void serialize(A& ar) { ar(src, dst, dir, spec); }
+  void serialize(A& ar) {
+    ar(src, dst, dir, spec);
+  }
 };
 
 // coordinator → worker: who the worker is in the job and whom it talks to.
 struct Plan {
   int32_t rank = -1, world_size = 0;
   int32_t stage = 0, tp_index = 0, dp_index = 0;  // this worker's place in the grid
-  int32_t pp = 1, tp = 1, dp = 1;                  // the grid
-  std::vector<PeerInfo> peers;                     // every rank of the job, this one included
+  int32_t pp = 1, tp = 1, dp = 1;                 // the grid
+  std::vector<PeerInfo> peers;                    // every rank of the job, this one included
   std::vector<LinkCodec> codecs;
   std::string config;  // the job configuration (JSON text: model, data, steps, schedule …), app-defined
   int32_t heartbeat_interval_ms = 500, heartbeat_timeout_ms = 5000;
@@ -82,7 +88,9 @@ struct Plan {
 struct Ready {
   int32_t rank = -1;
   template <class A>
-  void serialize(A& ar) { ar(rank); }
+  void serialize(A& ar) {
+    ar(rank);
+  }
 };
 
 // worker → coordinator: "I reached barrier id"; coordinator → all: "everyone did". Barrier 0 is the
@@ -90,13 +98,17 @@ struct Ready {
 struct Barrier {
   uint64_t id = 0;
   template <class A>
-  void serialize(A& ar) { ar(id); }
+  void serialize(A& ar) {
+    ar(id);
+  }
 };
 
 struct Heartbeat {  // both ways
   uint64_t seq = 0;
   template <class A>
-  void serialize(A& ar) { ar(seq); }
+  void serialize(A& ar) {
+    ar(seq);
+  }
 };
 
 // coordinator → workers (or ctl → coordinator): change a link's codec at a step boundary.
@@ -106,7 +118,9 @@ struct SetCodec {
   std::string spec;
   int64_t apply_at_step = -1;  // -1: the next step boundary the worker reaches
   template <class A>
-  void serialize(A& ar) { ar(src, dst, dir, spec, apply_at_step); }
+  void serialize(A& ar) {
+    ar(src, dst, dir, spec, apply_at_step);
+  }
 };
 
 struct StepMetrics {  // worker → coordinator, one per step
@@ -114,19 +128,25 @@ struct StepMetrics {  // worker → coordinator, one per step
   int64_t step = 0;
   std::string json;  // the metrics line (loss, tokens/s, LinkMeter::to_json() …)
   template <class A>
-  void serialize(A& ar) { ar(rank, step, json); }
+  void serialize(A& ar) {
+    ar(rank, step, json);
+  }
 };
 
 struct Shutdown {  // coordinator → workers: stop; worker → coordinator: leaving
   std::string reason;
   template <class A>
-  void serialize(A& ar) { ar(reason); }
+  void serialize(A& ar) {
+    ar(reason);
+  }
 };
 
 struct Reject {  // the reply to anything refused
   std::string reason;
   template <class A>
-  void serialize(A& ar) { ar(reason); }
+  void serialize(A& ar) {
+    ar(reason);
+  }
 };
 
 struct PeerLost {  // coordinator → survivors: a worker stopped heartbeating
@@ -134,7 +154,9 @@ struct PeerLost {  // coordinator → survivors: a worker stopped heartbeating
   std::string hostname;
   std::string reason;
   template <class A>
-  void serialize(A& ar) { ar(rank, hostname, reason); }
+  void serialize(A& ar) {
+    ar(rank, hostname, reason);
+  }
 };
 
 // A one-shot request from a tool (`longhaul ctl`) that has not joined: "status", "set-codec" …
@@ -143,14 +165,18 @@ struct CtlRequest {
   std::string command;
   std::string args;  // JSON text
   template <class A>
-  void serialize(A& ar) { ar(token, command, args); }
+  void serialize(A& ar) {
+    ar(token, command, args);
+  }
 };
 
 struct CtlReply {
   bool ok = false;
   std::string body;  // JSON text on success, the reason otherwise
   template <class A>
-  void serialize(A& ar) { ar(ok, body); }
+  void serialize(A& ar) {
+    ar(ok, body);
+  }
 };
 
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,
@@ -162,6 +188,8 @@ std::vector<uint8_t> encode_message(const ControlMessage& m);
 // Checks magic, version, type, body length and each message's fields; never trusts a length it has
 // not seen the bytes for. The error says what is wrong ("protocol version 7, expected 1").
 Result<ControlMessage> decode_message(const uint8_t* data, size_t size);
-inline Result<ControlMessage> decode_message(const std::vector<uint8_t>& b) { return decode_message(b.data(), b.size()); }
+inline Result<ControlMessage> decode_message(const std::vector<uint8_t>& b) {
+  return decode_message(b.data(), b.size());
+}
 
 }  // namespace lh

@@ -5,11 +5,16 @@ namespace lh {
 
 const char* role_name(Role role) {
   switch (role) {
-    case Role::kActivation: return "act";
-    case Role::kActivationGrad: return "act_grad";
-    case Role::kWeightGrad: return "grad";
-    case Role::kTpPartial: return "tp";
-    case Role::kOther: return "other";
+    case Role::kActivation:
+      return "act";
+    case Role::kActivationGrad:
+      return "act_grad";
+    case Role::kWeightGrad:
+      return "grad";
+    case Role::kTpPartial:
+      return "tp";
+    case Role::kOther:
+      return "other";
   }
   return "unknown";
 }

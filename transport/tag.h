@@ -40,9 +40,7 @@ struct Tag {
   uint64_t pack() const;
   static Result<Tag> unpack(uint64_t bits);  // fails on bits above 52 or an unknown role
   std::string to_string() const;             // "step 3 mb 1 act shard 0"
-  bool operator==(const Tag& o) const {
-    return pack() == o.pack();
-  }
+  bool operator==(const Tag& o) const { return pack() == o.pack(); }
 };
 
 inline Tag make_tag(uint32_t step, uint16_t microbatch, Role role, uint8_t shard = 0) {

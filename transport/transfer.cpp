@@ -49,15 +49,16 @@ Transfer Transfer::failed(Direction dir, int peer, Tag tag, Status why) {
   return Transfer(std::move(s));
 }
 
-bool Transfer::done() const { return s_ && s_->is_done(); }
+bool Transfer::done() const {
+  return s_ && s_->is_done();
+}
 
 Status Transfer::wait(std::chrono::milliseconds timeout) const {
   if (!s_) return invalid_argument("wait on an empty Transfer");
   std::unique_lock<std::mutex> lock(s_->mu);
   if (!s_->cv.wait_for(lock, timeout, [&] { return s_->done; }))
-    return unavailable("transfer " + std::string(direction_name(s_->direction)) + " peer " +
-                       std::to_string(s_->peer) + " " + s_->tag.to_string() + " not done after " +
-                       std::to_string(timeout.count()) + " ms");
+    return unavailable("transfer " + std::string(direction_name(s_->direction)) + " peer " + std::to_string(s_->peer) +
+                       " " + s_->tag.to_string() + " not done after " + std::to_string(timeout.count()) + " ms");
   return s_->status;
 }
 
@@ -75,10 +76,18 @@ Bytes Transfer::take() {
   return std::move(s_->owned);
 }
 
-uint64_t Transfer::wire_bytes() const { return s_ ? s_->wire_bytes : 0; }
-int Transfer::peer() const { return s_ ? s_->peer : -1; }
-Tag Transfer::tag() const { return s_ ? s_->tag : Tag{}; }
-Direction Transfer::direction() const { return s_ ? s_->direction : Direction::kSend; }
+uint64_t Transfer::wire_bytes() const {
+  return s_ ? s_->wire_bytes : 0;
+}
+int Transfer::peer() const {
+  return s_ ? s_->peer : -1;
+}
+Tag Transfer::tag() const {
+  return s_ ? s_->tag : Tag{};
+}
+Direction Transfer::direction() const {
+  return s_ ? s_->direction : Direction::kSend;
+}
 
 void Transfer::on_done(std::function<void(const Status&)> fn) {
   if (!s_) return;

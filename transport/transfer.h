@@ -19,7 +19,9 @@ using Bytes = std::vector<uint8_t>;
 using Clock = std::chrono::steady_clock;
 
 enum class Direction : uint8_t { kSend = 0, kRecv = 1 };
-inline const char* direction_name(Direction d) { return d == Direction::kSend ? "send" : "recv"; }
+inline const char* direction_name(Direction d) {
+  return d == Direction::kSend ? "send" : "recv";
+}
 
 // Shared between the issuing thread and the thread that completes the transfer (a progress or shaper
 // thread). Everything after `done` is written once, before completion, and read after it.
@@ -27,14 +29,14 @@ struct TransferState {
   Direction direction = Direction::kSend;
   int peer = -1;
   Tag tag;
-  uint64_t raw_bytes = 0;   // what the caller says the packet stands for (uncompressed fp32)
-  uint64_t wire_bytes = 0;  // bytes that crossed (or will cross) the link
+  uint64_t raw_bytes = 0;                // what the caller says the packet stands for (uncompressed fp32)
+  uint64_t wire_bytes = 0;               // bytes that crossed (or will cross) the link
   Clock::time_point t_start{}, t_end{};  // link busy from t_start (post, or arrival for receives) to t_end
 
-  Bytes owned;                      // send: the buffer kept alive until done; recv: the received packet
-  uint8_t* dst = nullptr;           // recv_into: the caller's buffer (then `owned` stays empty) …
-  uint64_t capacity = 0;            // … and its size
-  const uint8_t* data = nullptr;    // send: what goes on the wire (owned.data() or caller memory)
+  Bytes owned;                    // send: the buffer kept alive until done; recv: the received packet
+  uint8_t* dst = nullptr;         // recv_into: the caller's buffer (then `owned` stays empty) …
+  uint64_t capacity = 0;          // … and its size
+  const uint8_t* data = nullptr;  // send: what goes on the wire (owned.data() or caller memory)
   uint64_t size = 0;
 
   // Completes the transfer once: runs the completion hooks, then wakes waiters. Later calls are ignored.

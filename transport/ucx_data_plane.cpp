@@ -143,7 +143,8 @@ Status UcxDataPlane::init(const UcxOptions& options) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) return io_error(std::string("epoll_ctl: ") + std::strerror(errno));
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+      return io_error(std::string("epoll_ctl: ") + std::strerror(errno));
   }
   thread_ = std::thread([this] { progress_loop(); });
   LH_LOG_DEBUG("UCX data plane up (transports {}, address {} bytes)", tls_in_use_, address_.size());
@@ -280,8 +281,8 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers) {
     for (const auto& [r, addr] : raw) {
       if (peer_table_.count(r) && peer_table_[r].ep && !peer_table_[r].failed) continue;
       ucp_ep_params_t ep{};
-      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      ep.field_mask =
+          UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
       ep.err_mode = options_.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxDataPlane::on_ep_error;
@@ -322,8 +323,10 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
   for (auto& [ptr, ctx] : sends_in_flight_) pending += ctx.st->peer == peer;
   // A peer that simply finished (its endpoint times out after it exits) is not news; one that leaves
   // transfers behind is.
-  if (pending) LH_LOG_WARN("data plane: rank {} failed with {} transfers pending: {}", peer, pending, reason);
-  else LH_LOG_INFO("data plane: rank {} is gone: {}", peer, reason);
+  if (pending)
+    LH_LOG_WARN("data plane: rank {} failed with {} transfers pending: {}", peer, pending, reason);
+  else
+    LH_LOG_INFO("data plane: rank {} is gone: {}", peer, reason);
   it->second.failed = true;
   it->second.why = reason;
   Status why = unavailable("rank " + std::to_string(peer) + " failed: " + reason);
@@ -400,7 +403,8 @@ void UcxDataPlane::on_send_done(void* request, ucs_status_t status, void* user) 
 void UcxDataPlane::issue_recv(const std::shared_ptr<TransferState>& st) {
   auto it = peer_table_.find(st->peer);
   if (it == peer_table_.end())
-    return st->complete(invalid_argument("receive from rank " + std::to_string(st->peer) + ", which is not in the plan"));
+    return st->complete(
+        invalid_argument("receive from rank " + std::to_string(st->peer) + ", which is not in the plan"));
   if (it->second.failed)
     return st->complete(unavailable("receive from failed rank " + std::to_string(st->peer) + ": " + it->second.why));
   Key key{st->peer, st->tag.pack()};
@@ -448,8 +452,9 @@ bool UcxDataPlane::probe_inbound() {
     in->discard = true;
     dropped_ += 1;
     LH_LOG_WARN("data plane: dropping a {}-byte packet from rank {}: {}", info.length, in->peer,
-                !tag.ok() ? tag.status().message()
-                          : pit == peer_table_.end() ? std::string("not in the current plan") : "rank has failed");
+                !tag.ok()                  ? tag.status().message()
+                : pit == peer_table_.end() ? std::string("not in the current plan")
+                                           : "rank has failed");
   }
   in->length = info.length;
   ucp_request_param_t p{};

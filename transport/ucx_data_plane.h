@@ -120,13 +120,13 @@ class UcxDataPlane final : public DataPlane {
 
   std::mutex cmd_mu_;
   std::vector<std::function<void()>> commands_;
-  mutable std::mutex peers_mu_;       // guards peer_ranks_ for peers() from other threads
+  mutable std::mutex peers_mu_;  // guards peer_ranks_ for peers() from other threads
   std::vector<int> peer_ranks_;
 
   // Owned by the progress thread.
   std::map<int, Peer> peer_table_;
-  std::map<Key, std::vector<std::shared_ptr<TransferState>>> posted_;   // receives waiting for a packet
-  std::map<Key, std::vector<std::shared_ptr<Inbound>>> unexpected_;     // packets waiting for a receive
+  std::map<Key, std::vector<std::shared_ptr<TransferState>>> posted_;  // receives waiting for a packet
+  std::map<Key, std::vector<std::shared_ptr<Inbound>>> unexpected_;    // packets waiting for a receive
   struct SendCtx {
     UcxDataPlane* plane;
     std::shared_ptr<TransferState> st;

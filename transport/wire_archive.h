@@ -4,7 +4,6 @@
 
 #include <cereal/cereal.hpp>
 #include <cereal/details/traits.hpp>
-
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -48,8 +47,8 @@ inline typename std::enable_if<std::is_arithmetic<T>::value, void>::type CEREAL_
   ar.saveBinary(std::addressof(t), sizeof(t));
 }
 template <class T>
-inline typename std::enable_if<std::is_arithmetic<T>::value, void>::type CEREAL_LOAD_FUNCTION_NAME(
-    WireInputArchive& ar, T& t) {
+inline typename std::enable_if<std::is_arithmetic<T>::value, void>::type CEREAL_LOAD_FUNCTION_NAME(WireInputArchive& ar,
+                                                                                                   T& t) {
   ar.loadBinary(std::addressof(t), sizeof(t));
 }
 template <class T>
@@ -68,8 +67,8 @@ template <class T>
 inline void CEREAL_LOAD_FUNCTION_NAME(WireInputArchive& ar, cereal::SizeTag<T>& t) {
   ar(t.size);
   if (static_cast<unsigned long long>(t.size) > ar.remaining())
-    throw cereal::Exception("size prefix " + std::to_string(static_cast<unsigned long long>(t.size)) +
-                            " exceeds the " + std::to_string(ar.remaining()) + " bytes left");
+    throw cereal::Exception("size prefix " + std::to_string(static_cast<unsigned long long>(t.size)) + " exceeds the " +
+                            std::to_string(ar.remaining()) + " bytes left");
 }
 template <class T>
 inline void CEREAL_SAVE_FUNCTION_NAME(WireOutputArchive& ar, const cereal::BinaryData<T>& bd) {

@@ -10,7 +10,8 @@
 
 namespace lh {
 
-Result<std::unique_ptr<ZmqLoop>> ZmqLoop::start(const Options& options, MessageHandler on_message, TickHandler on_tick) {
+Result<std::unique_ptr<ZmqLoop>> ZmqLoop::start(const Options& options, MessageHandler on_message,
+                                                TickHandler on_tick) {
   std::unique_ptr<ZmqLoop> l(new ZmqLoop());
   l->on_message_ = std::move(on_message);
   l->on_tick_ = std::move(on_tick);
@@ -92,8 +93,10 @@ void ZmqLoop::flush_outbox() {
           return;
         }
         // EHOSTUNREACH: a ROUTER peer that is gone (e.g. a dead worker not yet declared dead).
-        if (err == EHOSTUNREACH) LH_LOG_DEBUG("control: dropping a message to a departed peer");
-        else LH_LOG_WARN("control: dropping an outgoing message: {}", zmq_strerror(err));
+        if (err == EHOSTUNREACH)
+          LH_LOG_DEBUG("control: dropping a message to a departed peer");
+        else
+          LH_LOG_WARN("control: dropping an outgoing message: {}", zmq_strerror(err));
         failed = true;
       }
     }

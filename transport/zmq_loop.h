@@ -23,7 +23,9 @@ struct ZmqCall {
   int rc;
   int err;
 };
-inline ZmqCall zmq_call(int rc) { return {rc, rc == -1 ? zmq_errno() : 0}; }
+inline ZmqCall zmq_call(int rc) {
+  return {rc, rc == -1 ? zmq_errno() : 0};
+}
 
 template <>
 struct ErrorDomain<ZmqCall> {

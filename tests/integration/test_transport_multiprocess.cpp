@@ -95,7 +95,8 @@ int child_main(const std::string& endpoint, const std::string& token, const std:
   // Interleave: half the receives before any send, the rest after, so both the expected and the
   // unexpected paths run.
   size_t half = recvs.size() / 2;
-  for (size_t k = 0; k < half; ++k) rt.push_back(plane->recv(recvs[k].peer, make_tag(recvs[k].i, 0, Role::kActivation)));
+  for (size_t k = 0; k < half; ++k)
+    rt.push_back(plane->recv(recvs[k].peer, make_tag(recvs[k].i, 0, Role::kActivation)));
   for (auto& o : sends)
     st.push_back(plane->send(o.peer, make_tag(o.i, 0, Role::kActivation), packet_bytes(me, o.peer, o.i, sizes[o.i]),
                              4 * sizes[o.i]));
@@ -162,8 +163,10 @@ void run_exchange(int n) {
   for (auto& [rank, j] : job.metrics) {
     uint64_t sent = 0, recvd = 0, raw = 0;
     for (auto& l : j["links"]) {
-      if (l["dir"] == "send") sent += l["wire_bytes"].get<uint64_t>(), raw += l["raw_bytes"].get<uint64_t>();
-      else recvd += l["wire_bytes"].get<uint64_t>();
+      if (l["dir"] == "send")
+        sent += l["wire_bytes"].get<uint64_t>(), raw += l["raw_bytes"].get<uint64_t>();
+      else
+        recvd += l["wire_bytes"].get<uint64_t>();
     }
     EXPECT_EQ(sent, per_peer * (n - 1)) << "rank " << rank;
     EXPECT_EQ(recvd, per_peer * (n - 1)) << "rank " << rank;
@@ -173,9 +176,13 @@ void run_exchange(int n) {
   for (auto& [rank, why] : job.lost) EXPECT_NE(why.find("left: done"), std::string::npos) << why;
 }
 
-TEST(TransportMultiProcess, TwoProcessesExchangeZeroTo64MiB) { run_exchange(2); }
+TEST(TransportMultiProcess, TwoProcessesExchangeZeroTo64MiB) {
+  run_exchange(2);
+}
 
-TEST(TransportMultiProcess, FourProcessesAllToAll) { run_exchange(4); }
+TEST(TransportMultiProcess, FourProcessesAllToAll) {
+  run_exchange(4);
+}
 
 TEST(TransportMultiProcess, KilledWorkerIsDeclaredDeadAndSurvivorsAreTold) {
   const auto timeout = 1500ms;

@@ -16,9 +16,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const double kRate = 40e6;           // bit/s on each namespace's egress
+const double kRate = 40e6;  // bit/s on each namespace's egress
 const size_t kPacket = 1 << 20;
-const int kPackets = 8;              // 8 MiB: ~1.7 s at 40 Mbit/s
+const int kPackets = 8;  // 8 MiB: ~1.7 s at 40 Mbit/s
 
 std::string wan_script() {
   const char* src = std::getenv("LH_SOURCE_DIR");
@@ -105,8 +105,8 @@ TEST(TransportNetns, TwoNamespacesOverTbfLink) {
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   std::vector<pid_t> pids;
   for (int i = 0; i < 2; ++i)
-    pids.push_back(testing::spawn_child({(*c)->endpoint(), o.token},
-                                        {"ip", "netns", "exec", prefix + std::to_string(i)}));
+    pids.push_back(
+        testing::spawn_child({(*c)->endpoint(), o.token}, {"ip", "netns", "exec", prefix + std::to_string(i)}));
   auto st = testing::reap_children(pids, 120s);
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(testing::exited_ok(st[i])) << "child " << i << " status " << st[i];
   std::lock_guard<std::mutex> lock(mu);

@@ -63,7 +63,9 @@ inline std::vector<int> reap_children(const std::vector<pid_t>& pids, std::chron
   return status;
 }
 
-inline bool exited_ok(int st) { return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0; }
+inline bool exited_ok(int st) {
+  return st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
 
 // The contents of packet `i` from `src` to `dst`: a cheap LCG stream that differs per packet.
 inline std::vector<uint8_t> packet_bytes(int src, int dst, int i, size_t n) {

@@ -39,7 +39,9 @@ std::unique_ptr<ControlClient> client(const std::string& ep, const std::string& 
   return std::move(c).value();
 }
 
-std::vector<uint8_t> fake_address(int i) { return std::vector<uint8_t>(16, uint8_t(i + 1)); }
+std::vector<uint8_t> fake_address(int i) {
+  return std::vector<uint8_t>(16, uint8_t(i + 1));
+}
 
 // A bare DEALER that sends arbitrary frames and returns the first reply it gets.
 struct RawDealer {
@@ -264,7 +266,10 @@ TEST(Coordinator, LeavingWorkerIsReportedAndJobEnds) {
   auto c = Coordinator::start(opts(2));
   ASSERT_TRUE(c.ok());
   auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
-  std::thread ta([&] { ASSERT_TRUE(a->join(fake_address(0), 5s).ok()); ASSERT_TRUE(a->ready(5s).ok()); });
+  std::thread ta([&] {
+    ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
+    ASSERT_TRUE(a->ready(5s).ok());
+  });
   ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
   ASSERT_TRUE(b->ready(5s).ok());
   ta.join();
@@ -314,7 +319,7 @@ TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
   auto w = ControlClient::connect(o);
   ASSERT_TRUE(w.ok());
   ASSERT_TRUE((*w)->join(fake_address(0), 5s).ok());  // plan says: timeout 600 ms
-  c->reset();  // the coordinator vanishes without a word
+  c->reset();                                         // the coordinator vanishes without a word
   auto ev = (*w)->wait_event(5s);
   ASSERT_TRUE(ev.has_value() && std::holds_alternative<Shutdown>(*ev));
   EXPECT_NE(std::get<Shutdown>(*ev).reason.find("coordinator lost"), std::string::npos);

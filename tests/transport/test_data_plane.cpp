@@ -99,13 +99,15 @@ TEST(UcxDataPlane, OutOfOrderPostingAndBothDirections) {
   std::vector<Transfer> sends;
   // Half the sends go out before any receive is posted (unexpected path), half after.
   for (int k = 0; k < n / 2; ++k)
-    sends.push_back(pr.a->send(1, make_tag(order[k], 1, Role::kWeightGrad, 2), pattern(1000 + order[k] * 997, order[k])));
+    sends.push_back(
+        pr.a->send(1, make_tag(order[k], 1, Role::kWeightGrad, 2), pattern(1000 + order[k] * 997, order[k])));
   std::vector<Transfer> recvs(n);
   std::vector<int> recv_order = order;
   std::shuffle(recv_order.begin(), recv_order.end(), rng);
   for (int i : recv_order) recvs[i] = pr.b->recv(0, make_tag(i, 1, Role::kWeightGrad, 2));
   for (int k = n / 2; k < n; ++k)
-    sends.push_back(pr.a->send(1, make_tag(order[k], 1, Role::kWeightGrad, 2), pattern(1000 + order[k] * 997, order[k])));
+    sends.push_back(
+        pr.a->send(1, make_tag(order[k], 1, Role::kWeightGrad, 2), pattern(1000 + order[k] * 997, order[k])));
   // And the other way at the same time.
   Transfer back = pr.b->send(0, make_tag(0, 0, Role::kActivationGrad), pattern(300000, 77));
   auto got_back = pr.a->recv_blocking(1, make_tag(0, 0, Role::kActivationGrad), std::chrono::seconds(30));
@@ -166,7 +168,8 @@ TEST(UcxDataPlane, PacketsFromRanksOutsideThePlanAreDropped) {
   ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
   // The stranger calls itself rank 2 and knows b's address, but b's plan has no rank 2.
   ASSERT_TRUE(stranger->connect(2, {{1, b->address()}}).ok());
-  ASSERT_TRUE(stranger->send(1, make_tag(0, 0, Role::kActivation), pattern(5000, 1)).wait(std::chrono::seconds(30)).ok());
+  ASSERT_TRUE(
+      stranger->send(1, make_tag(0, 0, Role::kActivation), pattern(5000, 1)).wait(std::chrono::seconds(30)).ok());
   // A rank-2 receive on b is refused outright, and the stranger's packet never matches a rank-0 receive.
   EXPECT_EQ(b->recv(2, make_tag(0, 0, Role::kActivation)).wait(std::chrono::seconds(5)).code(),
             StatusCode::kInvalidArgument);

@@ -56,7 +56,8 @@ TEST(LinkShaper, AchievesConfiguredRateWithinTenPercent) {
   std::vector<Transfer> recvs;
   for (int i = 0; i < n; ++i) recvs.push_back(b->recv(0, make_tag(i, 0, Role::kActivation)));
   std::vector<Transfer> sends;
-  for (int i = 0; i < n; ++i) sends.push_back(shaped.send(1, make_tag(i, 0, Role::kActivation), Bytes(size, uint8_t(i))));
+  for (int i = 0; i < n; ++i)
+    sends.push_back(shaped.send(1, make_tag(i, 0, Role::kActivation), Bytes(size, uint8_t(i))));
   std::vector<Clock::time_point> arrival(n);
   for (int i = 0; i < n; ++i) {
     ASSERT_TRUE(recvs[i].wait(30s).ok());

@@ -23,10 +23,18 @@ Plan sample_plan() {
 }
 
 TEST(Messages, EveryTypeRoundTrips) {
-  std::vector<ControlMessage> all = {
-      Join{"tok", "host", "cpu", 12.5, {9, 8, 7}}, sample_plan(), Ready{3}, Barrier{42}, Heartbeat{7},
-      SetCodec{0, 1, "fwd", "int4", 100}, StepMetrics{2, 5, R"({"loss":1.5})"}, Shutdown{"done"}, Reject{"no"},
-      PeerLost{3, "h3", "silent"}, CtlRequest{"tok", "status", "{}"}, CtlReply{true, "{}"}};
+  std::vector<ControlMessage> all = {Join{"tok", "host", "cpu", 12.5, {9, 8, 7}},
+                                     sample_plan(),
+                                     Ready{3},
+                                     Barrier{42},
+                                     Heartbeat{7},
+                                     SetCodec{0, 1, "fwd", "int4", 100},
+                                     StepMetrics{2, 5, R"({"loss":1.5})"},
+                                     Shutdown{"done"},
+                                     Reject{"no"},
+                                     PeerLost{3, "h3", "silent"},
+                                     CtlRequest{"tok", "status", "{}"},
+                                     CtlReply{true, "{}"}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
