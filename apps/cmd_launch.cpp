@@ -96,9 +96,21 @@ class WorkerGroup {
       int st = 0;
       if (waitpid(p, &st, WNOHANG) != p) continue;
       status_[p] = st;
-      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !bad) bad = std::make_pair(p, st);
+      if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+        abnormal_.emplace_back(p, st);
+        if (!bad) bad = abnormal_.back();
+      }
     }
     return bad;
+  }
+  // Every worker that did not exit with 0, in the order they were reaped; killed ones first.
+  std::vector<std::pair<pid_t, int>> abnormal() const {
+    std::vector<std::pair<pid_t, int>> out;
+    for (auto& a : abnormal_)
+      if (WIFSIGNALED(a.second)) out.push_back(a);
+    for (auto& a : abnormal_)
+      if (!WIFSIGNALED(a.second)) out.push_back(a);
+    return out;
   }
   bool all_exited() {
     poll();
@@ -130,6 +142,7 @@ class WorkerGroup {
  private:
   std::vector<pid_t> pids_;
   std::map<pid_t, int> status_;
+  std::vector<std::pair<pid_t, int>> abnormal_;
 };
 
 // Namespaces behind tc tbf links (root): removed again when this goes out of scope.
@@ -244,10 +257,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
       failure = std::string("interrupted by signal ") + strsignal(g_stop_signal) + "; stopping every worker";
       break;
     }
-    if (auto bad = group.poll()) {
-      const int rank = rank_of_pid(**coord, bad->first);
-      failure = "worker " + (rank >= 0 ? std::to_string(rank) + " " : std::string()) + "(pid " +
-                std::to_string(bad->first) + ") " + describe_exit(bad->second);
+    if (group.poll()) {
       // The others hear of it through the coordinator within the heartbeat timeout; wait for that.
       auto grace = std::chrono::milliseconds(int64_t(f.job.heartbeat_timeout_s * 1000)) + 5s;
       result = (*coord)->wait(grace);
@@ -259,9 +269,17 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
     }
   }
   // Workers leave after the coordinator saw their last step; give them a moment, then stop the rest.
-  if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s)) group.stop(2s);
-  if (failure.empty())
-    if (auto bad = group.poll()) failure = "worker (pid " + std::to_string(bad->first) + ") " + describe_exit(bad->second);
+  if (g_stop_signal) group.stop(2s);
+  else if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s)) group.stop(2s);
+  // A worker process that died is the cause; the coordinator's message (a neighbour that lost it) follows.
+  for (const auto& [pid, st] : group.abnormal()) {
+    if (g_stop_signal) break;  // we stopped them
+    if (!WIFSIGNALED(st) && !failure.empty()) continue;
+    const int rank = rank_of_pid(**coord, pid);
+    failure += (failure.empty() ? "" : "; ") + std::string("worker ") +
+               (rank >= 0 ? std::to_string(rank) + " " : std::string()) + "(pid " + std::to_string(pid) + ") " +
+               describe_exit(st);
+  }
   print_progress(**coord, job.train.steps, printed);
   print_job_summary(**coord, f.job.metrics);
   if (!failure.empty() || !result.ok()) {

@@ -71,11 +71,11 @@ int wait_exit(pid_t pid, std::chrono::seconds timeout) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-struct Run {
+struct BinRun {
   int code;
   std::string output;
 };
-Run run(const std::vector<std::string>& args, std::chrono::seconds timeout = 120s) {
+BinRun run(const std::vector<std::string>& args, std::chrono::seconds timeout = 120s) {
   static int n = 0;
   std::string out = temp_path("run" + std::to_string(n++) + ".txt");
   int code = wait_exit(spawn(args, out), timeout);
@@ -133,9 +133,9 @@ void expect_launch_matches_train(int workers, const std::string& schedule) {
   std::vector<std::string> train = {"--threads", "1", "--log-level", "warn", "train", "--sample", "0",
                                     "--metrics", train_metrics};
   for (auto& f : model_flags(steps)) train.push_back(f);
-  Run t = run(train);
+  BinRun t = run(train);
   ASSERT_EQ(t.code, 0) << t.output;
-  Run l = run(launch_args(workers, steps, job_metrics, {"--schedule", schedule}));
+  BinRun l = run(launch_args(workers, steps, job_metrics, {"--schedule", schedule}));
   ASSERT_EQ(l.code, 0) << l.output;
   EXPECT_NE(l.output.find("link traffic"), std::string::npos) << l.output;
   EXPECT_NE(l.output.find("total"), std::string::npos) << l.output;
@@ -166,23 +166,23 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
     return a;
   };
   // A wrong token is refused, naming the problem.
-  Run bad = run({"ctl", "--coordinator", ep, "--token", "wrong", "--timeout", "3", "status"}, 30s);
+  BinRun bad = run({"ctl", "--coordinator", ep, "--token", "wrong", "--timeout", "3", "status"}, 30s);
   EXPECT_NE(bad.code, 0);
   int64_t step = -1;
   for (int i = 0; i < 600 && step < 1; ++i) {
-    Run s = run(with({"--json", "status"}), 30s);
+    BinRun s = run(with({"--json", "status"}), 30s);
     ASSERT_EQ(s.code, 0) << s.output;
     step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
     if (step < 1) std::this_thread::sleep_for(50ms);
   }
   ASSERT_GE(step, 1);
-  Run set = run(with({"--json", "set-codec", "--link", "0-1", "--dir", "fwd", "int8"}), 30s);
+  BinRun set = run(with({"--json", "set-codec", "--link", "0-1", "--dir", "fwd", "int8"}), 30s);
   ASSERT_EQ(set.code, 0) << set.output;
   const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
-  Run status = run(with({"status"}), 30s);
+  BinRun status = run(with({"status"}), 30s);
   EXPECT_EQ(status.code, 0) << status.output;
   EXPECT_NE(status.output.find("int8"), std::string::npos) << status.output;
-  Run wrong_link = run(with({"set-codec", "--link", "0-2", "--dir", "fwd", "int8"}), 30s);
+  BinRun wrong_link = run(with({"set-codec", "--link", "0-2", "--dir", "fwd", "int8"}), 30s);
   EXPECT_NE(wrong_link.code, 0);
   EXPECT_NE(wrong_link.output.find("0-2"), std::string::npos) << wrong_link.output;
 
@@ -243,14 +243,14 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"ctl", "--coordinator", "nowhere", "status"}, "--coordinator"},
   };
   for (const Case& c : cases) {
-    Run r = run(c.args, 60s);
+    BinRun r = run(c.args, 60s);
     std::string cmd;
     for (auto& a : c.args) cmd += a + " ";
     EXPECT_NE(r.code, 0) << cmd;
     EXPECT_NE(r.output.find(c.names), std::string::npos) << cmd << "\n" << r.output;
   }
   if (geteuid() != 0) {
-    Run r = run({"launch", "--workers", "2", "--netns", "20M"}, 60s);
+    BinRun r = run({"launch", "--workers", "2", "--netns", "20M"}, 60s);
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.output.find("--netns needs root"), std::string::npos) << r.output;
   }
