@@ -11,6 +11,8 @@ std::shared_ptr<TransferState> DataPlane::make_state(Direction dir, int peer, Ta
   st->tag = tag;
   st->raw_bytes = raw_bytes;
   st->t_start = Clock::now();
+  // A meter handed over before the plan was known (e.g. by a LinkShaper) learns its rank here.
+  if (meter_ && meter_->self_rank() < 0 && rank() >= 0) meter_->set_self_rank(rank());
   if (meter_) {
     std::shared_ptr<LinkMeter> m = meter_;
     st->on_done([m](TransferState& t) {

@@ -325,6 +325,55 @@ TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
   EXPECT_NE(std::get<Shutdown>(*ev).reason.find("coordinator lost"), std::string::npos);
 }
 
+TEST(ControlClient, IgnoresGarbageFromAFakeCoordinator) {
+  // A bare ROUTER plays coordinator: it answers the Join with garbage, a wrong-version Plan and a
+  // two-frame message before the real Plan; the client must skip all three.
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  int linger = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof(linger));
+  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+  char ep[256];
+  size_t len = sizeof(ep);
+  zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len);
+  std::thread fake([&] {
+    zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 5000) <= 0) return;
+    char id[256];
+    int idlen = zmq_recv(router, id, sizeof(id), 0);
+    char body[4096];
+    zmq_recv(router, body, sizeof(body), 0);  // the Join
+    auto reply = [&](const std::vector<std::vector<uint8_t>>& frames) {
+      zmq_send(router, id, size_t(idlen), ZMQ_SNDMORE);
+      for (size_t i = 0; i < frames.size(); ++i)
+        zmq_send(router, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+    };
+    Plan bad, good;
+    bad.rank = good.rank = 0;
+    bad.world_size = good.world_size = 1;
+    bad.config = "bad";
+    good.config = "good";
+    auto wrong_version = encode_message(bad);
+    wrong_version[4] = 2;
+    reply({{0xde, 0xad, 0xbe, 0xef}});
+    reply({wrong_version});
+    reply({encode_message(bad), encode_message(bad)});
+    reply({encode_message(good)});
+  });
+  ControlClientOptions o;
+  o.coordinator = ep;
+  o.token = "secret";
+  auto c = ControlClient::connect(o);
+  ASSERT_TRUE(c.ok());
+  auto plan = (*c)->join(fake_address(0), 5s);
+  fake.join();
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->config, "good");
+  c->reset();
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+}
+
 TEST(ControlClient, UnreachableCoordinatorTimesOut) {
   ControlClientOptions o;
   o.coordinator = "tcp://127.0.0.1:1";  // nothing listens on port 1

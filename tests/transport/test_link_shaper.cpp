@@ -80,6 +80,7 @@ TEST(LinkShaper, AddsOneWayDelayAndKeepsPerPeerShapes) {
   auto a = make_plane(), b = make_plane();
   ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
   ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  a->set_meter(std::make_shared<LinkMeter>());  // rank unknown when handed over
   LinkShaper shaped(std::move(a), LinkShape{0, 0us});
   shaped.set_shape(1, LinkShape{0, 120ms});
   Transfer r = b->recv(0, make_tag(0, 0, Role::kOther));
@@ -93,6 +94,8 @@ TEST(LinkShaper, AddsOneWayDelayAndKeepsPerPeerShapes) {
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(*got, Bytes(3, 9));
   EXPECT_EQ(shaped.rank(), 0);
+  EXPECT_EQ(shaped.meter()->self_rank(), 0);
+  EXPECT_EQ(shaped.meter()->stats(1, Role::kOther, Direction::kRecv).messages, 1u);
 }
 
 TEST(LinkMeter, BusyTimeIsTheUnionOfOverlappingTransfers) {
