@@ -152,6 +152,34 @@ void expect_launch_matches_train(int workers, const std::string& schedule) {
 TEST_F(Launch, TwoStagesReproduceTrain) { expect_launch_matches_train(2, "1f1b"); }
 TEST_F(Launch, FourStagesGPipeReproduceTrain) { expect_launch_matches_train(4, "gpipe"); }
 
+// `longhaul coordinator` and two `longhaul worker` processes, as on two machines (here both on loopback).
+TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
+  const int steps = 3;
+  std::string metrics = temp_path("coord.jsonl"), out = temp_path("coord.txt"), token = temp_path("token");
+  std::ofstream(token) << "two-machines\n";
+  std::vector<std::string> args = {"--log-level", "warn", "coordinator", "--listen", "tcp://127.0.0.1:*",
+                                   "--workers", "2", "--token-file", token, "--metrics", metrics};
+  for (auto& f : model_flags(steps)) args.push_back(f);
+  pid_t coord = spawn(args, out);
+  std::string ep = wait_for_line(out, "listening on ", 60s);
+  ep = ep.substr(0, ep.find_first_of("; "));
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  // A worker with the wrong token is refused and says so.
+  BinRun intruder = run({"--log-level", "warn", "worker", "--coordinator", ep, "--token", "guess", "--join-timeout", "10"}, 60s);
+  EXPECT_NE(intruder.code, 0);
+  EXPECT_NE(intruder.output.find("token"), std::string::npos) << intruder.output;
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file", token,
+                             "--ucx-tls", "tcp"},
+                            temp_path("coord_worker" + std::to_string(i) + ".txt")));
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(wait_exit(workers[size_t(i)], 120s), 0) << slurp(temp_path("coord_worker" + std::to_string(i) + ".txt"));
+  ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
+  EXPECT_NE(slurp(out).find("link traffic"), std::string::npos) << slurp(out);
+  EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
+}
+
 TEST_F(Launch, CtlSwitchesACodecMidRun) {
   const int steps = 40;
   std::string metrics = temp_path("ctl.jsonl"), out = temp_path("ctl_launch.txt");
