@@ -248,6 +248,20 @@ TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
   EXPECT_NE(kill(b, 0), 0);
 }
 
+// Each worker in its own network namespace behind a tc tbf link (scripts/wan.sh); root only.
+TEST_F(Launch, NetnsLinksAsRoot) {
+  if (geteuid() != 0) GTEST_SKIP() << "--netns needs root";
+  if (std::system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "no working `ip netns`";
+  std::string metrics = temp_path("netns.jsonl");
+  BinRun r = run(launch_args(2, 3, metrics, {"--netns", "50M"}), 180s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("netns tbf 50M"), std::string::npos) << r.output;
+  EXPECT_EQ(losses_of(metrics).size(), 3u);
+  BinRun ns = run({"--log-level", "warn", "launch", "--workers", "2", "--netns", "50M,10ms"}, 60s);
+  EXPECT_NE(ns.code, 0);
+  EXPECT_NE(ns.output.find("--netns"), std::string::npos) << ns.output;
+}
+
 TEST_F(Launch, BadFlagsAreNamed) {
   struct Case {
     std::vector<std::string> args;
