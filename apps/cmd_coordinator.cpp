@@ -12,7 +12,9 @@ namespace lh::app {
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
 
 struct CoordinatorFlags {
   JobFlags job;

@@ -2,7 +2,6 @@
 // coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
 #include <cstdio>
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
@@ -35,16 +34,17 @@ void print_status(const nlohmann::json& j) {
   const auto& job = j.value("job", nlohmann::json::object());
   const auto& tr = job.value("train", nlohmann::json::object());
   std::printf("step %lld of %lld; %d workers, pp %d, partition %s, schedule %s, %d microbatches\n",
-              static_cast<long long>(j.value("step", int64_t(-1))), static_cast<long long>(tr.value("steps", int64_t(0))),
-              job.value("workers", 0), job.value("pp", 0), j.value("partition", std::string("?")).c_str(),
-              j.value("schedule", std::string("?")).c_str(), job.value("microbatches", 0));
+              static_cast<long long>(j.value("step", int64_t(-1))),
+              static_cast<long long>(tr.value("steps", int64_t(0))), job.value("workers", 0), job.value("pp", 0),
+              j.value("partition", std::string("?")).c_str(), j.value("schedule", std::string("?")).c_str(),
+              job.value("microbatches", 0));
   std::printf("\n%-6s %-4s %-24s %10s %10s %14s\n", "link", "dir", "codec", "raw MB", "wire MB", "measured Mbit/s");
   for (const auto& l : j.value("links", nlohmann::json::array())) {
-    std::printf("%-6s %-4s %-24s %10.2f %10.2f %14s\n", l.value("link", std::string()).c_str(),
-                l.value("dir", std::string()).c_str(), l.value("spec", std::string()).c_str(),
-                double(l.value("raw_bytes", uint64_t(0))) / 1e6, double(l.value("wire_bytes", uint64_t(0))) / 1e6,
-                l.contains("measured_bps") ? std::to_string(l["measured_bps"].get<double>() / 1e6).substr(0, 8).c_str()
-                                           : "-");
+    std::printf(
+        "%-6s %-4s %-24s %10.2f %10.2f %14s\n", l.value("link", std::string()).c_str(),
+        l.value("dir", std::string()).c_str(), l.value("spec", std::string()).c_str(),
+        double(l.value("raw_bytes", uint64_t(0))) / 1e6, double(l.value("wire_bytes", uint64_t(0))) / 1e6,
+        l.contains("measured_bps") ? std::to_string(l["measured_bps"].get<double>() / 1e6).substr(0, 8).c_str() : "-");
   }
   const auto& changes = j.value("codec_changes", nlohmann::json::array());
   if (!changes.empty()) {
@@ -67,16 +67,20 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
   cmd->add_option("--coordinator", f->coordinator, "the coordinator's tcp://HOST:PORT")->required();
   cmd->add_option("--token", f->token, "the job's token (default: --token-file, $LH_JOB_TOKEN, none)");
   cmd->add_option("--token-file", f->token_file, "read the token from this file's first line");
-  cmd->add_option("--timeout", f->timeout_s, "seconds to wait for the reply")->capture_default_str()
+  cmd->add_option("--timeout", f->timeout_s, "seconds to wait for the reply")
+      ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
   cmd->add_flag("--json", f->json, "print the coordinator's JSON reply as is");
   cmd->require_subcommand(1);
 
-  auto* status = cmd->add_subcommand("status", "the plan, each link's codec, bytes and measured bandwidth, the workers");
+  auto* status =
+      cmd->add_subcommand("status", "the plan, each link's codec, bytes and measured bandwidth, the workers");
   status->callback([f] {
     auto j = request(*f, "status", "{}");
-    if (f->json) std::printf("%s\n", j.dump(2).c_str());
-    else print_status(j);
+    if (f->json)
+      std::printf("%s\n", j.dump(2).c_str());
+    else
+      print_status(j);
   });
 
   auto* set = cmd->add_subcommand("set-codec", "switch one link's codec at a step boundary on both ends");
@@ -86,7 +90,8 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
   set->callback([f] {
     if (f->dir != "fwd" && f->dir != "bwd") fail("--dir '" + f->dir + "': choose fwd or bwd", 2);
     auto j = request(*f, "set-codec", nlohmann::json{{"link", f->link}, {"dir", f->dir}, {"spec", f->spec}}.dump());
-    if (f->json) std::printf("%s\n", j.dump().c_str());
+    if (f->json)
+      std::printf("%s\n", j.dump().c_str());
     else
       std::printf("link %s %s switches to %s from step %lld\n", j.value("link", std::string()).c_str(),
                   j.value("dir", std::string()).c_str(), j.value("spec", std::string()).c_str(),

@@ -1,6 +1,7 @@
 // `longhaul launch --workers S --pp S [job flags] [--link RATE[,DELAY] | --netns RATE]`: a whole pipeline job on
 // this machine — the coordinator in this process, S `longhaul worker` processes — stopped together on failure.
 #include <signal.h>
+#include <spdlog/spdlog.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,12 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
-
-#include <spdlog/spdlog.h>
 
 #include "apps/commands.h"
 #include "apps/job_cli.h"
@@ -26,7 +25,9 @@ namespace {
 using namespace std::chrono_literals;
 
 volatile sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int sig) { g_stop_signal = sig; }
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
 
 struct LaunchFlags {
   JobFlags job;
@@ -56,7 +57,8 @@ std::string find_wan_script(const std::string& given) {
 
 std::string describe_exit(int st) {
   if (WIFEXITED(st)) return "exited with code " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st)) return "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
+  if (WIFSIGNALED(st))
+    return "was killed by signal " + std::to_string(WTERMSIG(st)) + " (" + strsignal(WTERMSIG(st)) + ")";
   return "stopped";
 }
 
@@ -160,7 +162,8 @@ int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
   if (!st.ok()) return -1;
   auto j = nlohmann::json::parse(*st, nullptr, false);
   if (j.is_discarded() || !j.contains("workers")) return -1;
-  const auto& ws = j["workers"].is_object() && j["workers"].contains("workers") ? j["workers"]["workers"] : j["workers"];
+  const auto& ws =
+      j["workers"].is_object() && j["workers"].contains("workers") ? j["workers"]["workers"] : j["workers"];
   if (!ws.is_array()) return -1;
   const std::string tag = " pid " + std::to_string(pid);
   for (const auto& w : ws) {
@@ -212,7 +215,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
               static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
   std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job.compress_fwd.c_str(), job.compress_bwd.c_str(),
               job.compress_link.empty() ? "" : " (with per-link overrides)",
-              !f.link.empty() ? ("shaped " + parse_link_shape(f.link)->to_string()).c_str()
+              !f.link.empty()    ? ("shaped " + parse_link_shape(f.link)->to_string()).c_str()
               : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
                                  : "loopback, unlimited");
   std::printf("coordinator %s  (longhaul ctl --coordinator %s --token %s status)\n", ep.c_str(), ep.c_str(),
@@ -230,8 +233,8 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
   const std::string exe = self_exe();
   const char* level = spdlog::level::to_string_view(spdlog::get_level()).data();
   for (int i = 0; i < job.workers; ++i) {
-    std::vector<std::string> argv = {exe, "--threads", std::to_string(threads), "--log-level", level,
-                                     "worker", "--coordinator", ep};
+    std::vector<std::string> argv = {exe,   "--threads", std::to_string(threads), "--log-level",
+                                     level, "worker",    "--coordinator",         ep};
     std::vector<std::string> prefix;
     if (!f.link.empty()) argv.insert(argv.end(), {"--link", f.link});
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
@@ -269,8 +272,10 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
     }
   }
   // Workers leave after the coordinator saw their last step; give them a moment, then stop the rest.
-  if (g_stop_signal) group.stop(2s);
-  else if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s)) group.stop(2s);
+  if (g_stop_signal)
+    group.stop(2s);
+  else if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s))
+    group.stop(2s);
   // A worker process that died is the cause; the coordinator's message (a neighbour that lost it) follows.
   for (const auto& [pid, st] : group.abnormal()) {
     if (g_stop_signal) break;  // we stopped them
@@ -285,21 +290,24 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
   if (!failure.empty() || !result.ok()) {
     std::string msg = failure;
     const bool timed_out = result.message() == "the job did not finish within the timeout";
-    if (!result.ok() && !timed_out) msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result.message();
+    if (!result.ok() && !timed_out)
+      msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result.message();
     fail(msg.empty() ? "the job failed" : msg);
   }
 }
 
 RegisterCommand reg("", 20, [](CLI::App& app) {
   auto f = std::make_shared<LaunchFlags>();
-  auto* cmd = app.add_subcommand("launch", "run a pipeline job on this machine: a coordinator and one process per worker");
+  auto* cmd =
+      app.add_subcommand("launch", "run a pipeline job on this machine: a coordinator and one process per worker");
   add_job_flags(cmd, f->job, "launch_metrics.jsonl");
   cmd->add_option("--link", f->link, "shape every inter-stage link in process: RATE[,DELAY], e.g. 20M,30ms");
   cmd->add_option("--netns", f->netns, "each worker in its own network namespace behind a tc tbf link of RATE (root)");
   cmd->add_option("--listen", f->listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
   cmd->add_option("--worker-threads", f->worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")
-      ->capture_default_str()->check(CLI::Range(0, 4096));
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
   cmd->add_option("--wan-script", f->wan_script, "path of scripts/wan.sh for --netns (found next to the build)");
   cmd->callback([f, cmd] { run_launch(*f, cmd); });
 });

@@ -60,11 +60,14 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
   cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports (default: $UCX_TLS or UCX's choice)");
   cmd->add_option("--compute-speed", f->compute_speed, "GFLOP/s reported for --partition speed (0: unknown)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--join-timeout", f->join_timeout_s, "seconds to wait for the plan and the start")
-      ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
   cmd->add_option("--receive-timeout", f->receive_timeout_s, "seconds a stage waits for a neighbour's tensor")
-      ->capture_default_str()->check(CLI::Range(0.1, 86400.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
   cmd->callback([f] { run_worker(*f); });
 });
 

@@ -18,53 +18,81 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   f.metrics = metrics_default;
   const char* g = "Job";
   cmd->add_option("--workers", f.job.workers, "worker processes (default: pp × tp × dp)")
-      ->check(CLI::Range(1, 4096))->group(g);
+      ->check(CLI::Range(1, 4096))
+      ->group(g);
   cmd->add_option("--pp", f.job.pp, "pipeline stages (default: --workers)")->check(CLI::Range(1, 4096))->group(g);
-  cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage (only 1 so far)")->capture_default_str()->group(g);
+  cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage (only 1 so far)")
+      ->capture_default_str()
+      ->group(g);
   cmd->add_option("--dp", f.job.dp, "data-parallel replicas (only 1 so far)")->capture_default_str()->group(g);
-  cmd->add_option("--partition", f.job.partition, "blocks per stage, e.g. 3,3,2; 'speed': by reported speed (default: even)")
+  cmd->add_option("--partition", f.job.partition,
+                  "blocks per stage, e.g. 3,3,2; 'speed': by reported speed (default: even)")
       ->group(g);
   cmd->add_option("--schedule", f.schedule, "gpipe|1f1b")->capture_default_str()->group(g);
-  cmd->add_option("--microbatches", f.job.microbatches, "microbatches per global batch")->capture_default_str()->group(g);
-  cmd->add_option("--compress-fwd", f.job.compress_fwd, "codec spec for activations on every link")
-      ->capture_default_str()->group(g);
-  cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link")
-      ->capture_default_str()->group(g);
-  cmd->add_option("--compress-link", f.job.compress_link, "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4 (repeatable)")
+  cmd->add_option("--microbatches", f.job.microbatches, "microbatches per global batch")
+      ->capture_default_str()
       ->group(g);
-  cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")->capture_default_str()->group(g);
+  cmd->add_option("--compress-fwd", f.job.compress_fwd, "codec spec for activations on every link")
+      ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link")
+      ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--compress-link", f.job.compress_link,
+                  "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4 (repeatable)")
+      ->group(g);
+  cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")
+      ->capture_default_str()
+      ->group(g);
   cmd->add_option("--token", f.token, "join/ctl token (default: --token-file, $LH_JOB_TOKEN)")->group(g);
   cmd->add_option("--token-file", f.token_file, "read the token from this file's first line")->group(g);
   cmd->add_option("--heartbeat-timeout", f.heartbeat_timeout_s, "seconds of silence before a worker is declared dead")
-      ->capture_default_str()->check(CLI::Range(0.1, 3600.0))->group(g);
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0))
+      ->group(g);
 
   const char* m = "Model and training (as `longhaul train`)";
   cmd->add_option("--data", c.data, "text file to train on (default: the fortunes corpus)")->group(m);
-  cmd->add_option("--model", f.model, std::string("model size: ") + gpt_preset_names())->capture_default_str()->group(m);
+  cmd->add_option("--model", f.model, std::string("model size: ") + gpt_preset_names())
+      ->capture_default_str()
+      ->group(m);
   cmd->add_option("--layers", f.layers, "override the number of blocks")->check(CLI::Range(1, 1024))->group(m);
   cmd->add_option("--d-model", f.d_model, "override the model width")->check(CLI::Range(1, 65536))->group(m);
   cmd->add_option("--heads", f.heads, "override the attention heads")->check(CLI::Range(1, 65536))->group(m);
   cmd->add_option("--seq", f.seq, "context length")->check(CLI::Range(1, 16384))->group(m);
   cmd->add_option("--subspace-k", f.subspace_k, "subspace model: K coordinates per token cross each link (0 = off)")
-      ->check(CLI::Range(0, 65536))->group(m);
+      ->check(CLI::Range(0, 65536))
+      ->group(m);
   cmd->add_flag("--tied-head", f.tied_head, "share the output head with the token embedding")->group(m);
-  cmd->add_option("--steps", c.steps, "optimizer steps")->capture_default_str()->check(CLI::Range(1, 1 << 30))->group(m);
-  cmd->add_option("--batch", c.batch, "sequences per global batch")->capture_default_str()->check(CLI::Range(1, 65536))
+  cmd->add_option("--steps", c.steps, "optimizer steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 30))
+      ->group(m);
+  cmd->add_option("--batch", c.batch, "sequences per global batch")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536))
       ->group(m);
   cmd->add_option("--lr", c.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber)->group(m);
-  cmd->add_option("--warmup", c.warmup, "linear warmup steps")->capture_default_str()->check(CLI::NonNegativeNumber)
+  cmd->add_option("--warmup", c.warmup, "linear warmup steps")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
       ->group(m);
   cmd->add_option("--seed", c.seed, "seed for init and data order")->capture_default_str()->group(m);
   cmd->add_option("--device", f.device, "cpu|cuda")->capture_default_str()->group(m);
   cmd->add_option("--eval-every", c.eval_every, "validation loss every N steps (0: at the end only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber)->group(m);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->group(m);
 }
 
 PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   PipelineJobConfig job = f.job;
-  if (f.device == "cpu") job.train.device = Device::cpu;
-  else if (f.device == "cuda") job.train.device = Device::cuda;
-  else fail("--device '" + f.device + "': choose cpu or cuda", 2);
+  if (f.device == "cpu")
+    job.train.device = Device::cpu;
+  else if (f.device == "cuda")
+    job.train.device = Device::cuda;
+  else
+    fail("--device '" + f.device + "': choose cpu or cuda", 2);
   auto preset = gpt_preset(f.model);
   if (!preset.ok()) fail("--model: " + preset.status().message(), 2);
   GptConfig& g = job.train.model;
@@ -83,11 +111,13 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   if (!pp_given) job.pp = job.workers / std::max(1, job.tp * job.dp);
   if (!workers_given) job.workers = job.pp * job.tp * job.dp;
   if (job.workers != job.pp * job.tp * job.dp)
-    fail("--workers " + std::to_string(job.workers) + " must equal --pp × --tp × --dp = " +
-             std::to_string(job.pp * job.tp * job.dp), 2);
+    fail("--workers " + std::to_string(job.workers) +
+             " must equal --pp × --tp × --dp = " + std::to_string(job.pp * job.tp * job.dp),
+         2);
   if (job.train.model.layers < job.pp)
     fail("--pp " + std::to_string(job.pp) + ": more stages than the model's " + std::to_string(job.train.model.layers) +
-             " blocks (use --layers)", 2);
+             " blocks (use --layers)",
+         2);
   if (!job.train.data.empty()) {
     std::ifstream in(job.train.data);
     if (!in) fail("--data '" + job.train.data + "': cannot read the file", 2);

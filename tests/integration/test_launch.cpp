@@ -1,20 +1,18 @@
 // Multi-process pipeline jobs through the real binary ($LH_BIN): `launch` reproduces `train`'s losses, `ctl`
 // switches a link's codec mid-run, a SIGKILLed worker stops the job naming it, and bad flags are named.
+#include <fcntl.h>
 #include <gtest/gtest.h>
-
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "parallel/metrics_summary.h"
 #include "parallel/step_metrics.h"
@@ -24,7 +22,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const char* bin() { return std::getenv("LH_BIN"); }
+const char* bin() {
+  return std::getenv("LH_BIN");
+}
 
 std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "lh_launch_" + std::to_string(getpid()) + "_" + name;
@@ -96,15 +96,25 @@ std::string wait_for_line(const std::string& path, const std::string& prefix, st
 
 // The tiny model of the in-process pipeline tests: a few steps take seconds.
 std::vector<std::string> model_flags(int steps) {
-  return {"--layers", "4", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8",
-          "--steps", std::to_string(steps), "--warmup", "1", "--seed", "21"};
+  return {"--layers", "4",       "--d-model",           "32",       "--heads", "2",      "--seq", "16", "--batch",
+          "8",        "--steps", std::to_string(steps), "--warmup", "1",       "--seed", "21"};
 }
 
 std::vector<std::string> launch_args(int workers, int steps, const std::string& metrics,
                                      std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"--log-level", "warn", "launch", "--workers", std::to_string(workers),
-                                "--worker-threads", "1", "--ucx-tls", "tcp", "--metrics", metrics,
-                                "--microbatches", "4"};
+  std::vector<std::string> a = {"--log-level",
+                                "warn",
+                                "launch",
+                                "--workers",
+                                std::to_string(workers),
+                                "--worker-threads",
+                                "1",
+                                "--ucx-tls",
+                                "tcp",
+                                "--metrics",
+                                metrics,
+                                "--microbatches",
+                                "4"};
   for (auto& f : model_flags(steps)) a.push_back(f);
   for (auto& f : extra) a.push_back(f);
   return a;
@@ -127,15 +137,18 @@ class Launch : public ::testing::Test {
   }
 };
 
-void expect_launch_matches_train(int workers, const std::string& schedule) {
+void expect_launch_matches_train(int workers, const std::string& schedule, std::vector<std::string> model_extra = {}) {
   const int steps = 4;
   std::string train_metrics = temp_path("train.jsonl"), job_metrics = temp_path("job.jsonl");
-  std::vector<std::string> train = {"--threads", "1", "--log-level", "warn", "train", "--sample", "0",
-                                    "--metrics", train_metrics};
+  std::vector<std::string> train = {"--threads", "1", "--log-level", "warn",       "train",
+                                    "--sample",  "0", "--metrics",   train_metrics};
   for (auto& f : model_flags(steps)) train.push_back(f);
+  train.insert(train.end(), model_extra.begin(), model_extra.end());
   BinRun t = run(train);
   ASSERT_EQ(t.code, 0) << t.output;
-  BinRun l = run(launch_args(workers, steps, job_metrics, {"--schedule", schedule}));
+  std::vector<std::string> extra = {"--schedule", schedule};
+  extra.insert(extra.end(), model_extra.begin(), model_extra.end());
+  BinRun l = run(launch_args(workers, steps, job_metrics, extra));
   ASSERT_EQ(l.code, 0) << l.output;
   EXPECT_NE(l.output.find("link traffic"), std::string::npos) << l.output;
   EXPECT_NE(l.output.find("total"), std::string::npos) << l.output;
@@ -149,29 +162,38 @@ void expect_launch_matches_train(int workers, const std::string& schedule) {
   EXPECT_EQ(records->size(), size_t(steps * workers));  // every worker, every step
 }
 
-TEST_F(Launch, TwoStagesReproduceTrain) { expect_launch_matches_train(2, "1f1b"); }
-TEST_F(Launch, FourStagesGPipeReproduceTrain) { expect_launch_matches_train(4, "gpipe"); }
+TEST_F(Launch, TwoStagesReproduceTrain) {
+  expect_launch_matches_train(2, "1f1b");
+}
+TEST_F(Launch, FourStagesGPipeReproduceTrain) {
+  expect_launch_matches_train(4, "gpipe");
+}
+TEST_F(Launch, SubspaceStagesReproduceTrain) {
+  expect_launch_matches_train(2, "1f1b", {"--subspace-k", "8"});
+}
 
 // `longhaul coordinator` and two `longhaul worker` processes, as on two machines (here both on loopback).
 TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
   const int steps = 3;
   std::string metrics = temp_path("coord.jsonl"), out = temp_path("coord.txt"), token = temp_path("token");
   std::ofstream(token) << "two-machines\n";
-  std::vector<std::string> args = {"--log-level", "warn", "coordinator", "--listen", "tcp://127.0.0.1:*",
-                                   "--workers", "2", "--token-file", token, "--metrics", metrics};
+  std::vector<std::string> args = {"--log-level", "warn", "coordinator",  "--listen", "tcp://127.0.0.1:*",
+                                   "--workers",   "2",    "--token-file", token,      "--metrics",
+                                   metrics};
   for (auto& f : model_flags(steps)) args.push_back(f);
   pid_t coord = spawn(args, out);
   std::string ep = wait_for_line(out, "listening on ", 60s);
   ep = ep.substr(0, ep.find_first_of("; "));
   ASSERT_FALSE(ep.empty()) << slurp(out);
   // A worker with the wrong token is refused and says so.
-  BinRun intruder = run({"--log-level", "warn", "worker", "--coordinator", ep, "--token", "guess", "--join-timeout", "10"}, 60s);
+  BinRun intruder =
+      run({"--log-level", "warn", "worker", "--coordinator", ep, "--token", "guess", "--join-timeout", "10"}, 60s);
   EXPECT_NE(intruder.code, 0);
   EXPECT_NE(intruder.output.find("token"), std::string::npos) << intruder.output;
   std::vector<pid_t> workers;
   for (int i = 0; i < 2; ++i)
-    workers.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file", token,
-                             "--ucx-tls", "tcp"},
+    workers.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file",
+                             token, "--ucx-tls", "tcp"},
                             temp_path("coord_worker" + std::to_string(i) + ".txt")));
   for (int i = 0; i < 2; ++i)
     EXPECT_EQ(wait_exit(workers[size_t(i)], 120s), 0) << slurp(temp_path("coord_worker" + std::to_string(i) + ".txt"));
