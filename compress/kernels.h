@@ -71,6 +71,41 @@ struct QuantSpec {
 LH_HD LH_INLINE int quant_qlo(int bits) { return bits == 2 ? -1 : -(1 << (bits - 1)); }
 LH_HD LH_INLINE int quant_qhi(int bits) { return bits == 2 ? 1 : (1 << (bits - 1)) - 1; }
 
+// One step of a block's absmax scan. Float bits read as int32 order like the floats for x >= 0 (NaN
+// above inf), and bits ^ sign order like |x| for x <= 0. Two integer max reductions (which
+// vectorise) thus give the largest positive and the largest negative magnitude; a NaN wins, so a
+// block holding NaN decodes to NaN. Start from pos = neg = 0.
+LH_HD LH_INLINE void quant_absmax_step(float x, int32_t* pos, int32_t* neg) {
+  int32_t v = static_cast<int32_t>(float_bits(x));
+  int32_t f = static_cast<int32_t>(static_cast<uint32_t>(v) ^ 0x80000000u);
+  *pos = v > *pos ? v : *pos;
+  *neg = f > *neg ? f : *neg;
+}
+
+// From a block's absmax scan: writes block b's scale (fp16 or fp32) and returns the reciprocal the
+// codes are computed with (0 for zero, NaN and inf scales). Shared by the CUDA kernel and the CPU
+// fast path (kernels_cpu.cpp), so both produce the same bits.
+LH_HD LH_INLINE float quant_block_scale(int32_t pos, int32_t neg, const QuantSpec& q, uint8_t* scales, int64_t b) {
+  const float amax = bits_float(static_cast<uint32_t>(pos >= neg ? pos : neg));
+  const float vmax = pos >= neg ? amax : -amax;  // the signed value of largest magnitude
+  const float lo = static_cast<float>(quant_qlo(q.bits));
+  float s = q.bits == 2 ? amax : vmax / lo;
+  if (q.fp32_scale) {
+    reinterpret_cast<float*>(scales)[b] = s;
+  } else {
+    uint16_t h = fp16_scale_up(s);
+    reinterpret_cast<uint16_t*>(scales)[b] = h;
+    s = fp16_to_float(h);
+  }
+  const float as = fabsf(s);
+  return (as > 0.0f && as <= 3.0e38f) ? 1.0f / s : 0.0f;
+}
+
+// The code of v under round-to-nearest-even, clamped to [lo, hi] (NaN -> lo).
+LH_HD LH_INLINE int quant_code_nearest(float v, float inv, float lo, float hi) {
+  return static_cast<int>(clampf(round_even_small(mul_rn(v, inv)), lo, hi));
+}
+
 struct QuantizeBlock {
   const float* x;
   int64_t n;
@@ -82,29 +117,10 @@ struct QuantizeBlock {
     const int64_t start = b * q.block;
     const int len = static_cast<int>(n - start < q.block ? n - start : q.block);
     const float* xb = x + start;
-    // Float bits read as int32 order like the floats for x >= 0 (NaN above inf), and bits ^ sign
-    // order like |x| for x <= 0. Two integer max reductions (which vectorise) thus give the largest
-    // positive and the largest negative magnitude; a NaN wins, so a block holding NaN decodes to NaN.
     int32_t pos = 0, neg = 0;
-    for (int i = 0; i < len; ++i) {
-      int32_t v = static_cast<int32_t>(float_bits(xb[i]));
-      int32_t f = static_cast<int32_t>(static_cast<uint32_t>(v) ^ 0x80000000u);
-      pos = v > pos ? v : pos;
-      neg = f > neg ? f : neg;
-    }
-    const float amax = bits_float(static_cast<uint32_t>(pos >= neg ? pos : neg));
-    const float vmax = pos >= neg ? amax : -amax;  // the signed value of largest magnitude
+    for (int i = 0; i < len; ++i) quant_absmax_step(xb[i], &pos, &neg);
+    const float inv = quant_block_scale(pos, neg, q, scales, b);
     const float lo = static_cast<float>(quant_qlo(q.bits)), hi = static_cast<float>(quant_qhi(q.bits));
-    float s = q.bits == 2 ? amax : vmax / lo;
-    if (q.fp32_scale) {
-      reinterpret_cast<float*>(scales)[b] = s;
-    } else {
-      uint16_t h = fp16_scale_up(s);
-      reinterpret_cast<uint16_t*>(scales)[b] = h;
-      s = fp16_to_float(h);
-    }
-    const float as = fabsf(s);
-    const float inv = (as > 0.0f && as <= 3.0e38f) ? 1.0f / s : 0.0f;  // 0 for zero, NaN and inf scales
     if (q.stochastic)
       pack<true>(xb, len, start, inv, lo, hi);
     else
@@ -115,15 +131,14 @@ struct QuantizeBlock {
   // loops carry no branch and vectorise.
   template <bool kStochastic>
   LH_HD LH_INLINE int code_of(float v, int64_t i, float inv, float lo, float hi) const {
-    const float y = mul_rn(v, inv);
-    float r;
     if constexpr (kStochastic) {
       // floor(y + u), u ~ U[0,1): E[r] = y, so the rounding is unbiased.
-      r = floorf(add_rn(y, philox_uniform(q.seed, kStochasticStream, static_cast<uint64_t>(i))));
+      const float y = mul_rn(v, inv);
+      const float r = floorf(add_rn(y, philox_uniform(q.seed, kStochasticStream, static_cast<uint64_t>(i))));
+      return static_cast<int>(clampf(r, lo, hi));
     } else {
-      r = round_even_small(y);
+      return quant_code_nearest(v, inv, lo, hi);
     }
-    return static_cast<int>(clampf(r, lo, hi));
   }
 
   template <bool kStochastic>
@@ -157,6 +172,10 @@ struct QuantizeBlock {
     }
   }
 };
+
+// The CPU's plain QuantizeBlock loop, one block per call on the calling thread: the reference the
+// CPU fast path of quantize (kernels_cpu.cpp) is tested against. Host only.
+void quantize_reference_cpu(const float* x, int64_t n, const QuantSpec& q, uint8_t* scales, uint8_t* codes);
 
 struct DequantizeBlock {
   const uint8_t* scales;

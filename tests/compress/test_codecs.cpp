@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "codec_test_util.h"
 #include "compress/chain_internal.h"
@@ -310,6 +311,96 @@ TEST(Codecs, CompressionRatiosMatchTheFormats) {
   EXPECT_NEAR(raw / bytes("int4:block=32"), 32.0 / 4.5, 0.01);
   EXPECT_GT(raw / bytes("ef+topk:ratio=0.01+int4"), 50.0);
   EXPECT_GT(raw / bytes("lowrank:rank=8+int8"), 200.0);
+}
+
+// A plain scalar int8/int4 block quantizer written from the format's description: vmax the value of
+// largest magnitude (+ wins a tie with -, a NaN wins outright), scale vmax / qlo (rounded up to fp16
+// unless fp32), codes round-half-even(x / scale via its reciprocal), clamped, NaN -> qlo.
+void quantize_plain(const std::vector<float>& x, int bits, int block, bool fp32_scale, std::vector<uint8_t>* scales,
+                    std::vector<uint8_t>* codes) {
+  const int64_t n = static_cast<int64_t>(x.size()), nb = (n + block - 1) / block;
+  const float lo = bits == 8 ? -128.0f : -8.0f, hi = bits == 8 ? 127.0f : 7.0f;
+  scales->assign(nb * (fp32_scale ? 4 : 2), 0);
+  codes->assign((n * bits + 7) / 8, 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t start = b * block, end = std::min(n, start + block);
+    float vmax = 0.0f;
+    bool nan = false;
+    for (int64_t i = start; i < end; ++i) {
+      if (std::isnan(x[i])) nan = true;
+      else if (std::fabs(x[i]) > std::fabs(vmax) || (std::fabs(x[i]) == std::fabs(vmax) && x[i] > 0)) vmax = x[i];
+    }
+    float s = nan ? NAN : vmax / lo;
+    if (fp32_scale) {
+      std::memcpy(scales->data() + 4 * b, &s, 4);
+    } else {
+      uint16_t h = kern::fp16_scale_up(s);
+      std::memcpy(scales->data() + 2 * b, &h, 2);
+      s = fp16_to_float(h);
+    }
+    const float inv = (std::fabs(s) > 0.0f && std::fabs(s) <= 3.0e38f) ? 1.0f / s : 0.0f;
+    for (int64_t i = start; i < end; ++i) {
+      float r = std::nearbyint(x[i] * inv);
+      int q = std::isnan(r) ? static_cast<int>(lo) : static_cast<int>(std::min(std::max(r, lo), hi));
+      if (bits == 8) (*codes)[i] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      else (*codes)[i / 2] |= static_cast<uint8_t>((q + 8) << (4 * (i & 1)));
+    }
+  }
+}
+
+// The CPU fast path of int8/int4 nearest rounding (kernels_cpu.cpp) against the QuantizeBlock loop
+// the CUDA kernel runs and against the plain loop above: the same bytes, on data with ties, NaN,
+// infinities, zeros, signed zeros, subnormals, huge values and odd tail blocks, serial and OpenMP sizes.
+TEST(Codecs, QuantizeFastPathIsBitIdenticalToTheReferenceLoops) {
+  uint64_t state = 12345;
+  auto next = [&] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state >> 33);
+  };
+  for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{63}, int64_t{64}, int64_t{65}, int64_t{1001}, int64_t{4099},
+                    int64_t{(1 << 17) + 37}, int64_t{(1 << 17) + 64}}) {
+    std::vector<float> x(n);
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t r = next(), kind = r % 64;
+      float g = static_cast<float>(static_cast<int32_t>(next() % 2001) - 1000) / 100.0f;
+      if (kind == 0) x[i] = NAN;
+      else if (kind == 1) x[i] = INFINITY;
+      else if (kind == 2) x[i] = -INFINITY;
+      else if (kind == 3) x[i] = 0.0f;
+      else if (kind == 4) x[i] = -0.0f;
+      else if (kind == 5) x[i] = 1e-40f * g;             // subnormal
+      else if (kind == 6) x[i] = 3.3e38f * (g > 0 ? 1 : -1);  // near FLT_MAX
+      else if (kind < 20) x[i] = 0.5f * static_cast<float>(static_cast<int32_t>(next() % 511) - 255);  // halves
+      else x[i] = g * (1 + (r >> 20) % 3);
+    }
+    // Whole blocks of ties: a block of halves with -128 (int8) / -8 (int4) as its extreme has scale
+    // exactly 1, so every .5 is a tie; others hold only zeros or a lone value.
+    for (int64_t i = 0; i + 128 <= n && i < 2048; i += 128) x[i] = -128.0f;
+    if (n >= 4096) {
+      for (int64_t i = 2048; i < 2112; ++i) x[i] = 0.5f * static_cast<float>(static_cast<int32_t>(next() % 15) - 7);
+      x[2048] = -8.0f;
+      for (int64_t i = 2112; i < 2240; ++i) x[i] = 0.0f;
+      for (int64_t i = 2240; i < 2368; ++i) x[i] = i == 2300 ? -1e-3f : 0.0f;
+      for (int64_t i = 2368; i < 2496; ++i) x[i] = i % 2 ? 2.5f : -2.5f;  // |+| == |-|: + wins
+    }
+    for (int bits : {8, 4})
+      for (int block : {4, 8, 32, 60, 64, 128, 256, 260, 1024})
+        for (bool fp32 : {false, true}) {
+          kern::QuantSpec q{bits, block, fp32, false, 0};
+          const size_t sb = static_cast<size_t>((n + block - 1) / block) * (fp32 ? 4 : 2);
+          const size_t cb = static_cast<size_t>((n * bits + 7) / 8);
+          std::vector<uint8_t> s_fast(sb, 0xAB), c_fast(cb, 0xAB), s_ref(sb, 0xCD), c_ref(cb, 0xCD), s_plain, c_plain;
+          kern::quantize(Exec::cpu(), x.data(), n, q, s_fast.data(), c_fast.data());
+          kern::quantize_reference_cpu(x.data(), n, q, s_ref.data(), c_ref.data());
+          quantize_plain(x, bits, block, fp32, &s_plain, &c_plain);
+          const std::string what = "int" + std::to_string(bits) + " block=" + std::to_string(block) +
+                                   (fp32 ? " fp32" : " fp16") + " n=" + std::to_string(n);
+          ASSERT_EQ(s_fast, s_ref) << what;
+          ASSERT_EQ(c_fast, c_ref) << what;
+          ASSERT_EQ(s_fast, s_plain) << what;
+          ASSERT_EQ(c_fast, c_plain) << what;
+        }
+  }
 }
 
 }  // namespace
