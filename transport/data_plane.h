@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,19 @@ class DataPlane {
   // A packet larger than `capacity` fails the receive with OutOfRange (and is consumed).
   Transfer recv_into(int peer, Tag tag, void* dst, uint64_t capacity, uint64_t raw_bytes = 0);
 
+  // Device memory. Device::cpu: the same as send_view / recv_into. Device::cuda: `data`/`dst` is plain
+  // cudaMalloc memory (any device; the producing stream must be synchronised before send_device). When the
+  // plane moves CUDA memory itself (device_memory_direct) it goes straight to the transport; otherwise it
+  // is staged through pinned host memory the plane keeps for reuse: send_device copies device→pinned before
+  // it returns (the caller's buffer is free again then), and a receive copies pinned→device before its
+  // Transfer completes. Without CUDA (a CPU-only build, no device) they fail with Unavailable saying why.
+  Transfer send_device(int peer, Tag tag, const void* data, uint64_t size, Device device, uint64_t raw_bytes = 0);
+  Transfer recv_into_device(int peer, Tag tag, void* dst, uint64_t capacity, Device device, uint64_t raw_bytes = 0);
+  // Whether transfers of `device` memory go to the transport as they are (no staging). Device::cpu: true.
+  virtual bool device_memory_direct(Device device) const { return device == Device::cpu; }
+  // Pinned staging memory currently held for device transfers, in use or kept for reuse (for tests/logs).
+  uint64_t staging_bytes() const;
+
   // Blocking conveniences.
   Status send_blocking(int peer, Tag tag, Bytes packet, uint64_t raw_bytes = 0,
                        std::chrono::milliseconds timeout = std::chrono::minutes(10));
@@ -69,8 +83,12 @@ class DataPlane {
   virtual void start_recv(std::shared_ptr<TransferState> st) = 0;
 
  private:
+  struct StagingPool;  // pinned host buffers for device transfers (data_plane.cpp)
   std::shared_ptr<TransferState> make_state(Direction dir, int peer, Tag tag, uint64_t raw_bytes);
+  std::shared_ptr<StagingPool> staging();
   std::shared_ptr<LinkMeter> meter_;
+  mutable std::mutex staging_mu_;
+  std::shared_ptr<StagingPool> staging_;  // created on the first staged transfer; freed with the plane
 };
 
 }  // namespace lh

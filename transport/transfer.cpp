@@ -5,9 +5,19 @@ namespace lh {
 
 void TransferState::complete(Status st) {
   std::vector<std::function<void(TransferState&)>> run;
+  std::function<Status(TransferState&)> fin;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (completing) return;
+    if (finishing) return;
+    finishing = true;
+    fin.swap(finish);
+  }
+  // The last step (a staged receive's copy to the device) belongs to the transfer: its failure is the
+  // transfer's. Later complete() calls are already ignored while it runs; hooks added meanwhile queue.
+  if (fin && st.ok()) st = fin(*this);
+  fin = nullptr;  // releases what it held (a staging buffer) before anyone wakes
+  {
+    std::lock_guard<std::mutex> lock(mu);
     completing = true;
     status = std::move(st);
     if (t_end == Clock::time_point{}) t_end = Clock::now();

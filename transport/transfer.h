@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "transport/tag.h"
 
@@ -38,6 +39,13 @@ struct TransferState {
   uint64_t capacity = 0;          // … and its size
   const uint8_t* data = nullptr;  // send: what goes on the wire (owned.data() or caller memory)
   uint64_t size = 0;
+  // Where `data` (send) or `dst` (recv_into) lives. Device::cuda only reaches a plane that said it moves
+  // CUDA memory itself (DataPlane::device_memory_direct); otherwise the DataPlane stages through pinned host
+  // memory and the plane sees host memory.
+  Device memory = Device::cpu;
+  // Runs once on the completing thread before a successful completion is final (before the hooks and the
+  // waiters), e.g. the pinned→device copy of a staged receive; an error it returns becomes the status.
+  std::function<Status(TransferState&)> finish;
 
   // Completes the transfer once: runs the completion hooks, then wakes waiters. Later calls are ignored.
   void complete(Status status);
@@ -47,6 +55,7 @@ struct TransferState {
 
   mutable std::mutex mu;
   std::condition_variable cv;
+  bool finishing = false;   // complete() was called; `finish` may be running
   bool completing = false;  // status is final; hooks are running or ran
   bool done = false;        // hooks ran; waiters may read everything
   Status status;

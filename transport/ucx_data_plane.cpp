@@ -13,6 +13,7 @@
 #include <future>
 
 #include "core/log.h"
+#include "core/tensor.h"
 
 namespace lh {
 namespace {
@@ -124,6 +125,14 @@ Status UcxDataPlane::init(const UcxOptions& options) {
   ucp_config_release(config);
   LH_CHECK_CODE(s);
 
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_, &attr) == UCS_OK)
+    ucx_cuda_memory_ = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+#if defined(LH_USE_CUDA)
+  cuda_direct_ = ucx_cuda_memory_ && !options.force_device_staging;
+#endif
+
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
@@ -147,7 +156,10 @@ Status UcxDataPlane::init(const UcxOptions& options) {
       return io_error(std::string("epoll_ctl: ") + std::strerror(errno));
   }
   thread_ = std::thread([this] { progress_loop(); });
-  LH_LOG_DEBUG("UCX data plane up (transports {}, address {} bytes)", tls_in_use_, address_.size());
+  LH_LOG_DEBUG("UCX data plane up (transports {}, address {} bytes, CUDA memory {})", tls_in_use_, address_.size(),
+               cuda_direct_       ? "direct"
+               : ucx_cuda_memory_ ? "staged (forced)"
+                                  : "staged (UCX has no CUDA support)");
   return Status::Ok();
 }
 
@@ -380,6 +392,10 @@ void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st) {
   SendCtx& ctx = sends_in_flight_[st.get()];
   ctx = SendCtx{this, st};
   p.user_data = &ctx;
+  if (st->memory == Device::cuda && st->size) {  // only reaches here when cuda_direct_
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   const void* buf = st->size ? st->data : &g_empty_byte;
   ucs_status_ptr_t r = ucp_tag_send_nbx(it->second.ep, buf, st->size, wire_tag, &p);
   if (UCS_PTR_IS_PTR(r)) return;  // on_send_done finishes it
@@ -430,7 +446,9 @@ void UcxDataPlane::deliver(const std::shared_ptr<Inbound>& in, const std::shared
   if (st->dst && in->direct) return st->complete(Status::Ok());  // UCX wrote straight into it
   if (st->dst) {  // arrived before recv_into was posted: one copy out of the staging buffer
     if (in->length > st->capacity) return st->complete(too_big(in->length, st->capacity, in->peer));
-    if (in->length) std::memcpy(st->dst, in->bytes.data(), in->length);
+    if (in->length && st->memory == Device::cpu) std::memcpy(st->dst, in->bytes.data(), in->length);
+    if (in->length && st->memory != Device::cpu)  // direct CUDA receive that arrived early
+      return st->complete(copy_bytes(st->dst, st->memory, in->bytes.data(), Device::cpu, in->length));
     return st->complete(Status::Ok());
   }
   st->owned = std::move(in->bytes);
@@ -485,6 +503,10 @@ bool UcxDataPlane::probe_inbound() {
   void* buf = !info.length ? static_cast<void*>(&g_empty_byte)
               : in->direct ? static_cast<void*>(in->target->dst)
                            : static_cast<void*>(in->bytes.data());
+  if (in->direct && in->target->memory == Device::cuda && info.length) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
+    p.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, buf, info.length, msg, &p);
   if (UCS_PTR_IS_PTR(r)) return true;
   on_recv_done(nullptr, UCS_PTR_STATUS(r), nullptr, in.get());

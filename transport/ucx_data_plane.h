@@ -51,6 +51,9 @@ struct UcxOptions {
   std::chrono::microseconds poll_after_activity{200};
   // How long closing waits for in-flight sends to flush before cutting endpoints.
   std::chrono::milliseconds close_timeout{2000};
+  // CUDA memory (DataPlane::send_device / recv_into_device) always goes through pinned host staging, even
+  // when UCX could move it directly (for tests of the staged path, or a UCX whose CUDA transport misbehaves).
+  bool force_device_staging = false;
   // Largest rank that fits the wire tag (12 bits).
   static constexpr int kMaxRank = 4095;
 };
@@ -76,6 +79,13 @@ class UcxDataPlane final : public DataPlane {
   uint64_t dropped_packets() const { return dropped_.load(); }
   // The transports UCX chose, as "tcp" / "posix,sysv,cma,tcp"… (for logs and the bench).
   const std::string& transports() const { return tls_in_use_; }
+  // Whether this UCX context handles CUDA memory (UCP_ATTR_FIELD_MEMORY_TYPES has UCS_MEMORY_TYPE_CUDA;
+  // Debian's UCX has no CUDA support, so there it is false).
+  bool ucx_supports_cuda_memory() const { return ucx_cuda_memory_; }
+  // CUDA memory goes to UCX directly in a CUDA build whose UCX supports it, unless force_device_staging.
+  bool device_memory_direct(Device device) const override {
+    return device == Device::cpu || (device == Device::cuda && cuda_direct_);
+  }
 
  protected:
   void start_send(std::shared_ptr<TransferState> st) override;
@@ -113,6 +123,8 @@ class UcxDataPlane final : public DataPlane {
   int ucx_fd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
   Bytes address_;
   std::string tls_in_use_;
+  bool ucx_cuda_memory_ = false;
+  bool cuda_direct_ = false;
   std::atomic<int> rank_{-1};
   std::atomic<uint64_t> dropped_{0};
   std::atomic<bool> stop_{false};

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "core/cuda_runtime.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh {
@@ -222,6 +223,69 @@ TEST(UcxDataPlane, MeterCountsRawWireAndBusyTime) {
   auto j = ma->to_json();
   EXPECT_EQ(j["rank"], 0);
   EXPECT_EQ(j["links"].size(), 2u);
+}
+
+// The device-memory API where no CUDA device can be used (a CPU-only build, or no GPU): an immediate
+// Unavailable that says why, never a crash; Device::cpu takes the host path.
+TEST(UcxDataPlane, DeviceMemoryWithoutCudaIsUnavailable) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present: test_data_plane_gpu covers device memory";
+  Pair pr;
+  uint8_t fake[64] = {};
+  Tag tag = make_tag(5, 0, Role::kActivation);
+#if defined(LH_USE_CUDA)
+  const char* why = "no CUDA device";
+#else
+  const char* why = "CPU-only build";
+#endif
+  Transfer s = pr.a->send_device(1, tag, fake, sizeof(fake), Device::cuda);
+  ASSERT_TRUE(s.done());
+  EXPECT_EQ(s.status().code(), StatusCode::kUnavailable) << s.status().to_string();
+  EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status().to_string();
+  EXPECT_NE(s.status().message().find("rank 1"), std::string::npos) << s.status().to_string();
+  Transfer r = pr.b->recv_into_device(0, tag, fake, sizeof(fake), Device::cuda);
+  ASSERT_TRUE(r.done());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().to_string();
+  EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().to_string();
+  EXPECT_FALSE(pr.a->device_memory_direct(Device::cuda));
+  EXPECT_TRUE(pr.a->device_memory_direct(Device::cpu));
+  EXPECT_EQ(pr.a->staging_bytes(), 0u);
+
+  // Nothing was sent: the host path still works, also through the device API with Device::cpu.
+  Bytes want = pattern(5000, 11), got(5000);
+  Transfer r2 = pr.b->recv_into_device(0, tag, got.data(), got.size(), Device::cpu);
+  Transfer s2 = pr.a->send_device(1, tag, want.data(), want.size(), Device::cpu);
+  ASSERT_TRUE(s2.wait(std::chrono::seconds(30)).ok()) << s2.status().to_string();
+  ASSERT_TRUE(r2.wait(std::chrono::seconds(30)).ok()) << r2.status().to_string();
+  EXPECT_EQ(r2.wire_bytes(), want.size());
+  EXPECT_TRUE(got == want);
+}
+
+// TransferState::finish runs once before a successful completion is visible, and its error becomes the status.
+TEST(Transfer, FinishStepRunsBeforeWaitersAndCanFail) {
+  auto st = std::make_shared<TransferState>();
+  int runs = 0;
+  st->finish = [&](TransferState&) {
+    ++runs;
+    return unavailable("copy failed");
+  };
+  bool hook_saw_error = false;
+  st->on_done([&](TransferState& t) { hook_saw_error = !t.status.ok(); });
+  st->complete(Status::Ok());
+  st->complete(Status::Ok());
+  Transfer t(st);
+  EXPECT_EQ(runs, 1);
+  EXPECT_TRUE(hook_saw_error);
+  EXPECT_EQ(t.status().code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(st->finish);
+
+  auto failed = std::make_shared<TransferState>();
+  failed->finish = [&](TransferState&) {
+    ++runs;
+    return Status::Ok();
+  };
+  failed->complete(invalid_argument("no"));
+  EXPECT_EQ(runs, 1);  // not run for a failed transfer
+  EXPECT_EQ(Transfer(failed).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
