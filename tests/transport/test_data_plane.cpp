@@ -7,20 +7,13 @@
 #include <random>
 
 #include "core/cuda_runtime.h"
+#include "tests/transport/byte_pattern.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh {
 namespace {
 
-Bytes pattern(size_t n, uint32_t seed) {
-  Bytes b(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1664525u + 1013904223u;
-    b[i] = uint8_t(x >> 24);
-  }
-  return b;
-}
+using test::pattern;
 
 std::unique_ptr<UcxDataPlane> make_plane() {
   UcxOptions o;
