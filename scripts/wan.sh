@@ -7,6 +7,9 @@
 #   scripts/wan.sh down           remove them (every namespace with the prefix, the bridge)
 #   scripts/wan.sh addr I         print host I's address
 #   scripts/wan.sh exec I CMD...  run CMD inside namespace I
+#   scripts/wan.sh probe          exit 0 when this machine can build such links (namespace, veth, tbf);
+#                                 else say why on stderr and exit 1 (tests skip on it: containers without
+#                                 CAP_SYS_ADMIN, a chroot whose / is not a mount point)
 # The bridge itself gets ${LH_WAN_SUBNET}.254, so a coordinator in the root namespace can listen there.
 # Defaults: LH_WAN_PREFIX=lhwan, LH_WAN_SUBNET=10.213.0 (a private test range). netem is not needed.
 set -euo pipefail
@@ -72,10 +75,29 @@ cmd_up() {
   echo "wan.sh: $n hosts ${PREFIX}0..$((n - 1)) on ${SUBNET}.0/24 (bridge ${SUBNET}.254), egress ${bps} bit/s each"
 }
 
+# Builds and removes one namespace with a veth and a tbf qdisc, as `up` would, under a name of its own.
+cmd_probe() {
+  [ "$(id -u)" -eq 0 ] || { echo "wan.sh probe: needs root (network namespaces and tc)" >&2; return 1; }
+  command -v ip >/dev/null 2>&1 || { echo "wan.sh probe: no \`ip\` (iproute2)" >&2; return 1; }
+  local ns="lhprobe$$" host="lhprobe$$h" err
+  if ! err=$(ip netns add "$ns" 2>&1); then
+    echo "wan.sh probe: cannot create a network namespace: $err" >&2; return 1
+  fi
+  if ! err=$( { ip link add "$host" type veth peer name eth0 netns "$ns" &&
+                ip netns exec "$ns" tc qdisc add dev eth0 root tbf rate 1mbit burst 16384 latency 200ms; } 2>&1); then
+    ip link del "$host" 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+    echo "wan.sh probe: cannot build a veth link with tc tbf: $err" >&2; return 1
+  fi
+  ip link del "$host" 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+}
+
 case "${1:-}" in
+  probe) cmd_probe ;;
   up) shift; cmd_up "$@" ;;
   down) cmd_down ;;
   addr) [[ "${2:-}" =~ ^[0-9]+$ ]] || die "usage: wan.sh addr I"; echo "${SUBNET}.$(( $2 + 1 ))" ;;
   exec) [[ "${2:-}" =~ ^[0-9]+$ ]] || die "usage: wan.sh exec I CMD..."; i="$2"; shift 2; exec ip netns exec "${PREFIX}${i}" "$@" ;;
-  *) echo "usage: wan.sh up N RATE | down | addr I | exec I CMD..." >&2; exit 2 ;;
+  *) echo "usage: wan.sh up N RATE | down | addr I | exec I CMD... | probe" >&2; exit 2 ;;
 esac

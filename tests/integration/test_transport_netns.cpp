@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "tests/integration/netns_support.h"
 #include "tests/transport/child_process.h"
 #include "transport/control_client.h"
 #include "transport/coordinator.h"
@@ -19,22 +20,6 @@ using namespace std::chrono_literals;
 const double kRate = 40e6;  // bit/s on each namespace's egress
 const size_t kPacket = 1 << 20;
 const int kPackets = 8;  // 8 MiB: ~1.7 s at 40 Mbit/s
-
-std::string wan_script() {
-  const char* src = std::getenv("LH_SOURCE_DIR");
-  if (src) return std::string(src) + "/scripts/wan.sh";
-  // The test binary lives in <build>/bin; the source tree is found through the CMake cache.
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string dir = n > 0 ? std::string(self, size_t(n)) : "";
-  dir = dir.substr(0, dir.rfind('/'));  // bin
-  dir = dir.substr(0, dir.rfind('/'));  // build dir
-  std::ifstream c(dir + "/CMakeCache.txt");
-  std::string line;
-  while (std::getline(c, line))
-    if (line.rfind("longhaul_SOURCE_DIR:STATIC=", 0) == 0) return line.substr(27) + "/scripts/wan.sh";
-  return "scripts/wan.sh";
-}
 
 int child_main(const std::string& endpoint, const std::string& token) {
   UcxOptions uo;
@@ -76,7 +61,7 @@ int child_main(const std::string& endpoint, const std::string& token) {
 }
 
 TEST(TransportNetns, TwoNamespacesOverTbfLink) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root for network namespaces";
+  if (std::string why = netns_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   const std::string prefix = "lht" + std::to_string(getpid() % 10000);
   const std::string subnet = "10.213." + std::to_string(100 + getpid() % 100);
   setenv("LH_WAN_PREFIX", prefix.c_str(), 1);

@@ -1,0 +1,47 @@
+// defines: wan_script() (the source tree's scripts/wan.sh) and netns_unavailable_reason() — whether this
+// machine can build emulated links. Used by the integration tests that run jobs in network namespaces.
+#pragma once
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace lh {
+
+inline std::string wan_script() {
+  const char* src = std::getenv("LH_SOURCE_DIR");
+  if (src) return std::string(src) + "/scripts/wan.sh";
+  // The test binary lives in <build>/bin; the source tree is found through the CMake cache.
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = n > 0 ? std::string(self, size_t(n)) : "";
+  dir = dir.substr(0, dir.rfind('/'));  // bin
+  dir = dir.substr(0, dir.rfind('/'));  // build dir
+  std::ifstream c(dir + "/CMakeCache.txt");
+  std::string line;
+  while (std::getline(c, line))
+    if (line.rfind("longhaul_SOURCE_DIR:STATIC=", 0) == 0) return line.substr(27) + "/scripts/wan.sh";
+  return "scripts/wan.sh";
+}
+
+// "" when namespaces, veth links and tc tbf can be made here (`wan.sh probe` builds and removes one);
+// else why not: not root, no CAP_SYS_ADMIN (a container), a chroot whose / is not a mount point …
+inline std::string netns_unavailable_reason() {
+  if (geteuid() != 0) return "needs root for network namespaces";
+  const std::string cmd = "bash '" + wan_script() + "' probe 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "cannot run " + wan_script();
+  std::string out;
+  std::array<char, 256> buf{};
+  while (fgets(buf.data(), int(buf.size()), p)) out += buf.data();
+  const int st = pclose(p);
+  if (st == 0) return "";
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out.empty() ? "`wan.sh probe` failed" : out;
+}
+
+}  // namespace lh
