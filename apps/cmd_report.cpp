@@ -39,8 +39,11 @@ RegisterCommand reg("", 70, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("report", "tables and plots of a job's loss and per-link bytes (raw vs wire)");
   cmd->add_option("metrics", opts->metrics, "metrics file: JSON lines from train, launch or the coordinator")
       ->required();
-  cmd->add_option("--png", opts->png, "also draw loss vs step and wire bytes per link into this PNG (needs gnuplot)");
-  cmd->add_option("--rows", opts->rows, "loss rows in the step summary")->check(CLI::Range(2, 1000))->capture_default_str();
+  cmd->add_option("--png", opts->png,
+                  "also draw loss vs step and cumulative raw vs wire bytes per link into this PNG (needs gnuplot)");
+  cmd->add_option("--rows", opts->rows, "loss rows in the step summary")
+      ->check(CLI::Range(2, 1000))
+      ->capture_default_str();
   cmd->callback([opts] { run_report(*opts); });
 });
 

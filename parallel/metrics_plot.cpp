@@ -1,5 +1,5 @@
-// gnuplot scripts and data files for loss and per-link wire bytes, and running gnuplot on them.
-// Used by `longhaul report --png`.
+// gnuplot scripts and data files for loss and per-link cumulative raw and wire bytes, and running
+// gnuplot on them. Used by `longhaul report --png`.
 #include "parallel/metrics_plot.h"
 
 #include <fcntl.h>
@@ -8,13 +8,18 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 extern char** environ;
 
@@ -36,6 +41,68 @@ Status write_file(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
+std::string number(double v, const char* format = "%.0f") {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+// Ten colours told apart easily (Tableau 10). Line i takes colour i % 10 and, past the first ten,
+// point marks of type i / 10 so that two lines of one colour still differ.
+const char* const kPalette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
+                                "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+constexpr int kPaletteSize = sizeof kPalette / sizeof kPalette[0];
+
+// A row of folded_links and what it carried at each step it carried anything: step → (raw, wire).
+struct BytesSeries {
+  LinkTotals row;
+  std::map<int64_t, std::pair<double, double>> by_step;
+};
+
+std::vector<BytesSeries> bytes_series(const MetricsSummary& s) {
+  std::vector<BytesSeries> out;
+  const std::vector<LinkTotals> rows = folded_links(s);
+  std::set<LinkKey> own_row;  // pairs drawn on their own, never also inside a folded row
+  for (const LinkTotals& row : rows)
+    if (row.pairs == 1) own_row.insert({row.src, row.dst, row.role});
+  for (const LinkTotals& row : rows) {
+    BytesSeries series{row, {}};
+    auto part_of_row = [&row, &own_row](const LinkKey& key) {
+      return row.pairs > 1 ? std::get<2>(key) == row.role && own_row.count(key) == 0
+                           : key == LinkKey{row.src, row.dst, row.role};
+    };
+    for (const auto& [key, points] : s.raw_bytes_per_step)
+      if (part_of_row(key))
+        for (const StepPoint& p : points) series.by_step[p.step].first += p.value;
+    for (const auto& [key, points] : s.wire_bytes_per_step)
+      if (part_of_row(key))
+        for (const StepPoint& p : points) series.by_step[p.step].second += p.value;
+    out.push_back(std::move(series));
+  }
+  return out;
+}
+
+std::string direction_label(const std::string& role) {
+  if (role == "act") return "fwd";
+  if (role == "act_grad") return "bwd";
+  return role;
+}
+
+// "0→1 fwd int8→int4"; "other (12 pairs)" for a folded row.
+std::string series_title(const LinkTotals& row) {
+  if (row.pairs > 1) return row.role + " (" + link_label(row) + ")";
+  std::string title = link_label(row) + " " + direction_label(row.role);
+  for (size_t i = 0; i < row.codecs.size(); ++i) title += (i ? "→" : " ") + row.codecs[i];
+  return title;
+}
+
+// Display width in columns: UTF-8 code points, so "→" takes one column.
+size_t columns(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 bool on_path(const std::string& program) {
   if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
   const char* path = std::getenv("PATH");
@@ -54,11 +121,21 @@ Result<std::string> write_metrics_gnuplot(const MetricsSummary& summary, const s
   const bool has_links = !summary.wire_bytes_per_step.empty();
   if (!has_loss && !has_links) return invalid_argument("nothing to plot: the metrics hold no loss and no link traffic");
 
-  std::string script = "set terminal pngcairo size 1000," + std::to_string(has_loss && has_links ? 800 : 450) +
-                       " font 'sans,10' noenhanced\nset output " + quoted(png_path) +
-                       "\nset grid\nset key outside right top\nset rmargin at screen 0.78\n";
-  if (has_loss && has_links) script += "set multiplot layout 2,1 title " + quoted(title) + "\n";
-  else script += "set title " + quoted(title) + "\n";
+  const std::vector<BytesSeries> series = bytes_series(summary);
+  // The key sits right of the panels, its text left-aligned after the line sample; the panels give
+  // it room for the longest title (a chained codec spec can be long), as gnuplot sizes the key: about
+  // 9 pixels a character (UTF-8 code points, hence `set encoding utf8`) and 6 for the sample.
+  size_t longest = 12;
+  for (const BytesSeries& b : series) longest = std::max(longest, columns(series_title(b.row)));
+  const double key_share = std::min(0.45, 9.0 * double(longest + 6) / 1100.0);
+  std::string script = "set terminal pngcairo size 1100," + std::to_string(has_loss && has_links ? 800 : 450) +
+                       " font 'sans,10' noenhanced\nset encoding utf8\nset output " + quoted(png_path) +
+                       "\nset grid\nset key outside right top Left reverse\nset rmargin at screen " +
+                       number(1.0 - key_share, "%.3f") + "\n";
+  if (has_loss && has_links)
+    script += "set multiplot layout 2,1 title " + quoted(title) + "\n";
+  else
+    script += "set title " + quoted(title) + "\n";
 
   if (has_loss) {
     std::string data = "# step loss\n";
@@ -68,24 +145,69 @@ Result<std::string> write_metrics_gnuplot(const MetricsSummary& summary, const s
     LH_RETURN_IF_ERROR(write_file(dir + "/loss.dat", data + (val.empty() ? "" : "\n\n# step val_loss\n" + val)));
     script += "set xlabel 'step'\nset ylabel 'loss'\nplot " + quoted(dir + "/loss.dat") +
               " index 0 using 1:2 with lines lw 2 title 'train'";
-    if (!val.empty()) script += ", " + quoted(dir + "/loss.dat") + " index 1 using 1:2 with linespoints title 'validation'";
+    if (!val.empty())
+      script += ", " + quoted(dir + "/loss.dat") + " index 1 using 1:2 with linespoints title 'validation'";
     script += "\n";
   }
   if (has_links) {
+    // Cumulative bytes: what a link has cost so far reads off directly, and evaluation steps, which
+    // carry a burst of extra activations, show as a small step rather than setting the scale.
+    double top = 0;
+    for (const BytesSeries& b : series) top = std::max(top, double(b.row.raw_bytes));
+    const auto [scale, unit] = top >= 1e9   ? std::make_pair(1e9, "GB")
+                               : top >= 1e6 ? std::make_pair(1e6, "MB")
+                               : top >= 1e3 ? std::make_pair(1e3, "kB")
+                                            : std::make_pair(1.0, "bytes");
+    const std::string file = quoted(dir + "/links.dat"), div = "/" + number(scale);
     std::string data, plots;
-    int index = 0;
-    for (const auto& [key, points] : summary.wire_bytes_per_step) {
-      const auto& [src, dst, role] = key;
-      data += "# " + std::to_string(src) + "->" + std::to_string(dst) + " " + role + ": step wire_bytes\n";
-      for (const StepPoint& p : points) data += std::to_string(p.step) + " " + std::to_string(p.value) + "\n";
+    for (size_t i = 0; i < series.size(); ++i) {
+      const BytesSeries& b = series[i];
+      const std::string name = b.row.pairs > 1 ? std::to_string(b.row.pairs) + " pairs" : link_label(b.row);
+      data +=
+          "# " + name + " " + b.row.role + ": step raw_bytes wire_bytes cumulative_raw_bytes cumulative_wire_bytes\n";
+      double raw = 0, wire = 0;
+      for (const auto& [step, bytes] : b.by_step) {
+        raw += bytes.first;
+        wire += bytes.second;
+        data += std::to_string(step) + " " + number(bytes.first) + " " + number(bytes.second) + " " + number(raw) +
+                " " + number(wire) + "\n";
+      }
       data += "\n\n";
-      plots += std::string(index ? ", " : "") + quoted(dir + "/wire.dat") + " index " + std::to_string(index) +
-               " using 1:($2/1e6) with lines lw 2 title " +
-               quoted(std::to_string(src) + "→" + std::to_string(dst) + " " + role_label(role));
-      ++index;
+      const std::string colour = " lc rgb '" + std::string(kPalette[i % kPaletteSize]) + "'";
+      const int round = static_cast<int>(i) / kPaletteSize;
+      const std::string style = round == 0 ? " with lines lw 2"
+                                           : " with linespoints lw 2 pt " + std::to_string(round + 5) + " pi " +
+                                                 std::to_string(std::max<size_t>(1, b.by_step.size() / 8));
+      const std::string index = " index " + std::to_string(i);
+      plots += std::string(i ? ", \\\n  " : "") + file + index + " using 1:($4" + div + ")" + style + " dt 2" + colour +
+               " notitle, \\\n  " + file + index + " using 1:($5" + div + ")" + style + " dt 1" + colour + " title " +
+               quoted(series_title(b.row));
     }
-    LH_RETURN_IF_ERROR(write_file(dir + "/wire.dat", data));
-    script += "set xlabel 'step'\nset ylabel 'wire MB per step'\nplot " + plots + "\n";
+    plots +=
+        ", \\\n  NaN with lines lw 2 dt 1 lc rgb 'black' title 'solid: wire', \\\n"
+        "  NaN with lines lw 2 dt 2 lc rgb 'black' title 'dashed: raw (fp32)'";
+    LH_RETURN_IF_ERROR(write_file(dir + "/links.dat", data));
+
+    // A dotted line in the link's colour where its codec changed, labelled with the new codec: right
+    // of the line in the first half of the steps, left of it in the second, so that it stays inside;
+    // labels are stacked so that switches at nearby steps stay readable.
+    std::string marks;
+    int label = 0;
+    for (const CodecSwitch& c : summary.codec_switches)
+      for (size_t i = 0; i < series.size(); ++i) {
+        const LinkTotals& row = series[i].row;
+        if (row.pairs > 1 || LinkKey{row.src, row.dst, row.role} != LinkKey{c.src, c.dst, c.role}) continue;
+        const std::string colour = " lc rgb '" + std::string(kPalette[i % kPaletteSize]) + "'";
+        const std::string at = std::to_string(c.step);
+        marks += "set arrow from " + at + ", graph 0 to " + at + ", graph 1 nohead dt 3 lw 1.5" + colour + " back\n";
+        marks += "set label " + quoted(link_label(row) + " " + direction_label(row.role) + " → " + c.to) + " at " + at +
+                 ", graph " + number(0.95 - 0.06 * (label++ % 6), "%.2f") +
+                 (2 * c.step > summary.first_step + summary.last_step ? " right offset character -0.5,0"
+                                                                      : " left offset character 0.5,0") +
+                 " tc rgb '" + kPalette[i % kPaletteSize] + "' front\n";
+      }
+    script += "set xlabel 'step'\nset ylabel " + quoted(std::string("cumulative ") + unit) + "\n" + marks + "plot " +
+              plots + "\n";
   }
   if (has_loss && has_links) script += "unset multiplot\n";
   const std::string path = dir + "/plot.gp";
@@ -96,7 +218,8 @@ Result<std::string> write_metrics_gnuplot(const MetricsSummary& summary, const s
 Status render_metrics_png(const MetricsSummary& summary, const std::string& png_path, const std::string& title,
                           const std::string& gnuplot_program) {
   if (!on_path(gnuplot_program))
-    return unavailable("'" + gnuplot_program + "' was not found; install it (Debian: apt-get install gnuplot-nox) "
+    return unavailable("'" + gnuplot_program +
+                       "' was not found; install it (Debian: apt-get install gnuplot-nox) "
                        "or leave out --png");
   std::string templ = (std::filesystem::temp_directory_path() / "longhaul-plot-XXXXXX").string();
   if (!mkdtemp(templ.data())) return io_error(std::string("cannot create a temporary folder: ") + std::strerror(errno));
@@ -131,10 +254,10 @@ Status render_metrics_png(const MetricsSummary& summary, const std::string& png_
   std::string messages = err.str();
   if (messages.size() > 2000) messages = messages.substr(0, 2000) + "…";
   if (!WIFEXITED(wstatus) || WEXITSTATUS(wstatus) != 0)
-    return internal_error("gnuplot failed (" +
-                          (WIFEXITED(wstatus) ? "exit code " + std::to_string(WEXITSTATUS(wstatus))
-                                              : std::string("killed by a signal")) +
-                          ")" + (messages.empty() ? "" : ": " + messages));
+    return internal_error(
+        "gnuplot failed (" +
+        (WIFEXITED(wstatus) ? "exit code " + std::to_string(WEXITSTATUS(wstatus)) : std::string("killed by a signal")) +
+        ")" + (messages.empty() ? "" : ": " + messages));
   std::ifstream png(tmp_png, std::ios::binary);
   char magic[4] = {};
   if (!png.read(magic, 4) || std::memcmp(magic, "\x89PNG", 4) != 0)

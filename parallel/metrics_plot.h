@@ -1,5 +1,6 @@
-// defines: plots of a job's step metrics — loss vs step and wire MB per step for every link — drawn
-// by gnuplot from a generated script. Used by `longhaul report --png`.
+// defines: plots of a job's step metrics — loss vs step, and per link and direction the cumulative
+// raw and wire bytes with its codecs and the steps they changed — drawn by gnuplot from a generated
+// script. Used by `longhaul report --png`.
 #pragma once
 
 #include <string>
@@ -9,7 +10,12 @@
 
 namespace lh {
 
-// Writes loss.dat, wire.dat and plot.gp into `dir` (which must exist); plot.gp draws into png_path.
+// Writes loss.dat, links.dat and plot.gp into `dir` (which must exist); plot.gp draws into png_path.
+// The bytes panel has one colour per row of folded_links (the `other` pairs summed into one line):
+// cumulative wire bytes solid, cumulative raw (fp32) bytes dashed, the key naming the link, its
+// direction and its codecs ("0→1 fwd int8→int4"), and a dotted line labelled with the new codec at
+// each codec switch. links.dat holds one block per row, in that order, of lines
+// "step raw_bytes wire_bytes cumulative_raw_bytes cumulative_wire_bytes".
 // Panels without data are left out; with neither loss nor link traffic there is nothing to draw
 // and the result is an error. Returns the script's path.
 Result<std::string> write_metrics_gnuplot(const MetricsSummary& summary, const std::string& dir,

@@ -70,6 +70,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
   struct Side {
     LinkTotals totals;
     std::map<int64_t, std::string> codec_by_step;
+    std::map<int64_t, uint64_t> raw_by_step;
     std::map<int64_t, uint64_t> wire_by_step;
     std::map<int64_t, const WorkerStepMetrics*> reported_by;
   };
@@ -101,6 +102,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
       t.raw_bytes += l.raw_bytes;
       t.wire_bytes += l.wire_bytes;
       t.seconds += l.seconds;
+      side.raw_by_step[m.step] += l.raw_bytes;
       side.wire_by_step[m.step] += l.wire_bytes;
       if (!l.codec.empty()) side.codec_by_step[m.step] = l.codec;
     }
@@ -121,11 +123,11 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
     t.counted_by = dir;
     std::string last;
     for (const auto& [step, codec] : side.codec_by_step) {
-      if (!last.empty() && codec != last)
-        s.codec_switches.push_back({t.src, t.dst, t.role, last, codec, step});
+      if (!last.empty() && codec != last) s.codec_switches.push_back({t.src, t.dst, t.role, last, codec, step});
       if (codec != last) t.codecs.push_back(codec);
       last = codec;
     }
+    for (const auto& [step, bytes] : side.raw_by_step) s.raw_bytes_per_step[key].push_back({step, double(bytes)});
     for (const auto& [step, bytes] : side.wire_by_step) s.wire_bytes_per_step[key].push_back({step, double(bytes)});
     s.total.messages += t.messages;
     s.total.raw_bytes += t.raw_bytes;
@@ -151,6 +153,49 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
   return s;
 }
 
+bool folded_role(const std::string& role) {
+  return role == "other";
+}
+
+std::vector<LinkTotals> folded_links(const MetricsSummary& s) {
+  std::vector<LinkTotals> rows, folded;  // folded: one per folded role, after that role's own rows
+  // A pair whose messages are tensors (evaluation activations between pipeline neighbours, at least
+  // 1 KiB a message on average) keeps its row; the few-byte grad-norm chatter among all pairs folds.
+  auto carries_tensors = [](const LinkTotals& t) { return t.messages > 0 && t.raw_bytes >= 1024 * t.messages; };
+  auto flush = [&] {
+    rows.insert(rows.end(), folded.begin(), folded.end());
+    folded.clear();
+  };
+  for (const LinkTotals& t : s.links) {
+    if (!folded.empty() && folded.back().role != t.role) flush();
+    if (!folded_role(t.role) || carries_tensors(t)) {
+      rows.push_back(t);
+      continue;
+    }
+    if (folded.empty()) {
+      folded.push_back(t);
+      continue;
+    }
+    LinkTotals& f = folded.back();
+    f.src = f.dst = -1;
+    ++f.pairs;
+    if (f.counted_by != t.counted_by) f.counted_by = "send+recv";
+    f.messages += t.messages;
+    f.raw_bytes += t.raw_bytes;
+    f.wire_bytes += t.wire_bytes;
+    f.seconds += t.seconds;
+    for (const std::string& c : t.codecs)
+      if (std::find(f.codecs.begin(), f.codecs.end(), c) == f.codecs.end()) f.codecs.push_back(c);
+  }
+  flush();
+  return rows;
+}
+
+std::string link_label(const LinkTotals& t) {
+  if (t.pairs > 1) return std::to_string(t.pairs) + " pairs";
+  return std::to_string(t.src) + "→" + std::to_string(t.dst);
+}
+
 std::string format_link_table(const MetricsSummary& s) {
   if (s.links.empty()) return "no link traffic recorded\n";
   std::vector<std::vector<std::string>> rows;
@@ -168,21 +213,32 @@ std::string format_link_table(const MetricsSummary& s) {
         fmt("%.2f", t.seconds),
         codec};
   };
-  bool any_recv = false;
-  for (const LinkTotals& t : s.links) {
+  bool any_recv = false, folded_recv = false;
+  std::string folded_notes;
+  for (const LinkTotals& t : folded_links(s)) {
+    // A folded row lists its codecs (usually none) as a set: its pairs may have used them in any order.
     std::string codec;
-    for (size_t i = 0; i < t.codecs.size(); ++i) codec += (i ? "→" : "") + t.codecs[i];
-    std::string link = std::to_string(t.src) + "→" + std::to_string(t.dst);
-    if (t.counted_by == "recv") {
+    for (size_t i = 0; i < t.codecs.size(); ++i) codec += (i ? (t.pairs > 1 ? ", " : "→") : "") + t.codecs[i];
+    std::string link = link_label(t);
+    if (t.counted_by != "send") {
       link += "*";
-      any_recv = true;
+      if (t.pairs > 1)
+        folded_recv = true;
+      else
+        any_recv = true;
     }
+    if (t.pairs > 1)
+      folded_notes += t.role + " = " + std::to_string(t.pairs) +
+                      " worker pairs of small messages (grad-norm exchanges), summed into one row\n";
     rows.push_back(cells(t, link, role_label(t.role), codec));
   }
   rows.push_back(cells(s.total, "total", "", ""));
   std::string out = layout(rows, "llrrrrrrl");
   out += "MB = 10^6 bytes; raw = the same tensors sent uncompressed in fp32; busy s = seconds the link was busy\n";
-  if (any_recv) out += "* counted by the receiver (the sender reported nothing for this link)\n";
+  out += folded_notes;
+  if (any_recv || folded_recv)
+    out += std::string("* counted by the receiver (the sender reported nothing for this link") +
+           (folded_recv ? ", or for some of these pairs)\n" : ")\n");
   return out;
 }
 

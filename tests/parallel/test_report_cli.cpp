@@ -1,7 +1,6 @@
 // Runs `longhaul report` (the binary named by LH_BIN, which ctest sets) on generated metrics files:
 // tables, --png, and clear errors for bad files. Skips when LH_BIN is unset. Label `parallel`.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,8 +53,8 @@ std::string two_stage_lines() {
     const char* codec = step < 3 ? "int8" : "int4";
     const int wire = step < 3 ? 1000000 : 500000;
     out += "{\"step\":" + std::to_string(step) + ",\"worker\":0,\"stage\":0,\"tokens_per_s\":2000,\"links\":[" +
-           "{\"src\":0,\"dst\":1,\"role\":\"act\",\"codec\":\"" + codec + "\",\"raw_bytes\":4000000,\"wire_bytes\":" +
-           std::to_string(wire) + ",\"messages\":4,\"seconds\":0.25}]}\n";
+           "{\"src\":0,\"dst\":1,\"role\":\"act\",\"codec\":\"" + codec +
+           "\",\"raw_bytes\":4000000,\"wire_bytes\":" + std::to_string(wire) + ",\"messages\":4,\"seconds\":0.25}]}\n";
     out += "{\"step\":" + std::to_string(step) + ",\"worker\":1,\"stage\":1,\"loss\":" + std::to_string(5.0 - step) +
            ",\"tokens_per_s\":1900,\"links\":[{\"src\":1,\"dst\":0,\"role\":\"act_grad\",\"codec\":\"bf16\"," +
            "\"raw_bytes\":4000000,\"wire_bytes\":2000000,\"messages\":4,\"seconds\":0.5}]}\n";
@@ -73,6 +72,34 @@ TEST_F(ReportCli, PrintsTablesAndSummary) {
   EXPECT_NE(r.output.find("total"), std::string::npos);
   EXPECT_NE(r.output.find("loss: first 4.0000, last 1.0000"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("codec change: 0→1 act (fwd) int8 → int4 from step 3"), std::string::npos) << r.output;
+}
+
+TEST_F(ReportCli, FoldsGradNormTrafficIntoOneRow) {
+  // Three workers, one step: act 0→1→2, and a 16-byte grad-norm message between each of the 6 ordered pairs.
+  std::string lines;
+  for (int w = 0; w < 3; ++w) {
+    std::string links;
+    if (w < 2)
+      links += "{\"src\":" + std::to_string(w) + ",\"dst\":" + std::to_string(w + 1) +
+               ",\"role\":\"act\",\"codec\":\"int8\",\"raw_bytes\":4000000,\"wire_bytes\":1000000,\"messages\":4}";
+    for (int p = 0; p < 3; ++p)
+      if (p != w)
+        links += std::string(links.empty() ? "" : ",") + "{\"src\":" + std::to_string(w) +
+                 ",\"dst\":" + std::to_string(p) +
+                 ",\"role\":\"other\",\"raw_bytes\":16,\"wire_bytes\":16,\"messages\":1}";
+    lines += "{\"step\":1,\"worker\":" + std::to_string(w) + ",\"links\":[" + links + "]}\n";
+  }
+  CliRun r = run("'" + write("norms.jsonl", lines) + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\n6 pairs  other             6    0.00     0.00  1.00x   0.0%    0.00\n"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("\ntotal                     14    8.00     2.00  4.00x  75.0%"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("0→2"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("1→0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("other = 6 worker pairs of small messages (grad-norm exchanges), summed into one row"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(ReportCli, DrawsAPng) {
@@ -93,7 +120,8 @@ TEST_F(ReportCli, BadFilesAreClearErrors) {
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("none.jsonl' cannot be opened"), std::string::npos) << missing.output;
 
-  const std::string bad = write("bad.jsonl", "{\"step\":1}\n{\"step\":2,\"links\":[{\"src\":0,\"dst\":1,\"role\":\"x\"}]}\n");
+  const std::string bad =
+      write("bad.jsonl", "{\"step\":1}\n{\"step\":2,\"links\":[{\"src\":0,\"dst\":1,\"role\":\"x\"}]}\n");
   CliRun r = run("'" + bad + "'");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("longhaul: error:"), std::string::npos) << r.output;

@@ -13,8 +13,8 @@
 namespace lh {
 namespace {
 
-LinkTraffic traffic(int src, int dst, const std::string& role, uint64_t raw, uint64_t wire, const std::string& codec = "",
-                    const std::string& dir = "send") {
+LinkTraffic traffic(int src, int dst, const std::string& role, uint64_t raw, uint64_t wire,
+                    const std::string& codec = "", const std::string& dir = "send") {
   LinkTraffic t;
   t.src = src;
   t.dst = dst;
@@ -68,7 +68,10 @@ TEST(WorkerStepMetrics, AcceptsMinimalAndForeignLines) {
 }
 
 TEST(WorkerStepMetrics, MalformedLinesNameLineAndField) {
-  struct Case { const char* line; const char* says; };
+  struct Case {
+    const char* line;
+    const char* says;
+  };
   const Case cases[] = {
       {"{\"step\":1", "not valid JSON"},
       {"[1,2]", "expected a JSON object"},
@@ -192,6 +195,12 @@ TEST(MetricsSummary, TotalsPerLinkPreferTheSender) {
   auto wire = s.wire_bytes_per_step.at(LinkKey{0, 1, "act"});
   ASSERT_EQ(wire.size(), 3u);
   EXPECT_EQ(wire[2].value, 1000000.0);
+  auto raw = s.raw_bytes_per_step.at(LinkKey{0, 1, "act"});
+  ASSERT_EQ(raw.size(), 3u);
+  EXPECT_EQ(raw[0].step, 1);
+  EXPECT_EQ(raw[2].value, 8000000.0);
+  // The receiver's 999 wire bytes of 0→1 are not in the series: the sender's count wins there too.
+  EXPECT_EQ(s.wire_bytes_per_step.at(LinkKey{1, 0, "act_grad"})[1].value, 4000000.0);
 }
 
 TEST(MetricsSummary, FallsBackToTheReceiversCount) {
@@ -250,7 +259,8 @@ TEST(MetricsSummary, StepSummaryShowsLossAndSwitches) {
     many.push_back(m);
   }
   const std::string rows = format_step_summary(value_of(summarize_step_metrics(many)), 5);
-  for (const char* want : {"   0  100.0000\n", "  25   75.0000\n", "  50   50.0000\n", "  74   26.0000\n", "  99    1.0000\n"})
+  for (const char* want :
+       {"   0  100.0000\n", "  25   75.0000\n", "  50   50.0000\n", "  74   26.0000\n", "  99    1.0000\n"})
     EXPECT_NE(rows.find(want), std::string::npos) << want << " in\n" << rows;
 }
 
@@ -263,8 +273,14 @@ namespace {
 TEST(WorkerStepMetrics, ReadsBuiltJsonWithSignedIntegers) {
   // LinkMeter::to_json builds its JSON from ints: non-negative values stored as signed integers.
   nlohmann::json links = nlohmann::json::array();
-  links.push_back({{"src", int(0)}, {"dst", int(1)}, {"role", "act"}, {"dir", "send"}, {"raw_bytes", int64_t(8)},
-                   {"wire_bytes", int64_t(2)}, {"messages", int(1)}, {"seconds", 0.0}});
+  links.push_back({{"src", int(0)},
+                   {"dst", int(1)},
+                   {"role", "act"},
+                   {"dir", "send"},
+                   {"raw_bytes", int64_t(8)},
+                   {"wire_bytes", int64_t(2)},
+                   {"messages", int(1)},
+                   {"seconds", 0.0}});
   auto t = value_of(link_traffic_from_json(links, "meter"));
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0].dst, 1);
@@ -274,6 +290,134 @@ TEST(WorkerStepMetrics, ReadsBuiltJsonWithSignedIntegers) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("field 'links[0].wire_bytes': must not be negative"), std::string::npos);
   EXPECT_FALSE(link_traffic_from_json(nlohmann::json::object(), "meter").ok());
+}
+
+}  // namespace
+}  // namespace lh
+
+namespace lh {
+namespace {
+
+// A 4-stage pipeline over 2 steps: act 0→1→2→3, act_grad 3→2→1→0, and every one of the 12 ordered
+// worker pairs sends a grad-norm message (role other, 8 bytes, 1 message, 0.001 s) each step.
+std::vector<WorkerStepMetrics> four_stage_job_with_norms() {
+  std::vector<WorkerStepMetrics> out;
+  for (int step = 1; step <= 2; ++step)
+    for (int w = 0; w < 4; ++w) {
+      WorkerStepMetrics m;
+      m.step = step;
+      m.worker = w;
+      m.stage = w;
+      if (w < 3) m.links.push_back(traffic(w, w + 1, "act", 4000000, 1000000, "int8"));
+      if (w > 0) m.links.push_back(traffic(w, w - 1, "act_grad", 4000000, 2000000, "bf16"));
+      for (int peer = 0; peer < 4; ++peer) {
+        if (peer == w) continue;
+        LinkTraffic norm = traffic(w, peer, "other", 8, 8);
+        norm.messages = 1;
+        norm.seconds = 0.001;
+        m.links.push_back(norm);
+      }
+      out.push_back(m);
+    }
+  return out;
+}
+
+TEST(MetricsSummary, FoldsOtherPairsIntoOneRow) {
+  MetricsSummary s = value_of(summarize_step_metrics(four_stage_job_with_norms()));
+  ASSERT_EQ(s.links.size(), 3u + 3u + 12u);  // the summary itself keeps every pair
+  EXPECT_EQ(s.total.messages, 6u * 2 * 2 + 12u * 2);
+  EXPECT_EQ(s.total.raw_bytes, 6u * 2 * 4000000 + 12u * 2 * 8);
+  EXPECT_EQ(s.total.wire_bytes, 3u * 2 * 1000000 + 3u * 2 * 2000000 + 12u * 2 * 8);
+
+  const std::vector<LinkTotals> rows = folded_links(s);
+  ASSERT_EQ(rows.size(), 7u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(rows[i].pairs, 1) << i;
+    EXPECT_EQ(rows[i].role, i < 3 ? "act" : "act_grad") << i;
+  }
+  EXPECT_EQ(link_label(rows[3]), "1→0");
+  const LinkTotals& other = rows[6];
+  EXPECT_EQ(other.role, "other");
+  EXPECT_EQ(other.pairs, 12);
+  EXPECT_EQ(other.src, -1);
+  EXPECT_EQ(other.dst, -1);
+  EXPECT_EQ(other.counted_by, "send");
+  EXPECT_EQ(other.messages, 24u);
+  EXPECT_EQ(other.raw_bytes, 192u);
+  EXPECT_EQ(other.wire_bytes, 192u);
+  EXPECT_NEAR(other.seconds, 0.024, 1e-12);
+  EXPECT_TRUE(other.codecs.empty());
+  EXPECT_EQ(link_label(other), "12 pairs");
+
+  EXPECT_EQ(format_link_table(s),
+            "link      role            messages  raw MB  wire MB  ratio  saved  busy s  codec\n"
+            "0→1       act (fwd)              4    8.00     2.00  4.00x  75.0%    1.00  int8\n"
+            "1→2       act (fwd)              4    8.00     2.00  4.00x  75.0%    1.00  int8\n"
+            "2→3       act (fwd)              4    8.00     2.00  4.00x  75.0%    1.00  int8\n"
+            "1→0       act_grad (bwd)         4    8.00     4.00  2.00x  50.0%    1.00  bf16\n"
+            "2→1       act_grad (bwd)         4    8.00     4.00  2.00x  50.0%    1.00  bf16\n"
+            "3→2       act_grad (bwd)         4    8.00     4.00  2.00x  50.0%    1.00  bf16\n"
+            "12 pairs  other                 24    0.00     0.00  1.00x   0.0%    0.02\n"
+            "total                           48   48.00    18.00  2.67x  62.5%    6.02\n"
+            "MB = 10^6 bytes; raw = the same tensors sent uncompressed in fp32; busy s = seconds the link was busy\n"
+            "other = 12 worker pairs of small messages (grad-norm exchanges), summed into one row\n");
+}
+
+TEST(MetricsSummary, EvaluationTrafficKeepsItsRowsWhileNormsFold) {
+  std::vector<WorkerStepMetrics> job = four_stage_job_with_norms();
+  // Step 2 also evaluates: 4 validation activations of 64 KiB go 0→1 and 1→2 (role other).
+  for (WorkerStepMetrics& m : job)
+    if (m.step == 2 && m.worker < 2) {
+      LinkTraffic eval = traffic(m.worker, m.worker + 1, "other", 4 * 65536, 4 * 16384, "int8");
+      eval.messages = 4;
+      for (LinkTraffic& l : m.links)
+        if (l.role == "other" && l.dst == m.worker + 1) l = eval;
+    }
+  MetricsSummary s = value_of(summarize_step_metrics(job));
+  std::vector<LinkTotals> rows = folded_links(s);
+  ASSERT_EQ(rows.size(), 6u + 2u + 1u);
+  EXPECT_EQ(link_label(rows[6]), "0→1");
+  EXPECT_EQ(rows[6].role, "other");
+  EXPECT_EQ(rows[6].raw_bytes, 8u + 4u * 65536);  // step 1's norm and step 2's evaluation
+  EXPECT_EQ(link_label(rows[7]), "1→2");
+  EXPECT_EQ(rows[8].pairs, 10);
+  EXPECT_EQ(rows[8].raw_bytes, 10u * 2 * 8);
+  const std::string table = format_link_table(s);
+  EXPECT_NE(table.find("10 pairs  other"), std::string::npos) << table;
+  EXPECT_EQ(table.find("0→2"), std::string::npos) << table;
+}
+
+TEST(MetricsSummary, OneOtherPairKeepsItsRowAndReceiverCountsAreMarked) {
+  // Only 0→1 carries `other` traffic: nothing to fold, the row names its link.
+  WorkerStepMetrics m;
+  m.step = 0;
+  m.worker = 0;
+  m.links = {traffic(0, 1, "act", 100, 50, "int8"), traffic(0, 1, "other", 8, 8)};
+  MetricsSummary one = value_of(summarize_step_metrics({m}));
+  std::vector<LinkTotals> rows = folded_links(one);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].pairs, 1);
+  EXPECT_EQ(link_label(rows[1]), "0→1");
+  EXPECT_NE(format_link_table(one).find("\n0→1    other"), std::string::npos) << format_link_table(one);
+  EXPECT_EQ(format_link_table(one).find("pairs"), std::string::npos) << format_link_table(one);
+
+  // Two pairs, one of them only counted by its receiver: folded, marked, and the codecs listed once.
+  WorkerStepMetrics r;
+  r.step = 0;
+  r.worker = 2;
+  r.links = {traffic(1, 2, "other", 10, 5, "fp16", "recv"), traffic(2, 1, "other", 20, 10, "fp16")};
+  MetricsSummary two = value_of(summarize_step_metrics({m, r}));
+  rows = folded_links(two);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].pairs, 3);
+  EXPECT_EQ(rows[1].counted_by, "send+recv");
+  EXPECT_EQ(rows[1].raw_bytes, 38u);
+  EXPECT_EQ(rows[1].wire_bytes, 23u);
+  EXPECT_EQ(rows[1].codecs, std::vector<std::string>{"fp16"});
+  const std::string table = format_link_table(two);
+  EXPECT_NE(table.find("\n3 pairs*  other"), std::string::npos) << table;
+  EXPECT_NE(table.find("fp16\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("or for some of these pairs)"), std::string::npos) << table;
 }
 
 }  // namespace
