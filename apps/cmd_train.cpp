@@ -7,16 +7,14 @@
 #include <string>
 
 #include "apps/commands.h"
+#include "apps/model_flags.h"
 #include "core/trainer.h"
 
 namespace lh::app {
 namespace {
 
 struct TrainFlags {
-  std::string model = "small";
-  int layers = 0, d_model = 0, heads = 0, seq = 0, subspace_k = -1;
-  bool tied_head = false;
-  std::string device = "cpu";
+  ModelFlags model;
   float temperature = 0.8f;
   TrainConfig cfg;
 };
@@ -98,25 +96,9 @@ std::string printable(const std::string& s) {
 
 int run_train(TrainFlags& f, CLI::App* cmd) {
   TrainConfig cfg = f.cfg;
-  if (f.device == "cpu")
-    cfg.device = Device::cpu;
-  else if (f.device == "cuda")
-    cfg.device = Device::cuda;
-  else
-    fail("--device '" + f.device + "': choose cpu or cuda", 2);
-  auto preset = gpt_preset(f.model);
-  if (!preset.ok()) fail("--model: " + preset.status().message(), 2);
-  cfg.model = *preset;
-  if (f.layers > 0) cfg.model.layers = f.layers;
-  if (f.d_model > 0) cfg.model.d_model = f.d_model;
-  if (f.heads > 0) cfg.model.heads = f.heads;
-  if (f.seq > 0) cfg.model.seq = f.seq;
-  if (f.subspace_k >= 0) cfg.model.subspace_k = f.subspace_k;
-  cfg.model.tied_head = f.tied_head;
+  apply_model_flags(f.model, cfg);
   // On --resume the checkpoint's model is used unless a model flag was given.
-  cfg.model_explicit = false;
-  for (const char* o : {"--model", "--layers", "--d-model", "--heads", "--seq", "--subspace-k", "--tied-head"})
-    if (cmd->count(o) > 0) cfg.model_explicit = true;
+  cfg.model_explicit = model_shape_given(cmd);
   if (cfg.resume.empty()) cfg.model_explicit = true;
 
   auto made = Trainer::create(cfg);
@@ -149,24 +131,7 @@ RegisterCommand reg("", 10, [](CLI::App& app) {
   TrainConfig& c = f->cfg;
   c.sample = 300;
   auto* cmd = app.add_subcommand("train", "train a byte-level GPT in this process (default: fortunes corpus, ~1 min)");
-  cmd->add_option("--data", c.data, "text file to train on (default: the fortunes corpus)");
-  cmd->add_option("--model", f->model, std::string("model size: ") + gpt_preset_names())->capture_default_str();
-  cmd->add_option("--layers", f->layers, "override the number of blocks")->check(CLI::Range(1, 1024));
-  cmd->add_option("--d-model", f->d_model, "override the model width")->check(CLI::Range(1, 65536));
-  cmd->add_option("--heads", f->heads, "override the attention heads")->check(CLI::Range(1, 65536));
-  cmd->add_option("--seq", f->seq, "context length (sequence length of a batch)")->check(CLI::Range(1, 16384));
-  cmd->add_option("--subspace-k", f->subspace_k, "subspace model: K coordinates per token (0 = off)")
-      ->check(CLI::Range(0, 65536));
-  cmd->add_flag("--tied-head", f->tied_head, "share the output head with the token embedding");
-  cmd->add_option("--steps", c.steps, "optimizer steps in total")->capture_default_str()->check(CLI::Range(1, 1 << 30));
-  cmd->add_option("--batch", c.batch, "sequences per step")->capture_default_str()->check(CLI::Range(1, 65536));
-  cmd->add_option("--lr", c.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--warmup", c.warmup, "linear warmup steps")->capture_default_str()->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", c.seed, "seed for init, data order and sampling")->capture_default_str();
-  cmd->add_option("--device", f->device, "cpu|cuda")->capture_default_str();
-  cmd->add_option("--eval-every", c.eval_every, "validation loss every N steps (0: at the end only)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  add_model_flags(cmd, f->model, c);
   cmd->add_option("--checkpoint-dir", c.checkpoint_dir, "write checkpoints here");
   cmd->add_option("--checkpoint-every", c.checkpoint_every, "checkpoint every N steps (default: at the end)")
       ->check(CLI::NonNegativeNumber);

@@ -51,64 +51,18 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->check(CLI::Range(0.1, 3600.0))
       ->group(g);
 
-  const char* m = "Model and training (as `longhaul train`)";
-  cmd->add_option("--data", c.data, "text file to train on (default: the fortunes corpus)")->group(m);
-  cmd->add_option("--model", f.model, std::string("model size: ") + gpt_preset_names())
-      ->capture_default_str()
-      ->group(m);
-  cmd->add_option("--layers", f.layers, "override the number of blocks")->check(CLI::Range(1, 1024))->group(m);
-  cmd->add_option("--d-model", f.d_model, "override the model width")->check(CLI::Range(1, 65536))->group(m);
-  cmd->add_option("--heads", f.heads, "override the attention heads")->check(CLI::Range(1, 65536))->group(m);
-  cmd->add_option("--seq", f.seq, "context length")->check(CLI::Range(1, 16384))->group(m);
-  cmd->add_option("--subspace-k", f.subspace_k, "subspace model: K coordinates per token cross each link (0 = off)")
-      ->check(CLI::Range(0, 65536))
-      ->group(m);
-  cmd->add_flag("--tied-head", f.tied_head, "share the output head with the token embedding")->group(m);
-  cmd->add_option("--steps", c.steps, "optimizer steps")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 30))
-      ->group(m);
-  cmd->add_option("--batch", c.batch, "sequences per global batch")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 65536))
-      ->group(m);
-  cmd->add_option("--lr", c.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber)->group(m);
-  cmd->add_option("--warmup", c.warmup, "linear warmup steps")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber)
-      ->group(m);
-  cmd->add_option("--seed", c.seed, "seed for init and data order")->capture_default_str()->group(m);
-  cmd->add_option("--device", f.device, "cpu|cuda")->capture_default_str()->group(m);
-  cmd->add_option("--eval-every", c.eval_every, "validation loss every N steps (0: at the end only)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber)
-      ->group(m);
+  add_model_flags(cmd, f.model, c);
 }
 
 PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   PipelineJobConfig job = f.job;
-  if (f.device == "cpu")
-    job.train.device = Device::cpu;
-  else if (f.device == "cuda")
-    job.train.device = Device::cuda;
-  else
-    fail("--device '" + f.device + "': choose cpu or cuda", 2);
-  auto preset = gpt_preset(f.model);
-  if (!preset.ok()) fail("--model: " + preset.status().message(), 2);
-  GptConfig& g = job.train.model;
-  g = *preset;
-  if (f.layers > 0) g.layers = f.layers;
-  if (f.d_model > 0) g.d_model = f.d_model;
-  if (f.heads > 0) g.heads = f.heads;
-  if (f.seq > 0) g.seq = f.seq;
-  if (f.subspace_k >= 0) g.subspace_k = f.subspace_k;
-  g.tied_head = f.tied_head;
+  apply_model_flags(f.model, job.train);
   auto kind = parse_schedule_kind(f.schedule);
   if (!kind.ok()) fail("--schedule: " + kind.status().message(), 2);
   job.schedule = *kind;
   const bool workers_given = cmd->count("--workers") > 0, pp_given = cmd->count("--pp") > 0;
-  if (!workers_given && !pp_given) fail("give --workers N (and optionally --pp S)", 2);
-  if (!pp_given) job.pp = job.workers / std::max(1, job.tp * job.dp);
+  if (!workers_given && !pp_given && !f.grid_has_defaults) fail("give --workers N (and optionally --pp S)", 2);
+  if (!pp_given && workers_given) job.pp = job.workers / std::max(1, job.tp * job.dp);
   if (!workers_given) job.workers = job.pp * job.tp * job.dp;
   if (job.workers != job.pp * job.tp * job.dp)
     fail("--workers " + std::to_string(job.workers) +

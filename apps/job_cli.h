@@ -6,21 +6,22 @@
 #include <chrono>
 #include <string>
 
+#include "apps/model_flags.h"
 #include "parallel/job_config.h"
 #include "parallel/pipeline_coordinator.h"
 
 namespace lh::app {
 
 struct JobFlags {
-  std::string model = "small";
-  int layers = 0, d_model = 0, heads = 0, seq = 0, subspace_k = -1;
-  bool tied_head = false;
-  std::string device = "cpu";
+  ModelFlags model;
   std::string schedule = "1f1b";
   PipelineJobConfig job;  // training, grid and codec fields are bound to it directly
   std::string metrics;
   std::string token, token_file;
   double heartbeat_timeout_s = 5;
+  // The grid as set here stands when neither --workers nor --pp is given (`demo`); otherwise one of
+  // them is required.
+  bool grid_has_defaults = false;
 };
 
 // Adds the job flags to `cmd`; `metrics_default` is the --metrics default shown in --help.
