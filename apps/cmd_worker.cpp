@@ -46,6 +46,11 @@ void run_worker(const WorkerFlags& f) {
   o.join_timeout = std::chrono::milliseconds(int64_t(f.join_timeout_s * 1000));
   o.receive_timeout = std::chrono::milliseconds(int64_t(f.receive_timeout_s * 1000));
   set_log_role("worker " + o.hostname);
+  o.on_rank = [host = o.hostname](int rank) {
+    // `ps -o comm`, `top` and `pgrep longhaul` then tell the workers of a machine apart.
+    name_this_process("longhaul-w" + std::to_string(rank));
+    set_log_role("worker " + std::to_string(rank) + " " + host);
+  };
   Status s = run_pipeline_worker(o);
   if (!s.ok()) fail("worker " + o.hostname + ": " + s.message());
 }

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +25,9 @@ struct RegisterCommand {
     command_registry().push_back({std::move(parent), order, std::move(add)});
   }
 };
+
+// Sets the name `ps -o comm`, `top` and `pgrep` show for this process (at most 15 bytes are kept).
+void name_this_process(const std::string& name);
 
 // Prints "longhaul: error: <message>" to stderr and throws CLI::RuntimeError(code).
 [[noreturn]] void fail(const std::string& message, int code = 1);

@@ -1,5 +1,6 @@
 // The `longhaul` entry point: builds the CLI from the command registry and runs the chosen subcommand.
 // Used by users, scripts and the integration tests.
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,6 +19,10 @@ std::vector<CommandRegistration>& command_registry() {
   return r;
 }
 
+void name_this_process(const std::string& name) {
+  prctl(PR_SET_NAME, name.substr(0, 15).c_str(), 0, 0, 0);
+}
+
 void fail(const std::string& message, int code) {
   std::fprintf(stderr, "longhaul: error: %s\n", message.c_str());
   throw CLI::RuntimeError(code);
@@ -27,19 +32,25 @@ void fail(const std::string& message, int code) {
 
 // libgomp reads OMP_WAIT_POLICY once, before main: spinning OpenMP threads make a loaded or shared
 // machine (several workers per host, CI) several times slower, so unless the user chose a policy we
-// re-exec once with PASSIVE.
+// re-exec once with PASSIVE. The re-exec goes through the binary's real path, not /proc/self/exe, so
+// the process keeps the name `longhaul` (the kernel names a process after the file it executes).
 static void ensure_passive_openmp_wait(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  execv("/proc/self/exe", argv);
-  // exec failed (no /proc): carry on with the default policy.
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return;  // no /proc: carry on with the default policy
+  self[n] = 0;
+  execv(self, argv);
+  // exec failed: carry on with the default policy.
 }
 
 int main(int argc, char** argv) {
   ensure_passive_openmp_wait(argv);
   using namespace lh::app;
-  CLI::App app{"longhaul: train neural networks across far-apart machines over slow links,\n"
-               "with compressed activations, gradients and partial sums."};
+  CLI::App app{
+      "longhaul: train neural networks across far-apart machines over slow links,\n"
+      "with compressed activations, gradients and partial sums."};
   app.require_subcommand(0, 1);
   app.set_version_flag("--version", std::string("longhaul ") + LH_VERSION + " (" + lh::cuda_device_summary() + ")");
   std::string log_level = "info";

@@ -52,8 +52,8 @@ class EventPump {
       if (auto* m = std::get_if<SetCodec>(&*ev)) {
         changes_.push_back(*m);
       } else if (auto* lost = std::get_if<PeerLost>(&*ev)) {
-        const std::string why = "worker " + std::to_string(lost->rank) + " (" + lost->hostname + ") was lost: " +
-                                lost->reason;
+        const std::string why =
+            "worker " + std::to_string(lost->rank) + " (" + lost->hostname + ") was lost: " + lost->reason;
         if (!stop_reason_) stop_reason_ = unavailable(why);
         fail_all(why);
       } else if (auto* down = std::get_if<Shutdown>(&*ev)) {
@@ -88,6 +88,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   LH_ASSIGN_OR_RETURN(Plan plan, cc->join(ucx->address(), options.join_timeout));
   auto job = PipelineJobConfig::from_json(plan.config);
   if (!job.ok()) return Status(job.status()).prepend("the coordinator's plan");
+  if (options.on_rank) options.on_rank(plan.rank);
   LH_ASSIGN_OR_RETURN(Topology topology, job->topology());
   LH_ASSIGN_OR_RETURN(Partition partition, job->make_partition());
   LH_ASSIGN_OR_RETURN(CodecPlan codec_plan, codec_plan_from_link_codecs(plan.codecs, topology));
@@ -129,9 +130,11 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
       for (const SetCodec& m : events.take_codec_changes()) {
         auto change = codec_change_of(m, topology, codecs);
         Status s = change.ok() ? codecs.schedule_change(*change) : change.status();
-        if (!s.ok()) LH_LOG_WARN("set-codec ignored: {}", s.message());
-        else LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(),
-                         link_dir_name(change->dir), change->spec, change->from_step);
+        if (!s.ok())
+          LH_LOG_WARN("set-codec ignored: {}", s.message());
+        else
+          LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(), link_dir_name(change->dir),
+                      change->spec, change->from_step);
       }
       sampler.next(&tokens, &targets);
       auto r = runner->step(step, tokens.data(), targets.data());

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -17,12 +18,14 @@ namespace lh {
 struct PipelineWorkerOptions {
   std::string coordinator;  // "tcp://HOST:PORT"
   std::string token;
-  std::string hostname;  // empty: gethostname()
+  std::string hostname;      // empty: gethostname()
   double compute_speed = 0;  // measured GFLOP/s for `--partition speed`; 0: unknown
   UcxOptions ucx;
   std::optional<LinkShape> link;  // in-process shaper on every outgoing link
   std::chrono::milliseconds join_timeout{std::chrono::seconds(60)};
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
+  // Called once the coordinator's plan has given this worker its rank (the app names the process).
+  std::function<void(int rank)> on_rank;
 };
 
 // The caller names the process in logs (set_log_role) once it knows; this function never does,
