@@ -16,6 +16,7 @@
 
 #include "apps/commands.h"
 #include "apps/job_cli.h"
+#include "apps/launch.h"
 #include "core/log.h"
 #include "transport/link_shaper.h"
 
@@ -28,15 +29,6 @@ volatile sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) {
   g_stop_signal = sig;
 }
-
-struct LaunchFlags {
-  JobFlags job;
-  std::string listen = "tcp://127.0.0.1:*";
-  std::string link, netns;
-  std::string ucx_tls;
-  std::string wan_script;
-  int worker_threads = 0;
-};
 
 std::string self_exe() {
   char buf[4096];
@@ -174,7 +166,9 @@ int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
   return -1;
 }
 
-void run_launch(LaunchFlags& f, CLI::App* cmd) {
+}  // namespace
+
+void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch>& switches) {
   PipelineJobConfig job = job_config_from_flags(f.job, cmd);
   if (!f.link.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
   if (!f.link.empty()) {
@@ -248,6 +242,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
   std::fflush(stdout);
 
   int64_t printed = 0;
+  size_t next_switch = 0;
   std::string failure;
   Status result = Status::Ok();
   for (;;) {
@@ -256,6 +251,20 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
         result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout";
     print_progress(**coord, job.train.steps, printed);
     if (finished) break;
+    for (size_t i = next_switch; i < switches.size() && printed >= switches[i].after_step; i = ++next_switch) {
+      const ScheduledSwitch& sw = switches[i];
+      const nlohmann::json args = {{"link", sw.link}, {"dir", sw.dir}, {"spec", sw.spec}};
+      auto r = (*coord)->handle_ctl("set-codec", args.dump());
+      auto j = r.ok() ? nlohmann::json::parse(*r, nullptr, false) : nlohmann::json();
+      if (r.ok())
+        std::printf("set-codec %s %s %s from step %lld (live, as `longhaul ctl set-codec` does)\n", sw.link.c_str(),
+                    sw.dir.c_str(), sw.spec.c_str(),
+                    static_cast<long long>(j.is_object() ? j.value("from_step", int64_t(-1)) : -1));
+      else
+        std::printf("set-codec %s %s %s refused: %s\n", sw.link.c_str(), sw.dir.c_str(), sw.spec.c_str(),
+                    r.status().message().c_str());
+      std::fflush(stdout);
+    }
     if (g_stop_signal) {
       failure = std::string("interrupted by signal ") + strsignal(g_stop_signal) + "; stopping every worker";
       break;
@@ -296,19 +305,26 @@ void run_launch(LaunchFlags& f, CLI::App* cmd) {
   }
 }
 
+void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_default) {
+  add_job_flags(cmd, f.job, metrics_default);
+  cmd->add_option("--link", f.link, "shape every worker's outgoing traffic in process: RATE[,DELAY], e.g. 20M,30ms")
+      ->capture_default_str();
+  cmd->add_option("--netns", f.netns, "each worker in its own network namespace behind a tc tbf link of RATE (root)");
+  cmd->add_option("--listen", f.listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
+  cmd->add_option("--ucx-tls", f.ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
+  cmd->add_option("--worker-threads", f.worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--wan-script", f.wan_script, "path of scripts/wan.sh for --netns (found next to the build)");
+}
+
+namespace {
+
 RegisterCommand reg("", 20, [](CLI::App& app) {
   auto f = std::make_shared<LaunchFlags>();
   auto* cmd =
       app.add_subcommand("launch", "run a pipeline job on this machine: a coordinator and one process per worker");
-  add_job_flags(cmd, f->job, "launch_metrics.jsonl");
-  cmd->add_option("--link", f->link, "shape every inter-stage link in process: RATE[,DELAY], e.g. 20M,30ms");
-  cmd->add_option("--netns", f->netns, "each worker in its own network namespace behind a tc tbf link of RATE (root)");
-  cmd->add_option("--listen", f->listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
-  cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
-  cmd->add_option("--worker-threads", f->worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 4096));
-  cmd->add_option("--wan-script", f->wan_script, "path of scripts/wan.sh for --netns (found next to the build)");
+  add_launch_flags(cmd, *f, "launch_metrics.jsonl");
   cmd->callback([f, cmd] { run_launch(*f, cmd); });
 });
 

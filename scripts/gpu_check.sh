@@ -59,7 +59,7 @@ BIN="$BUILD_DIR/bin/longhaul"
 timeout 120 "$BIN" bench core --json --device all >"$OUT_DIR/bench_core.jsonl" 2>>"$LOG" ||
   step_failed "bench core"
 if "$BIN" bench codecs --help >/dev/null 2>&1; then
-  timeout 120 "$BIN" bench codecs --json >"$OUT_DIR/bench_codecs.jsonl" 2>>"$LOG" ||
+  timeout 120 "$BIN" bench codecs --json --device all >"$OUT_DIR/bench_codecs.jsonl" 2>>"$LOG" ||
     step_failed "bench codecs"
 else
   log "longhaul bench codecs not available in this tree: skipped"

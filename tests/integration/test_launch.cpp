@@ -11,11 +11,13 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "parallel/metrics_summary.h"
 #include "parallel/step_metrics.h"
+#include "tests/integration/netns_support.h"
 
 namespace lh {
 namespace {
@@ -248,8 +250,17 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   EXPECT_NE(slurp(out).find("int8"), std::string::npos);  // the summary table's codec column
 }
 
+// The name `ps -o comm`, `top` and `pgrep` show.
+std::string process_name(pid_t pid) {
+  std::string s = slurp("/proc/" + std::to_string(pid) + "/comm");
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
 TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
   std::string metrics = temp_path("kill.jsonl"), out = temp_path("kill_launch.txt");
+  // Without a wait policy longhaul re-executes itself to set one; it must keep its name doing so.
+  unsetenv("OMP_WAIT_POLICY");
   pid_t launch = spawn(launch_args(2, 100000, metrics, {"--heartbeat-timeout", "2"}), out);
   std::string pids = wait_for_line(out, "workers: pids ", 60s);
   std::istringstream ps(pids);
@@ -259,6 +270,10 @@ TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
   // Let it train a step, then kill one worker as a crashed machine would.
   for (int i = 0; i < 1200 && losses_of(metrics).empty(); ++i) std::this_thread::sleep_for(50ms);
   ASSERT_FALSE(losses_of(metrics).empty()) << slurp(out);
+  // Processes are named longhaul; workers also by the rank the coordinator gave them.
+  EXPECT_EQ(process_name(launch), "longhaul");
+  EXPECT_EQ((std::set<std::string>{process_name(a), process_name(b)}),
+            (std::set<std::string>{"longhaul-w0", "longhaul-w1"}));
   ASSERT_EQ(kill(b, SIGKILL), 0);
   const int code = wait_exit(launch, 60s);
   const std::string text = slurp(out);
@@ -272,8 +287,7 @@ TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
 
 // Each worker in its own network namespace behind a tc tbf link (scripts/wan.sh); root only.
 TEST_F(Launch, NetnsLinksAsRoot) {
-  if (geteuid() != 0) GTEST_SKIP() << "--netns needs root";
-  if (std::system("ip netns list >/dev/null 2>&1") != 0) GTEST_SKIP() << "no working `ip netns`";
+  if (std::string why = netns_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   std::string metrics = temp_path("netns.jsonl");
   BinRun r = run(launch_args(2, 3, metrics, {"--netns", "50M"}), 180s);
   ASSERT_EQ(r.code, 0) << r.output;
@@ -318,6 +332,81 @@ TEST_F(Launch, BadFlagsAreNamed) {
     EXPECT_NE(r.code, 0);
     EXPECT_NE(r.output.find("--netns needs root"), std::string::npos) << r.output;
   }
+}
+
+}  // namespace
+}  // namespace lh
+
+namespace lh {
+namespace {
+
+// The flag names listed under "Model and training" in `longhaul <command> --help`.
+std::set<std::string> model_flags_in_help(const std::string& command) {
+  BinRun r = run({command, "--help"}, 30s);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::set<std::string> flags;
+  std::istringstream in(r.output);
+  bool inside = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Model and training", 0) == 0) {
+      inside = true;
+      continue;
+    }
+    if (!inside) continue;
+    if (line.find_first_not_of(' ') == std::string::npos) break;
+    std::istringstream words(line);
+    std::string w;
+    words >> w;
+    if (w.rfind("--", 0) == 0) flags.insert(w);
+  }
+  return flags;
+}
+
+TEST_F(Launch, OneDeclarationOfTheModelFlagsServesEveryCommand) {
+  const std::set<std::string> train = model_flags_in_help("train");
+  EXPECT_GE(train.size(), 15u);
+  for (const char* f :
+       {"--data", "--model", "--layers", "--subspace-k", "--steps", "--batch", "--seed", "--eval-every"})
+    EXPECT_EQ(train.count(f), 1u) << f;
+  for (const char* cmd : {"launch", "coordinator", "demo"}) EXPECT_EQ(model_flags_in_help(cmd), train) << cmd;
+}
+
+TEST_F(Launch, DemoShowsTheLinksTheirSavingsAndALiveSwitch) {
+  const std::string metrics = temp_path("demo.jsonl"), png = temp_path("demo.png");
+  // 20 ms links make a step last at least 6 one-way delays, so the switch after step 3 (scheduled ahead
+  // of every worker) lands well before step 16 even on a loaded machine.
+  std::vector<std::string> args = {
+      "--log-level", "warn",      "demo",        "--metrics", metrics,  "--png",    png,
+      "--steps",     "16",        "--switch-at", "3",         "--link", "50M,20ms", "--worker-threads",
+      "1",           "--ucx-tls", "tcp"};
+  for (const char* f : {"--layers", "4", "--d-model", "32", "--heads", "2", "--seq", "16", "--batch", "8"})
+    args.push_back(f);
+  BinRun r = run(args, 300s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Four stages: three links each way, each with its own row, the forward ones switched live.
+  for (const char* row : {"0→1", "1→2", "2→3", "1→0", "2→1", "3→2"})
+    EXPECT_NE(r.output.find(row), std::string::npos) << row;
+  EXPECT_NE(r.output.find("int8→int4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fewer bytes"), std::string::npos) << r.output;
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok()) << records.status().to_string();
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok());
+  ASSERT_EQ(sum->codec_switches.size(), 3u);  // 0-1, 1-2, 2-3 forward
+  for (const CodecSwitch& c : sum->codec_switches) {
+    EXPECT_EQ(c.from, "int8");
+    EXPECT_EQ(c.to, "int4");
+    EXPECT_GT(c.step, 3);
+    EXPECT_LE(c.step, 16);
+  }
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    EXPECT_NE(r.output.find("plot: " + png), std::string::npos) << r.output;
+    EXPECT_GT(slurp(png).size(), 1000u);
+  }
+  BinRun bad = run({"demo", "--switch-to", "int9"}, 30s);
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--switch-to"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("int9"), std::string::npos) << bad.output;
 }
 
 }  // namespace

@@ -1,0 +1,36 @@
+// defines: LaunchFlags and run_launch — a whole job on this machine (the coordinator in this process, one
+// `longhaul worker` process per worker, optional emulated links). Used by `longhaul launch` and `longhaul demo`.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "apps/job_cli.h"
+
+namespace lh::app {
+
+struct LaunchFlags {
+  JobFlags job;
+  std::string listen = "tcp://127.0.0.1:*";
+  std::string link, netns;
+  std::string ucx_tls;
+  std::string wan_script;
+  int worker_threads = 0;
+};
+
+// A codec change launch makes itself once step `after_step` was reported, through the same path as
+// `longhaul ctl set-codec` (the demo's live switch).
+struct ScheduledSwitch {
+  int64_t after_step = 0;
+  std::string link, dir, spec;  // "1-2", "fwd"|"bwd", a codec spec
+};
+
+// Adds the job flags and launch's own (--link, --netns, --listen, --ucx-tls, --worker-threads, --wan-script).
+void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_default);
+// Runs the job to its end, printing progress, the link table and the step summary; a failed job ends
+// the command with an error naming the cause (a dead worker's rank and pid first).
+void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch>& switches = {});
+
+}  // namespace lh::app
