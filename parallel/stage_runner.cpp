@@ -1,5 +1,5 @@
-// One pipeline stage's training step: the schedule's actions on a model part, with codecs on every
-// link, non-blocking sends and receives, and a whole-model gradient norm. Used by `longhaul worker`.
+// One pipeline stage's training step: the schedule's actions on a model part, its links through the
+// PipelineBoundary, and the optimizer step with the whole model's gradient norm. Used by `longhaul worker`.
 #include "parallel/stage_runner.h"
 
 #include <cmath>
@@ -11,8 +11,8 @@
 namespace lh {
 namespace {
 
-// Tag microbatch slot for the per-step gradient-norm exchange (microbatches are < 4095).
-constexpr uint16_t kNormSlot = 4095;
+// Microbatch slots share the tag's slot field with the norm's.
+constexpr uint16_t kNormSlot = AllPairsGradNorm::kSlot;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -30,7 +30,8 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   LH_ASSIGN_OR_RETURN(WorkerCoord coord, topology.checked_coord_of(rank));
   if (partition.stages() != topology.pp())
     return invalid_argument("stage runner: partition " + partition.to_string() + " has " +
-                            std::to_string(partition.stages()) + " stages but the job has " + std::to_string(topology.pp()));
+                            std::to_string(partition.stages()) + " stages but the job has " +
+                            std::to_string(topology.pp()));
   if (partition.layers() != train.model.layers)
     return invalid_argument("stage runner: partition " + partition.to_string() + " covers " +
                             std::to_string(partition.layers()) + " blocks but the model has " +
@@ -39,8 +40,9 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
     return invalid_argument("stage runner: --microbatches must be in 1.." + std::to_string(kNormSlot - 1) + ", got " +
                             std::to_string(options.microbatches));
   if (train.batch % options.microbatches != 0)
-    return invalid_argument("stage runner: the batch of " + std::to_string(train.batch) + " sequences does not split into " +
-                            std::to_string(options.microbatches) + " equal microbatches");
+    return invalid_argument("stage runner: the batch of " + std::to_string(train.batch) +
+                            " sequences does not split into " + std::to_string(options.microbatches) +
+                            " equal microbatches");
 
   std::unique_ptr<StageRunner> r(new StageRunner());
   r->train_ = train;
@@ -49,11 +51,12 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->rank_ = rank;
   r->stages_ = topology.pp();
   r->span_ = partition.stage(coord.stage);
-  r->prev_ = topology.prev_stage_rank(rank);
-  r->next_ = topology.next_stage_rank(rank);
   r->mb_batch_ = train.batch / options.microbatches;
   r->plane_ = &plane;
   r->codecs_ = &codecs;
+  r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
+  if (r->stages_ > 1)
+    r->grad_norm_ = std::make_unique<AllPairsGradNorm>(r->topology_, rank, plane, options.receive_timeout);
   LH_ASSIGN_OR_RETURN(r->schedule_, PipelineSchedule::build(options.schedule, r->stages_, options.microbatches));
   GptParts parts;
   parts.embedding = r->span_.has_embedding;
@@ -70,52 +73,20 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->inputs_.resize(M);
   r->outputs_.resize(M);
   r->grads_.resize(M);
-  r->act_rx_.resize(M);
   r->tokens_dev_.resize(M);
-  r->grad_rx_.resize(M);
   return r;
 }
 
-const compress::CodecChain& StageRunner::chain_for(LinkDir dir, int64_t step) {
-  // The link this stage sends on in `dir`: forward to the next stage, backward to the previous one.
-  const int from = dir == LinkDir::kFwd ? span_.stage : span_.stage - 1;
-  const std::string& spec = codecs_->spec_at(PipelineLink{from, from + 1}, dir, step);
-  auto it = chains_.find(spec);
-  if (it == chains_.end()) {
-    auto chain = compress::parse_codec_spec(spec);
-    // The schedule only holds specs that passed parse_codec_spec.
-    LH_ASSERT(chain.ok(), "codec schedule holds an unparsable spec: " + chain.status().to_string());
-    it = chains_.emplace(spec, std::move(chain).value()).first;
-  }
-  return it->second;
+int StageRunner::link_width() const {
+  return subspace_ ? subspace_->k() : train_.model.d_model;
 }
-
-Result<Tensor> StageRunner::receive(Transfer& t, const char* what, int mb, int peer, compress::StreamState& st) {
-  const std::string where = std::string(what) + " of microbatch " + std::to_string(mb) + " from rank " +
-                            std::to_string(peer);
-  Status s = t.wait(options_.receive_timeout);
-  if (!s.ok()) return s.prepend("stage " + std::to_string(span_.stage) + ": waiting for the " + where);
-  Bytes packet = t.take();
-  const Shape shape{mb_batch_, train_.model.seq, link_width()};
-  compress::DecodeOptions opts;
-  opts.device = model_.device();
-  opts.expect_shape = &shape;
-  Tensor out;
-  Status d = compress::decode_packet(packet.data(), packet.size(), st, &out, opts);
-  if (!d.ok()) return d.prepend("stage " + std::to_string(span_.stage) + ": the " + where + " does not decode");
-  return out;
-}
-
-int StageRunner::link_width() const { return subspace_ ? subspace_->k() : train_.model.d_model; }
 
 Status StageRunner::run_action(const Action& a, int64_t step) {
   const int mb = a.microbatch;
   const int B = mb_batch_, T = train_.model.seq;
-  const Tag act_tag = make_tag(uint32_t(step), uint16_t(mb), Role::kActivation);
-  const Tag grad_tag = make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad);
   switch (a.kind) {
     case ActionKind::kRecvAct: {
-      LH_ASSIGN_OR_RETURN(inputs_[mb], receive(act_rx_[mb], "activation", mb, *prev_, fwd_rx_));
+      LH_ASSIGN_OR_RETURN(inputs_[mb], boundary_.take_activation(mb, wire_shape(B), model_.device()));
       if (subspace_) {
         LH_ASSIGN_OR_RETURN(inputs_[mb], subspace_->from_coords(inputs_[mb], tokens_dev_[mb]));
       }
@@ -143,14 +114,10 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
       if (subspace_) {
         LH_ASSIGN_OR_RETURN(payload, subspace_->to_coords(outputs_[mb], tokens_dev_[mb]));
       }
-      compress::Packet p;
-      LH_RETURN_IF_ERROR(chain_for(LinkDir::kFwd, step).encode(payload, fwd_tx_, &p));
-      sends_.push_back(plane_->send(*next_, act_tag, std::move(p.bytes),
-                                    uint64_t(compress::CodecChain::raw_bytes(outputs_[mb]))));
-      return Status::Ok();
+      return boundary_.send_activation(step, mb, payload, uint64_t(compress::CodecChain::raw_bytes(outputs_[mb])));
     }
     case ActionKind::kRecvGrad: {
-      LH_ASSIGN_OR_RETURN(grads_[mb], receive(grad_rx_[mb], "activation gradient", mb, *next_, bwd_rx_));
+      LH_ASSIGN_OR_RETURN(grads_[mb], boundary_.take_activation_grad(mb, wire_shape(B), model_.device()));
       if (subspace_) {
         LH_ASSIGN_OR_RETURN(grads_[mb], subspace_->grad_from_coords(grads_[mb]));
       }
@@ -174,49 +141,12 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
       if (subspace_) {
         LH_ASSIGN_OR_RETURN(payload, subspace_->grad_to_coords(grads_[mb]));
       }
-      compress::Packet p;
-      LH_RETURN_IF_ERROR(chain_for(LinkDir::kBwd, step).encode(payload, bwd_tx_, &p));
-      sends_.push_back(plane_->send(*prev_, grad_tag, std::move(p.bytes),
-                                    uint64_t(compress::CodecChain::raw_bytes(grads_[mb]))));
-      return Status::Ok();
+      return boundary_.send_activation_grad(step, mb, payload, uint64_t(compress::CodecChain::raw_bytes(grads_[mb])));
     }
     case ActionKind::kOptimizerStep:
       return Status::Ok();  // taken by step() after the list, with the whole model's gradient norm
   }
   return internal_error("unknown pipeline action");
-}
-
-Status StageRunner::exchange_grad_norm(int64_t step, double local_sq, double* total_sq) {
-  const Tag tag = make_tag(uint32_t(step), kNormSlot, Role::kOther);
-  Bytes mine(sizeof(double));
-  std::memcpy(mine.data(), &local_sq, sizeof(double));
-  std::vector<Transfer> out, in;
-  std::vector<int> peers;
-  for (int s = 0; s < stages_; ++s) {
-    const int peer = topology_.rank_of({s, 0, 0});
-    if (peer == rank_) continue;
-    peers.push_back(peer);
-    out.push_back(plane_->send(peer, tag, mine));
-    in.push_back(plane_->recv(peer, tag));
-  }
-  double total = local_sq;
-  for (size_t i = 0; i < in.size(); ++i) {
-    Status s = in[i].wait(options_.receive_timeout);
-    if (!s.ok()) return s.prepend("waiting for the gradient norm of rank " + std::to_string(peers[i]));
-    Bytes b = in[i].take();
-    if (b.size() != sizeof(double))
-      return corrupt("gradient norm from rank " + std::to_string(peers[i]) + " has " + std::to_string(b.size()) +
-                     " bytes, expected 8");
-    double v = 0;
-    std::memcpy(&v, b.data(), sizeof(double));
-    total += v;
-  }
-  for (size_t i = 0; i < out.size(); ++i) {
-    Status s = out[i].wait(options_.receive_timeout);
-    if (!s.ok()) return s.prepend("sending the gradient norm to rank " + std::to_string(peers[i]));
-  }
-  *total_sq = total;
-  return Status::Ok();
 }
 
 Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, const int32_t* targets) {
@@ -228,7 +158,6 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   tokens_ = tokens;
   targets_ = targets;
   loss_sum_ = 0;
-  sends_.clear();
   LH_RETURN_IF_ERROR(model_.zero_grad());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;
@@ -243,31 +172,28 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     }
   }
   // Every receive is posted up front so packets land while this stage computes.
-  for (int mb = 0; mb < M; ++mb) {
-    if (prev_) act_rx_[mb] = plane_->recv(*prev_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivation), raw);
-    if (next_) grad_rx_[mb] = plane_->recv(*next_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad), raw);
-  }
+  boundary_.post_receives(step, M, raw);
   for (const Action& a : schedule_.actions(span_.stage)) {
     Status s = run_action(a, step);
     if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());
   }
-  for (Transfer& t : sends_) {
-    Status s = t.wait(options_.receive_timeout);
-    if (!s.ok()) return s.prepend("step " + std::to_string(step) + ": a send to rank " + std::to_string(t.peer()));
-  }
+  LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
 
   // Clip by the norm of the whole model's gradient, as the single-process trainer does.
   std::vector<ParamGroup*> groups = model_.param_groups();
   double local_sq = 0;
   for (ParamGroup* g : groups) local_sq += sum_squares(model_.exec(), g->grads.data<float>(), g->numel);
   double total_sq = local_sq;
-  if (stages_ > 1) LH_RETURN_IF_ERROR(exchange_grad_norm(step, local_sq, &total_sq));
+  if (grad_norm_) {
+    LH_ASSIGN_OR_RETURN(total_sq, grad_norm_->total_sq(step, local_sq));
+  }
   const float norm = static_cast<float>(std::sqrt(total_sq));
   if (!std::isfinite(norm))
     return out_of_range("gradient norm is " + std::to_string(norm) + " at step " + std::to_string(step) +
                         "; the run diverged (try a lower --lr)");
   if (train_.grad_clip > 0 && norm > train_.grad_clip)
-    for (ParamGroup* g : groups) scale_inplace(model_.exec(), g->grads.data<float>(), train_.grad_clip / norm, g->numel);
+    for (ParamGroup* g : groups)
+      scale_inplace(model_.exec(), g->grads.data<float>(), train_.grad_clip / norm, g->numel);
   AdamWConfig acfg;
   acfg.lr = lr_at(train_, step);
   acfg.weight_decay = train_.weight_decay;
@@ -282,71 +208,6 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   r.seconds = seconds_since(t0);
   last_ = r;
   return r;
-}
-
-Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* tokens, const int32_t* targets,
-                                                   int batches) {
-  if (batches < 1 || batches >= kNormSlot)
-    return invalid_argument("evaluate: batches must be in 1.." + std::to_string(kNormSlot - 1));
-  const int B = train_.batch, T = train_.model.seq;
-  const size_t per_batch = size_t(B) * T;
-  const Shape wire_shape{B, T, link_width()};
-  // Fresh stream states: evaluation must not advance the training streams' codec state.
-  compress::StreamState tx(compress::Role::activation), rx(compress::Role::activation);
-  std::vector<Transfer> sends;
-  double loss_sum = 0;
-  for (int i = 0; i < batches; ++i) {
-    const Tag tag = make_tag(uint32_t(step), uint16_t(i), Role::kOther, /*shard=*/1);
-    Tensor tok_dev;
-    if (subspace_) {
-      LH_ASSIGN_OR_RETURN(tok_dev, Tensor::create({int64_t(per_batch)}, DType::i32, model_.device()));
-      LH_RETURN_IF_ERROR(copy_bytes(tok_dev.raw_data(), model_.device(), tokens + i * per_batch, Device::cpu, per_batch * 4));
-    }
-    Tensor x;
-    if (span_.has_embedding) {
-      LH_ASSIGN_OR_RETURN(x, model_.embed_forward(eval_cache_, tokens + i * per_batch, Device::cpu, B, T));
-    } else {
-      Transfer t = plane_->recv(*prev_, tag);
-      Status w = t.wait(options_.receive_timeout);
-      if (!w.ok()) return w.prepend("evaluate: waiting for batch " + std::to_string(i) + " from rank " + std::to_string(*prev_));
-      Bytes packet = t.take();
-      compress::DecodeOptions opts;
-      opts.device = model_.device();
-      opts.expect_shape = &wire_shape;
-      LH_RETURN_IF_ERROR(compress::decode_packet(packet.data(), packet.size(), rx, &x, opts));
-      if (subspace_) {
-        LH_ASSIGN_OR_RETURN(x, subspace_->from_coords(x, tok_dev));
-      }
-    }
-    LH_ASSIGN_OR_RETURN(Tensor out, model_.blocks_forward(span_.first_block, span_.end_block(), eval_cache_, x));
-    if (span_.has_head) {
-      LH_ASSIGN_OR_RETURN(float loss, model_.head_forward(eval_cache_, out, targets + i * per_batch, Device::cpu));
-      loss_sum += loss;
-    } else {
-      Tensor payload = out;
-      if (subspace_) {
-        LH_ASSIGN_OR_RETURN(payload, subspace_->to_coords(out, tok_dev));
-      }
-      compress::Packet p;
-      LH_RETURN_IF_ERROR(chain_for(LinkDir::kFwd, step).encode(payload, tx, &p));
-      sends.push_back(plane_->send(*next_, tag, std::move(p.bytes), uint64_t(compress::CodecChain::raw_bytes(out))));
-    }
-  }
-  for (Transfer& t : sends) {
-    Status s = t.wait(options_.receive_timeout);
-    if (!s.ok()) return s.prepend("evaluate: a send to rank " + std::to_string(t.peer()));
-  }
-  if (!span_.has_head) return std::optional<float>();
-  last_val_loss_ = static_cast<float>(loss_sum / batches);
-  return last_val_loss_;
-}
-
-std::string StageRunner::spec_of(const LinkTraffic& t, int64_t step) const {
-  const bool act = t.role == "act", grad = t.role == "act_grad";
-  if (!act && !grad) return "";
-  auto link = topology_.link_between(t.src, t.dst);
-  if (!link) return "";
-  return codecs_->spec_at(*link, act ? LinkDir::kFwd : LinkDir::kBwd, step);
 }
 
 WorkerStepMetrics StageRunner::take_step_metrics() {
@@ -364,7 +225,7 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
     auto links = link_traffic_from_json(j.value("links", nlohmann::json::array()), "link meter");
     if (links.ok()) {
       m.links = std::move(links).value();
-      for (LinkTraffic& t : m.links) t.codec = spec_of(t, last_.step);
+      for (LinkTraffic& t : m.links) t.codec = boundary_.spec_of(t, last_.step);
     } else {
       LH_LOG_WARN("step metrics without link traffic: {}", links.status().to_string());
     }

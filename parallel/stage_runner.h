@@ -2,6 +2,7 @@
 // (plus embedding on the first stage, head and loss on the last), executes its PipelineSchedule
 // list each step with codecs on every link and the DataPlane's non-blocking sends and receives,
 // and takes the optimizer step with the gradient norm of the whole model. Used by `longhaul worker`.
+// Its links live in PipelineBoundary, the norm in GradNormSource; evaluate() is in stage_runner_eval.cpp.
 #pragma once
 
 #include <chrono>
@@ -16,7 +17,9 @@
 #include "core/gpt.h"
 #include "core/trainer.h"
 #include "parallel/codec_plan.h"
+#include "parallel/grad_norm.h"
 #include "parallel/partition.h"
+#include "parallel/pipeline_boundary.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/step_metrics.h"
 #include "parallel/subspace_boundary.h"
@@ -58,8 +61,8 @@ class StageRunner {
   // them (every worker draws the same batch from the same seed; stage 0 reads the tokens, the last
   // stage the targets, and with a subspace model every stage reads the tokens to rebuild F[tok]).
   // With train.model.subspace_k = K > 0 the links carry K coordinates per token each way instead of
-  // d_model values (see SubspaceBoundary); the codecs then compress those. Marks the step begun in the codec schedule, so set-codec changes for it
-  // must have been applied before.
+  // d_model values (see SubspaceBoundary); the codecs then compress those. Marks the step begun in the codec schedule,
+  // so set-codec changes for it must have been applied before.
   Result<StageStepResult> step(int64_t step, const int32_t* tokens, const int32_t* targets);
 
   // Validation loss after `step`, forward only, as Trainer::evaluate computes it: the mean over
@@ -80,12 +83,9 @@ class StageRunner {
 
  private:
   StageRunner() = default;
-  Status run_action(const Action& a, int64_t step);
-  Status exchange_grad_norm(int64_t step, double local_sq, double* total_sq);
-  Result<Tensor> receive(Transfer& t, const char* what, int mb, int peer, compress::StreamState& st);
+  Status run_action(const Action& a, int64_t step);  // compute and the boundary's sends and receives
   int link_width() const;  // values per token on a link: K with a subspace model, else d_model
-  const compress::CodecChain& chain_for(LinkDir dir, int64_t step);
-  std::string spec_of(const LinkTraffic& t, int64_t step) const;
+  Shape wire_shape(int batch) const { return {batch, train_.model.seq, link_width()}; }
 
   TrainConfig train_;
   Topology topology_ = Topology::pipeline(1).value();
@@ -93,27 +93,21 @@ class StageRunner {
   PipelineSchedule schedule_ = PipelineSchedule::build(ScheduleKind::kGPipe, 1, 1).value();
   StageSpan span_;
   int rank_ = 0, stages_ = 1, mb_batch_ = 1;
-  std::optional<int> prev_, next_;
   DataPlane* plane_ = nullptr;
   CodecSchedule* codecs_ = nullptr;
+  PipelineBoundary boundary_;
+  std::unique_ptr<GradNormSource> grad_norm_;
   Gpt model_;
   AdamW opt_;
 
   // Per microbatch, for the current step.
   std::vector<ActivationCache> caches_;
   std::vector<Tensor> inputs_, outputs_, grads_;
-  std::vector<Transfer> act_rx_, grad_rx_;
-  std::vector<Transfer> sends_;
   std::optional<SubspaceBoundary> subspace_;
   std::vector<Tensor> tokens_dev_;  // per microbatch, on the model's device (subspace only)
   const int32_t* tokens_ = nullptr;
   const int32_t* targets_ = nullptr;
   double loss_sum_ = 0;
-
-  // Stream state of each link end this stage holds, and parsed chains by spec.
-  compress::StreamState fwd_tx_{compress::Role::activation}, fwd_rx_{compress::Role::activation};
-  compress::StreamState bwd_tx_{compress::Role::activation_grad}, bwd_rx_{compress::Role::activation_grad};
-  std::map<std::string, compress::CodecChain> chains_;
 
   StageStepResult last_;
   std::optional<float> last_val_loss_;

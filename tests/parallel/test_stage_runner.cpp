@@ -2,7 +2,6 @@
 // losses, codecs compress every link and switch at a step boundary, bad setups are refused, and a
 // missing peer is an error naming it. Stages run on threads joined by LocalDataPlane. Label `parallel`.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>
@@ -24,8 +23,8 @@ namespace {
 // A small deterministic corpus: words drawn from a short list, so the model has something to learn.
 std::string corpus_file() {
   static const std::string path = [] {
-    const char* words[] = {"the ", "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ", "dog ", "and ", "runs ",
-                           "far ", "away. ", "A ", "slow ", "link ", "carries ", "bytes.\n"};
+    const char* words[] = {"the ",  "quick ", "brown ", "fox ", "jumps ", "over ", "lazy ",    "dog ",    "and ",
+                           "runs ", "far ",   "away. ", "A ",   "slow ",  "link ", "carries ", "bytes.\n"};
     Rng rng(99);
     std::string text;
     while (text.size() < 120000) text += words[rng.next_u32() % 17];
@@ -52,11 +51,12 @@ TrainConfig tiny_config() {
 }
 
 struct PipelineRun {
-  std::vector<float> losses;            // the last stage's, per step
-  std::vector<float> grad_norms;        // stage 0's (every stage sees the whole model's), per step
-  std::optional<float> val_loss;        // the last stage's, after the last step
-  std::vector<WorkerStepMetrics> metrics;     // every stage, every step
-  std::vector<Status> statuses;         // per stage
+  std::vector<float> losses;                            // the last stage's, per step
+  std::vector<float> grad_norms;                        // stage 0's (every stage sees the whole model's), per step
+  std::vector<std::vector<float>> grad_norms_by_stage;  // every stage's, per step
+  std::optional<float> val_loss;                        // the last stage's, after the last step
+  std::vector<WorkerStepMetrics> metrics;               // every stage, every step
+  std::vector<Status> statuses;                         // per stage
 };
 
 // Runs `steps` steps of an S-stage pipeline; `change_at` > 0 switches link 0-1 fwd to `new_spec` there.
@@ -68,6 +68,7 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
   TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
   PipelineRun run;
   run.statuses.resize(S);
+  run.grad_norms_by_stage.resize(S);
   std::vector<std::vector<WorkerStepMetrics>> per_stage(S);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < S; ++rank) {
@@ -102,6 +103,7 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
         }
         if (r->loss) run.losses.push_back(*r->loss);
         if (rank == 0) run.grad_norms.push_back(r->grad_norm);
+        run.grad_norms_by_stage[rank].push_back(r->grad_norm);
         if (step == steps) {
           BatchSampler val(&data, Split::val, cfg.batch, cfg.model.seq, cfg.seed);
           const size_t n = size_t(cfg.batch) * cfg.model.seq;
@@ -149,12 +151,13 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
   const std::vector<StepStats> ref_steps = reference_steps(cfg, steps, &ref_val);
   std::vector<float> ref;
   for (const StepStats& s : ref_steps) ref.push_back(s.loss);
-  ASSERT_LT(ref.back(), ref.front());  // the reference learns, so the comparison means something
+  ASSERT_LT(ref.back(), ref.front());                // the reference learns, so the comparison means something
   ASSERT_GT(ref_steps[0].grad_norm, cfg.grad_clip);  // clipping is active: the norm must be the whole model's
   for (int S : {1, 2, 4})
     for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
       PipelineRun run = run_pipeline(cfg, S, kind, /*M=*/4, "none", "none", steps);
-      for (int s = 0; s < S; ++s) ASSERT_TRUE(run.statuses[s].ok()) << "stage " << s << ": " << run.statuses[s].to_string();
+      for (int s = 0; s < S; ++s)
+        ASSERT_TRUE(run.statuses[s].ok()) << "stage " << s << ": " << run.statuses[s].to_string();
       ASSERT_EQ(run.losses.size(), ref.size());
       for (int i = 0; i < steps; ++i)
         EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i]))
@@ -165,6 +168,8 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
       for (int i = 0; i < steps; ++i)
         EXPECT_NEAR(run.grad_norms[i], ref_steps[i].grad_norm, 1e-5 * ref_steps[i].grad_norm)
             << schedule_kind_name(kind) << " S=" << S << " step " << i + 1;
+      // Every stage clips with the same bits: the parts are summed in one order everywhere.
+      for (int s = 1; s < S; ++s) EXPECT_EQ(run.grad_norms_by_stage[s], run.grad_norms_by_stage[0]) << "stage " << s;
     }
 }
 
@@ -182,8 +187,10 @@ TEST_F(StageRunnerTest, CompressedLinksCarryFewerBytesAndSwitchAtAStep) {
   for (const LinkTotals& t : sum.links) {
     EXPECT_EQ(t.counted_by, "send");
     if (t.role == "other") {  // the gradient-norm exchange (a double per step each way) and evaluation
-      if (t.src == 1) EXPECT_EQ(t.wire_bytes, uint64_t(8 * steps));
-      else EXPECT_GT(t.wire_bytes, uint64_t(8 * steps));
+      if (t.src == 1)
+        EXPECT_EQ(t.wire_bytes, uint64_t(8 * steps));
+      else
+        EXPECT_GT(t.wire_bytes, uint64_t(8 * steps));
       continue;
     }
     EXPECT_EQ(t.raw_bytes, uint64_t(raw_per_step * steps)) << t.role;
@@ -304,7 +311,8 @@ TEST_F(StageRunnerTest, SubspacePipelinesSendKValuesPerTokenAndMatchTheSinglePro
     PipelineRun run = run_pipeline(cfg, S, ScheduleKind::k1F1B, M, "none", "none", steps);
     for (const Status& s : run.statuses) ASSERT_TRUE(s.ok()) << s.to_string();
     ASSERT_EQ(run.losses.size(), ref.size());
-    for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i])) << "S=" << S << " step " << i + 1;
+    for (int i = 0; i < steps; ++i)
+      EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i])) << "S=" << S << " step " << i + 1;
     MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
     const uint64_t tokens = uint64_t(steps) * cfg.batch * cfg.model.seq;
     for (const LinkTotals& t : sum.links) {

@@ -1,0 +1,52 @@
+// The whole model's squared gradient norm from every stage's part, summed in stage order on every worker.
+// Used by parallel/stage_runner.cpp.
+#include "parallel/grad_norm.h"
+
+#include <cstring>
+
+namespace lh {
+
+AllPairsGradNorm::AllPairsGradNorm(const Topology& topology, int rank, DataPlane& plane,
+                                   std::chrono::milliseconds receive_timeout)
+    : rank_(rank), plane_(&plane), receive_timeout_(receive_timeout) {
+  for (int s = 0; s < topology.pp(); ++s) stage_ranks_.push_back(topology.rank_of({s, 0, 0}));
+}
+
+Result<double> AllPairsGradNorm::total_sq(int64_t step, double local_sq) {
+  const Tag tag = make_tag(uint32_t(step), kSlot, Role::kOther);
+  Bytes mine(sizeof(double));
+  std::memcpy(mine.data(), &local_sq, sizeof(double));
+  const size_t n = stage_ranks_.size();
+  std::vector<Transfer> out(n), in(n);
+  for (size_t s = 0; s < n; ++s) {
+    if (stage_ranks_[s] == rank_) continue;
+    out[s] = plane_->send(stage_ranks_[s], tag, mine);
+    in[s] = plane_->recv(stage_ranks_[s], tag);
+  }
+  // One order on every worker (stage 0 first), so every stage clips with the same bits.
+  double total = 0;
+  for (size_t s = 0; s < n; ++s) {
+    const int peer = stage_ranks_[s];
+    if (peer == rank_) {
+      total += local_sq;
+      continue;
+    }
+    Status st = in[s].wait(receive_timeout_);
+    if (!st.ok()) return st.prepend("waiting for the gradient norm of rank " + std::to_string(peer));
+    Bytes b = in[s].take();
+    if (b.size() != sizeof(double))
+      return corrupt("gradient norm from rank " + std::to_string(peer) + " has " + std::to_string(b.size()) +
+                     " bytes, expected 8");
+    double v = 0;
+    std::memcpy(&v, b.data(), sizeof(double));
+    total += v;
+  }
+  for (size_t s = 0; s < n; ++s) {
+    if (stage_ranks_[s] == rank_) continue;
+    Status st = out[s].wait(receive_timeout_);
+    if (!st.ok()) return st.prepend("sending the gradient norm to rank " + std::to_string(stage_ranks_[s]));
+  }
+  return total;
+}
+
+}  // namespace lh

@@ -1,0 +1,41 @@
+// defines: lh::GradNormSource — where a stage gets the whole model's squared gradient norm from its own part —
+// and AllPairsGradNorm, today's exchange among the pipeline's stages. Used by StageRunner; the seam the
+// all-reduce of docs/grid.md §4 (and issue 16's pipeline-carried norm) will plug into.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "parallel/topology.h"
+#include "transport/data_plane.h"
+
+namespace lh {
+
+class GradNormSource {
+ public:
+  virtual ~GradNormSource() = default;
+  // The sum of squares over the whole model at `step`, given this worker's part. Every worker of the
+  // model gets the same bits (the sum is taken in one order everywhere).
+  virtual Result<double> total_sq(int64_t step, double local_sq) = 0;
+};
+
+// Every stage sends its part to every other stage (role other, the step's norm slot) and sums all
+// parts in stage order. Pipeline grids only (tp = dp = 1).
+class AllPairsGradNorm : public GradNormSource {
+ public:
+  AllPairsGradNorm(const Topology& topology, int rank, DataPlane& plane, std::chrono::milliseconds receive_timeout);
+  Result<double> total_sq(int64_t step, double local_sq) override;
+
+  // Tag slot of the norm messages: above every microbatch and evaluation batch index.
+  static constexpr uint16_t kSlot = 4095;
+
+ private:
+  std::vector<int> stage_ranks_;  // rank of each stage
+  int rank_ = 0;
+  DataPlane* plane_ = nullptr;
+  std::chrono::milliseconds receive_timeout_;
+};
+
+}  // namespace lh
