@@ -198,12 +198,6 @@ int peer_child_main(const LinkBenchOptions& o) {
   return b.ok() ? 0 : 7;
 }
 
-std::string self_exe() {
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  return n > 0 ? std::string(self, size_t(n)) : std::string();
-}
-
 Result<std::unique_ptr<PeerJob>> start_peer_job(const LinkBenchOptions& o) {
   auto job = std::make_unique<PeerJob>();
   CoordinatorOptions co;
@@ -363,19 +357,6 @@ int netns_child(const std::string& endpoint) {
   return b.ok() ? 0 : 7;
 }
 
-std::string find_wan_script(const std::string& given) {
-  if (!given.empty()) return given;
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string exe = n > 0 ? std::string(self, size_t(n)) : "";
-  for (std::string dir = exe.substr(0, exe.rfind('/')); !dir.empty(); dir = dir.substr(0, dir.rfind('/'))) {
-    std::string cand = dir + "/scripts/wan.sh";
-    if (access(cand.c_str(), R_OK) == 0) return cand;
-    if (dir.find('/') == std::string::npos) break;
-  }
-  return "scripts/wan.sh";
-}
-
 Result<Json> netns_run(const LinkBenchOptions& o) {
   LH_ASSIGN_OR_RETURN(LinkShape shape, parse_link_shape(o.netns_rate));
   const std::string prefix = "lhb" + std::to_string(getpid() % 10000),
@@ -402,17 +383,15 @@ Result<Json> netns_run(const LinkBenchOptions& o) {
     bps = Json::parse(m.json)["bps"].get<double>();
   };
   LH_ASSIGN_OR_RETURN(auto coord, Coordinator::start(co, h));
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return io_error("cannot find /proc/self/exe");
-  self[n] = 0;
+  const std::string self = self_exe();
+  if (self.empty()) return io_error("cannot find /proc/self/exe");
   std::vector<pid_t> pids;
   for (int i = 0; i < 2; ++i) {
     std::string ns = prefix + std::to_string(i), ep = coord->endpoint();
     pid_t pid = fork();
     if (pid == 0) {
-      execlp("ip", "ip", "netns", "exec", ns.c_str(), "env", "UCX_NET_DEVICES=eth0", self, "--log-level", "warn",
-             "bench", "link", "--netns-child", ep.c_str(), static_cast<char*>(nullptr));
+      execlp("ip", "ip", "netns", "exec", ns.c_str(), "env", "UCX_NET_DEVICES=eth0", self.c_str(), "--log-level",
+             "warn", "bench", "link", "--netns-child", ep.c_str(), static_cast<char*>(nullptr));
       _exit(127);
     }
     pids.push_back(pid);

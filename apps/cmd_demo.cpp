@@ -41,11 +41,7 @@ void run_demo(DemoFlags& f, CLI::App* cmd) {
   std::vector<ScheduledSwitch> switches;
   const int64_t steps = j.job.train.steps;
   const int64_t at = f.switch_at < 0 ? steps / 2 : f.switch_at;
-  if (at > 0 && at < steps) {
-    const int pp = cmd->count("--pp") ? j.job.pp : cmd->count("--workers") ? j.job.workers : j.job.pp;
-    for (int s = 0; s + 1 < pp; ++s)
-      switches.push_back({at, std::to_string(s) + "-" + std::to_string(s + 1), "fwd", f.switch_to});
-  }
+  if (at > 0 && at < steps) switches.push_back({at, "", "fwd", f.switch_to});  // every forward link
   std::printf(
       "longhaul demo: one model split into pipeline stages, one worker process per stage, joined by\n"
       "emulated slow links; what crosses a link is compressed, and every link counts its bytes.\n\n");
@@ -83,7 +79,8 @@ RegisterCommand reg("", 5, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "demo", "a 4-stage job over emulated 20 Mbit/s links with compression: the bytes it saves (~2 min)");
   add_launch_flags(cmd, f->launch, "demo_metrics.jsonl");
-  cmd->add_option("--switch-at", f->switch_at, "switch every forward link's codec after this step (default: half-way; 0: never)")
+  cmd->add_option("--switch-at", f->switch_at,
+                  "switch every forward link's codec after this step (default: half-way; 0: never)")
       ->check(CLI::Range(int64_t(-1), int64_t(1) << 30));
   cmd->add_option("--switch-to", f->switch_to, "the codec the forward links switch to")->capture_default_str();
   cmd->add_option("--png", f->png, "draw loss and bytes per link here (needs gnuplot; '' for none)")

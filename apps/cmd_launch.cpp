@@ -30,23 +30,6 @@ void on_stop_signal(int sig) {
   g_stop_signal = sig;
 }
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, size_t(n)) : std::string();
-}
-
-std::string find_wan_script(const std::string& given) {
-  if (!given.empty()) return given;
-  std::string exe = self_exe();
-  for (std::string dir = exe.substr(0, exe.rfind('/')); !dir.empty(); dir = dir.substr(0, dir.rfind('/'))) {
-    std::string cand = dir + "/scripts/wan.sh";
-    if (access(cand.c_str(), R_OK) == 0) return cand;
-    if (dir.find('/') == std::string::npos) break;
-  }
-  return "scripts/wan.sh";
-}
-
 std::string describe_exit(int st) {
   if (WIFEXITED(st)) return "exited with code " + std::to_string(WEXITSTATUS(st));
   if (WIFSIGNALED(st))
@@ -241,6 +224,20 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   std::printf("\n");
   std::fflush(stdout);
 
+  // Switches naming no link apply to every pipeline link of the grid as resolved from the flags.
+  std::vector<ScheduledSwitch> planned;
+  for (const ScheduledSwitch& sw : switches) {
+    if (!sw.link.empty()) {
+      planned.push_back(sw);
+      continue;
+    }
+    auto topology = job.topology();
+    if (!topology.ok()) fail(topology.status().message());
+    for (const PipelineLink& l : topology->pipeline_links()) {
+      planned.push_back(sw);
+      planned.back().link = l.name();
+    }
+  }
   int64_t printed = 0;
   size_t next_switch = 0;
   std::string failure;
@@ -251,8 +248,8 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
         result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout";
     print_progress(**coord, job.train.steps, printed);
     if (finished) break;
-    for (size_t i = next_switch; i < switches.size() && printed >= switches[i].after_step; i = ++next_switch) {
-      const ScheduledSwitch& sw = switches[i];
+    for (size_t i = next_switch; i < planned.size() && printed >= planned[i].after_step; i = ++next_switch) {
+      const ScheduledSwitch& sw = planned[i];
       const nlohmann::json args = {{"link", sw.link}, {"dir", sw.dir}, {"spec", sw.spec}};
       auto r = (*coord)->handle_ctl("set-codec", args.dump());
       auto j = r.ok() ? nlohmann::json::parse(*r, nullptr, false) : nlohmann::json();

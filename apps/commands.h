@@ -26,6 +26,13 @@ struct RegisterCommand {
   }
 };
 
+// The running binary's real path (from /proc/self/exe), "" when it cannot be read. Re-executing it by
+// this path keeps the process name `longhaul`; /proc/self/exe itself would name it `exe`.
+std::string self_exe();
+// `given` when set, else scripts/wan.sh in the first folder above the binary that has one, else
+// "scripts/wan.sh" (relative to the working directory).
+std::string find_wan_script(const std::string& given);
+
 // Sets the name `ps -o comm`, `top` and `pgrep` show for this process (at most 15 bytes are kept).
 void name_this_process(const std::string& name);
 

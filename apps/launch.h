@@ -24,7 +24,9 @@ struct LaunchFlags {
 // `longhaul ctl set-codec` (the demo's live switch).
 struct ScheduledSwitch {
   int64_t after_step = 0;
-  std::string link, dir, spec;  // "1-2", "fwd"|"bwd", a codec spec
+  std::string link;  // "1-2"; "" for every pipeline link of the job's grid
+  std::string dir;   // "fwd" | "bwd"
+  std::string spec;  // a codec spec
 };
 
 // Adds the job flags and launch's own (--link, --netns, --listen, --ucx-tls, --worker-threads, --wan-script).

@@ -19,6 +19,23 @@ std::vector<CommandRegistration>& command_registry() {
   return r;
 }
 
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, size_t(n)) : std::string();
+}
+
+std::string find_wan_script(const std::string& given) {
+  if (!given.empty()) return given;
+  const std::string exe = self_exe();
+  for (std::string dir = exe.substr(0, exe.rfind('/')); !dir.empty(); dir = dir.substr(0, dir.rfind('/'))) {
+    std::string cand = dir + "/scripts/wan.sh";
+    if (access(cand.c_str(), R_OK) == 0) return cand;
+    if (dir.find('/') == std::string::npos) break;
+  }
+  return "scripts/wan.sh";
+}
+
 void name_this_process(const std::string& name) {
   prctl(PR_SET_NAME, name.substr(0, 15).c_str(), 0, 0, 0);
 }
@@ -37,11 +54,9 @@ void fail(const std::string& message, int code) {
 static void ensure_passive_openmp_wait(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return;  // no /proc: carry on with the default policy
-  self[n] = 0;
-  execv(self, argv);
+  const std::string self = lh::app::self_exe();
+  if (self.empty()) return;  // no /proc: carry on with the default policy
+  execv(self.c_str(), argv);
   // exec failed: carry on with the default policy.
 }
 

@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -61,22 +60,14 @@ struct BytesSeries {
 
 std::vector<BytesSeries> bytes_series(const MetricsSummary& s) {
   std::vector<BytesSeries> out;
-  const std::vector<LinkTotals> rows = folded_links(s);
-  std::set<LinkKey> own_row;  // pairs drawn on their own, never also inside a folded row
-  for (const LinkTotals& row : rows)
-    if (row.pairs == 1) own_row.insert({row.src, row.dst, row.role});
-  for (const LinkTotals& row : rows) {
+  for (const LinkTotals& row : folded_links(s)) {
     BytesSeries series{row, {}};
-    auto part_of_row = [&row, &own_row](const LinkKey& key) {
-      return row.pairs > 1 ? std::get<2>(key) == row.role && own_row.count(key) == 0
-                           : key == LinkKey{row.src, row.dst, row.role};
-    };
-    for (const auto& [key, points] : s.raw_bytes_per_step)
-      if (part_of_row(key))
-        for (const StepPoint& p : points) series.by_step[p.step].first += p.value;
-    for (const auto& [key, points] : s.wire_bytes_per_step)
-      if (part_of_row(key))
-        for (const StepPoint& p : points) series.by_step[p.step].second += p.value;
+    for (const LinkKey& key : row.members) {
+      if (auto it = s.raw_bytes_per_step.find(key); it != s.raw_bytes_per_step.end())
+        for (const StepPoint& p : it->second) series.by_step[p.step].first += p.value;
+      if (auto it = s.wire_bytes_per_step.find(key); it != s.wire_bytes_per_step.end())
+        for (const StepPoint& p : it->second) series.by_step[p.step].second += p.value;
+    }
     out.push_back(std::move(series));
   }
   return out;
@@ -162,9 +153,8 @@ Result<std::string> write_metrics_gnuplot(const MetricsSummary& summary, const s
     std::string data, plots;
     for (size_t i = 0; i < series.size(); ++i) {
       const BytesSeries& b = series[i];
-      const std::string name = b.row.pairs > 1 ? std::to_string(b.row.pairs) + " pairs" : link_label(b.row);
-      data +=
-          "# " + name + " " + b.row.role + ": step raw_bytes wire_bytes cumulative_raw_bytes cumulative_wire_bytes\n";
+      data += "# " + link_label(b.row) + " " + b.row.role +
+              ": step raw_bytes wire_bytes cumulative_raw_bytes cumulative_wire_bytes\n";
       double raw = 0, wire = 0;
       for (const auto& [step, bytes] : b.by_step) {
         raw += bytes.first;

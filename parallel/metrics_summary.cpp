@@ -166,17 +166,20 @@ std::vector<LinkTotals> folded_links(const MetricsSummary& s) {
     rows.insert(rows.end(), folded.begin(), folded.end());
     folded.clear();
   };
-  for (const LinkTotals& t : s.links) {
+  for (const LinkTotals& link : s.links) {
+    LinkTotals t = link;
+    t.members = {LinkKey{t.src, t.dst, t.role}};
     if (!folded.empty() && folded.back().role != t.role) flush();
     if (!folded_role(t.role) || carries_tensors(t)) {
-      rows.push_back(t);
+      rows.push_back(std::move(t));
       continue;
     }
     if (folded.empty()) {
-      folded.push_back(t);
+      folded.push_back(std::move(t));
       continue;
     }
     LinkTotals& f = folded.back();
+    f.members.push_back(t.members.front());
     f.src = f.dst = -1;
     ++f.pairs;
     if (f.counted_by != t.counted_by) f.counted_by = "send+recv";

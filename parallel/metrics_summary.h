@@ -14,6 +14,8 @@
 
 namespace lh {
 
+using LinkKey = std::tuple<int, int, std::string>;  // src, dst, role
+
 // One row of the link table: everything one (src, dst, role) carried over the job, or, in a folded
 // row (see folded_links), everything `pairs` pairs carried in one role.
 struct LinkTotals {
@@ -23,6 +25,7 @@ struct LinkTotals {
   std::string counted_by = "send";  // the end whose counts these are (the sender's when reported);
                                     // "send+recv" in a folded row whose pairs were counted by both
   int pairs = 1;                    // (src, dst) pairs summed into this row
+  std::vector<LinkKey> members;     // in rows of folded_links: the links summed into the row
   uint64_t messages = 0;
   uint64_t raw_bytes = 0;
   uint64_t wire_bytes = 0;
@@ -44,8 +47,6 @@ struct StepPoint {
   int64_t step = 0;
   double value = 0;
 };
-
-using LinkKey = std::tuple<int, int, std::string>;  // src, dst, role
 
 struct MetricsSummary {
   size_t records = 0;

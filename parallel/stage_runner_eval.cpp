@@ -10,7 +10,7 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
     return invalid_argument("evaluate: batches must be in 1.." + std::to_string(AllPairsGradNorm::kSlot - 1));
   const int B = train_.batch, T = train_.model.seq;
   const size_t per_batch = size_t(B) * T;
-  const Shape wire_shape{B, T, link_width()};
+  const Shape eval_shape = wire_shape(B);
   // Fresh stream states: evaluation must not advance the training streams' codec state.
   compress::StreamState tx(compress::Role::activation), rx(compress::Role::activation);
   std::vector<Transfer> sends;
@@ -35,7 +35,7 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
       Bytes packet = t.take();
       compress::DecodeOptions opts;
       opts.device = model_.device();
-      opts.expect_shape = &wire_shape;
+      opts.expect_shape = &eval_shape;
       LH_RETURN_IF_ERROR(compress::decode_packet(packet.data(), packet.size(), rx, &x, opts));
       if (subspace_) {
         LH_ASSIGN_OR_RETURN(x, subspace_->from_coords(x, tok_dev));

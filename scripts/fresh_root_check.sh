@@ -59,7 +59,7 @@ ROOT=${LH_FRESH_ROOT_DIR:-$(mktemp -d /var/tmp/lh-fresh-root.XXXXXX)}
 cleanup() {
   # Mounts live in a private mount namespace (unshare below) and vanish with it; --one-file-system
   # keeps rm inside the root even if one had leaked.
-  if [ "${LH_FRESH_ROOT_KEEP:-0}" != 1 ]; then rm -rf --one-file-system "$ROOT"; fi
+  if [ "${LH_FRESH_ROOT_KEEP:-0}" != 1 ]; then rm -rf --one-file-system "$ROOT" "$ROOT.debootstrap.log"; fi
 }
 trap cleanup EXIT
 
