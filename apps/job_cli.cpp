@@ -24,12 +24,14 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage (only 1 so far)")
       ->capture_default_str()
       ->group(g);
-  cmd->add_option("--dp", f.job.dp, "data-parallel replicas (only 1 so far)")->capture_default_str()->group(g);
+  cmd->add_option("--dp", f.job.dp, "data-parallel replicas; each trains on its slice of the global batch")
+      ->capture_default_str()
+      ->group(g);
   cmd->add_option("--partition", f.job.partition,
                   "blocks per stage, e.g. 3,3,2; 'speed': by reported speed (default: even)")
       ->group(g);
   cmd->add_option("--schedule", f.schedule, "gpipe|1f1b")->capture_default_str()->group(g);
-  cmd->add_option("--microbatches", f.job.microbatches, "microbatches per global batch")
+  cmd->add_option("--microbatches", f.job.microbatches, "microbatches per replica's share of the global batch")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--compress-fwd", f.job.compress_fwd, "codec spec for activations on every link")
@@ -40,6 +42,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->group(g);
   cmd->add_option("--compress-link", f.job.compress_link,
                   "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4 (repeatable)")
+      ->group(g);
+  cmd->add_option("--compress-grad", f.job.compress_grad,
+                  "codec spec for weight gradients averaged between replicas (dp > 1), e.g. int8, ef+int4")
+      ->capture_default_str()
       ->group(g);
   cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")
       ->capture_default_str()

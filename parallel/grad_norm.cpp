@@ -9,7 +9,8 @@ namespace lh {
 AllPairsGradNorm::AllPairsGradNorm(const Topology& topology, int rank, DataPlane& plane,
                                    std::chrono::milliseconds receive_timeout)
     : rank_(rank), plane_(&plane), receive_timeout_(receive_timeout) {
-  for (int s = 0; s < topology.pp(); ++s) stage_ranks_.push_back(topology.rank_of({s, 0, 0}));
+  const WorkerCoord me = topology.coord_of(rank);
+  for (int s = 0; s < topology.pp(); ++s) stage_ranks_.push_back(topology.rank_of({s, me.tp, me.dp}));
 }
 
 Result<double> AllPairsGradNorm::total_sq(int64_t step, double local_sq) {

@@ -21,8 +21,9 @@ class GradNormSource {
   virtual Result<double> total_sq(int64_t step, double local_sq) = 0;
 };
 
-// Every stage sends its part to every other stage (role other, the step's norm slot) and sums all
-// parts in stage order. Pipeline grids only (tp = dp = 1).
+// Every stage sends its part to every other stage of its own replica (role other, the step's norm slot) and
+// sums all parts in stage order. With dp > 1 it runs after the dp reducer, when the replicas' gradients
+// are equal, so every replica gets the same norm. Not for tp > 1 (shards hold different parts).
 class AllPairsGradNorm : public GradNormSource {
  public:
   AllPairsGradNorm(const Topology& topology, int rank, DataPlane& plane, std::chrono::milliseconds receive_timeout);

@@ -7,6 +7,8 @@
 #include <limits>
 #include <map>
 
+#include "parallel/dp_reducer.h"
+
 namespace lh {
 namespace {
 
@@ -28,7 +30,8 @@ class JobFieldReader {
     if (!v->is_number_integer()) return error(f, "expected an integer, got " + v->dump());
     const int64_t x = v->get<int64_t>();
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) return error(f, "out of range");
-    if (x < int64_t(std::numeric_limits<Int>::min()) || (x > 0 && uint64_t(x) > uint64_t(std::numeric_limits<Int>::max())))
+    if (x < int64_t(std::numeric_limits<Int>::min()) ||
+        (x > 0 && uint64_t(x) > uint64_t(std::numeric_limits<Int>::max())))
       return error(f, "out of range: " + v->dump());
     out = static_cast<Int>(x);
     return Status::Ok();
@@ -80,7 +83,9 @@ class JobFieldReader {
 
 }  // namespace
 
-Result<Topology> PipelineJobConfig::topology() const { return Topology::create(workers, pp, tp, dp); }
+Result<Topology> PipelineJobConfig::topology() const {
+  return Topology::create(workers, pp, tp, dp);
+}
 
 Result<Partition> PipelineJobConfig::make_partition() const {
   if (partition.empty() || partition == "speed") return Partition::even(train.model.layers, pp);
@@ -95,8 +100,8 @@ Result<std::string> PipelineJobConfig::planned_partition(const std::vector<doubl
     return partition.empty() ? std::string() : p.to_string();
   }
   if (static_cast<int>(speeds.size()) != pp)
-    return invalid_argument("--partition speed: " + std::to_string(speeds.size()) + " speeds for " + std::to_string(pp) +
-                            " stages");
+    return invalid_argument("--partition speed: " + std::to_string(speeds.size()) + " speeds for " +
+                            std::to_string(pp) + " stages");
   bool known = true;
   for (double v : speeds) known &= v > 0 && std::isfinite(v);
   LH_ASSIGN_OR_RETURN(Partition p, known ? Partition::proportional(train.model.layers, speeds)
@@ -112,21 +117,28 @@ Result<CodecPlan> PipelineJobConfig::codec_plan() const {
 Status PipelineJobConfig::validate() const {
   LH_RETURN_IF_ERROR(train.validate());
   LH_ASSIGN_OR_RETURN(Topology t, topology());
-  if (t.tp() != 1 || t.dp() != 1)
-    return invalid_argument("--tp and --dp must be 1: pipeline stages are implemented, tensor and data parallelism not yet");
+  if (t.tp() != 1)
+    return invalid_argument(
+        "--tp must be 1: pipeline and data parallelism are implemented, tensor parallelism not yet");
   LH_RETURN_IF_ERROR(make_partition().status());
-  if (microbatches < 1) return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
-  if (train.batch % microbatches != 0)
-    return invalid_argument("--batch " + std::to_string(train.batch) + " does not split into --microbatches " +
-                            std::to_string(microbatches) + " equal parts");
+  if (microbatches < 1)
+    return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
+  if (train.batch % (dp * microbatches) != 0)
+    return invalid_argument("--batch " + std::to_string(train.batch) + " does not split into --dp " +
+                            std::to_string(dp) + " replicas × --microbatches " + std::to_string(microbatches) +
+                            " equal parts");
   LH_RETURN_IF_ERROR(codec_plan().status());
+  {
+    Status g = check_grad_codec_spec(compress_grad);
+    if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
+  }
   return Status::Ok();
 }
 
 nlohmann::json PipelineJobConfig::to_json() const {
   const GptConfig& m = train.model;
-  nlohmann::json model = {{"vocab", m.vocab},     {"seq", m.seq},           {"layers", m.layers},
-                          {"d_model", m.d_model}, {"heads", m.heads},       {"tied_head", m.tied_head},
+  nlohmann::json model = {{"vocab", m.vocab},          {"seq", m.seq},     {"layers", m.layers},
+                          {"d_model", m.d_model},      {"heads", m.heads}, {"tied_head", m.tied_head},
                           {"subspace_k", m.subspace_k}};
   nlohmann::json tr = {{"data", train.data},
                        {"steps", train.steps},
@@ -151,7 +163,8 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"microbatches", microbatches},
           {"compress_fwd", compress_fwd},
           {"compress_bwd", compress_bwd},
-          {"compress_link", compress_link}};
+          {"compress_link", compress_link},
+          {"compress_grad", compress_grad}};
 }
 
 Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
@@ -189,9 +202,12 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(t.u64("seed", c.train.seed));
   std::string device;
   LH_RETURN_IF_ERROR(t.string("device", device));
-  if (device == "cpu") c.train.device = Device::cpu;
-  else if (device == "cuda") c.train.device = Device::cuda;
-  else return t.error("device", "expected cpu or cuda, got '" + device + "'");
+  if (device == "cpu")
+    c.train.device = Device::cpu;
+  else if (device == "cuda")
+    c.train.device = Device::cuda;
+  else
+    return t.error("device", "expected cpu or cuda, got '" + device + "'");
   LH_RETURN_IF_ERROR(t.integer("eval_every", c.train.eval_every));
   LH_RETURN_IF_ERROR(t.integer("eval_batches", c.train.eval_batches));
   LH_RETURN_IF_ERROR(r.integer("workers", c.workers));
@@ -208,6 +224,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.string("compress_fwd", c.compress_fwd));
   LH_RETURN_IF_ERROR(r.string("compress_bwd", c.compress_bwd));
   LH_RETURN_IF_ERROR(r.strings("compress_link", c.compress_link));
+  LH_RETURN_IF_ERROR(r.string("compress_grad", c.compress_grad));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }
@@ -269,8 +286,8 @@ Result<CodecPlan> codec_plan_from_link_codecs(const std::vector<LinkCodec>& code
     const auto key = std::make_pair(ld.first.from, int(ld.second));
     auto it = seen.find(key);
     if (it != seen.end() && it->second != c.spec)
-      return invalid_argument(what + ": spec '" + c.spec + "' disagrees with '" + it->second + "' on another pair of link " +
-                              ld.first.name());
+      return invalid_argument(what + ": spec '" + c.spec + "' disagrees with '" + it->second +
+                              "' on another pair of link " + ld.first.name());
     seen[key] = c.spec;
     overrides.push_back(ld.first.name() + ":" + c.dir + "=" + c.spec);
   }

@@ -4,10 +4,9 @@
 // plans/changes and the control messages (LinkCodec, SetCodec). Used by launch, coordinator, worker, ctl.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 #include "core/trainer.h"
@@ -30,6 +29,7 @@ struct PipelineJobConfig {
   int microbatches = 4;
   std::string compress_fwd = "none", compress_bwd = "none";
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
+  std::string compress_grad = "none";      // weight gradients between replicas (dp > 1)
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;

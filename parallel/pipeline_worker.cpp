@@ -110,6 +110,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   StageRunnerOptions ro;
   ro.microbatches = job->microbatches;
   ro.schedule = job->schedule;
+  ro.compress_grad = job->compress_grad;
   ro.receive_timeout = options.receive_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
                       StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));

@@ -25,8 +25,9 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
                                                          const StageRunnerOptions& options, DataPlane& plane,
                                                          CodecSchedule& codecs) {
   LH_RETURN_IF_ERROR(train.model.validate());
-  if (topology.tp() != 1 || topology.dp() != 1)
-    return invalid_argument("stage runner: only pipeline parallelism is implemented (got " + topology.describe() + ")");
+  if (topology.tp() != 1)
+    return invalid_argument("stage runner: tensor parallelism is not implemented yet (got " + topology.describe() +
+                            ")");
   LH_ASSIGN_OR_RETURN(WorkerCoord coord, topology.checked_coord_of(rank));
   if (partition.stages() != topology.pp())
     return invalid_argument("stage runner: partition " + partition.to_string() + " has " +
@@ -39,10 +40,10 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   if (options.microbatches < 1 || options.microbatches >= kNormSlot)
     return invalid_argument("stage runner: --microbatches must be in 1.." + std::to_string(kNormSlot - 1) + ", got " +
                             std::to_string(options.microbatches));
-  if (train.batch % options.microbatches != 0)
+  if (train.batch % (topology.dp() * options.microbatches) != 0)
     return invalid_argument("stage runner: the batch of " + std::to_string(train.batch) +
-                            " sequences does not split into " + std::to_string(options.microbatches) +
-                            " equal microbatches");
+                            " sequences does not split into " + std::to_string(topology.dp()) + " replicas × " +
+                            std::to_string(options.microbatches) + " equal microbatches");
 
   std::unique_ptr<StageRunner> r(new StageRunner());
   r->train_ = train;
@@ -51,12 +52,18 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->rank_ = rank;
   r->stages_ = topology.pp();
   r->span_ = partition.stage(coord.stage);
-  r->mb_batch_ = train.batch / options.microbatches;
+  r->replica_ = coord.dp;
+  r->replicas_ = topology.dp();
+  r->mb_batch_ = train.batch / (topology.dp() * options.microbatches);
   r->plane_ = &plane;
   r->codecs_ = &codecs;
   r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
   if (r->stages_ > 1)
     r->grad_norm_ = std::make_unique<AllPairsGradNorm>(r->topology_, rank, plane, options.receive_timeout);
+  if (r->replicas_ > 1) {
+    LH_ASSIGN_OR_RETURN(r->reducer_,
+                        DpReducer::create(plane, r->topology_, rank, options.compress_grad, options.receive_timeout));
+  }
   LH_ASSIGN_OR_RETURN(r->schedule_, PipelineSchedule::build(options.schedule, r->stages_, options.microbatches));
   GptParts parts;
   parts.embedding = r->span_.has_embedding;
@@ -123,19 +130,8 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
       }
       return Status::Ok();
     }
-    case ActionKind::kBackward: {
-      ActivationCache& c = caches_[mb];
-      Tensor& d = grads_[mb];
-      if (span_.has_head) {
-        if (!d.defined() || d.shape() != Shape{B, T, train_.model.d_model}) {
-          LH_ASSIGN_OR_RETURN(d, Tensor::create({B, T, train_.model.d_model}, DType::f32, model_.device()));
-        }
-        LH_RETURN_IF_ERROR(model_.head_backward(c, 1.0f / float(options_.microbatches), d));
-      }
-      LH_RETURN_IF_ERROR(model_.blocks_backward(span_.first_block, span_.end_block(), c, d));
-      if (span_.has_embedding) LH_RETURN_IF_ERROR(model_.embed_backward(c, d));
-      return Status::Ok();
-    }
+    case ActionKind::kBackward:
+      return backward(mb);
     case ActionKind::kSendGrad: {
       Tensor payload = grads_[mb];
       if (subspace_) {
@@ -149,15 +145,55 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
   return internal_error("unknown pipeline action");
 }
 
+Status StageRunner::backward(int mb) {
+  const int B = mb_batch_, T = train_.model.seq;
+  ActivationCache& c = caches_[mb];
+  Tensor& d = grads_[mb];
+  // The step's last backward finishes each parameter group in turn (head, blocks from the last, embedding):
+  // each is handed to the dp reducer as soon as it is final, so its exchange overlaps the rest.
+  const bool hand_over = reducer_ && ++backwards_ == options_.microbatches;
+  const int head_bucket = 1 + train_.model.layers;  // stable bucket ids: embedding 0, block l 1 + l, head
+  if (span_.has_head) {
+    if (!d.defined() || d.shape() != Shape{B, T, train_.model.d_model}) {
+      LH_ASSIGN_OR_RETURN(d, Tensor::create({B, T, train_.model.d_model}, DType::f32, model_.device()));
+    }
+    LH_RETURN_IF_ERROR(model_.head_backward(c, 1.0f / float(options_.microbatches), d));
+    if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.head(), head_bucket));
+  }
+  if (!hand_over) {
+    LH_RETURN_IF_ERROR(model_.blocks_backward(span_.first_block, span_.end_block(), c, d));
+  } else {
+    for (int l = span_.end_block() - 1; l >= span_.first_block; --l) {
+      LH_RETURN_IF_ERROR(model_.blocks_backward(l, l + 1, c, d));
+      LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.block(l), 1 + l));
+    }
+  }
+  if (span_.has_embedding) {
+    LH_RETURN_IF_ERROR(model_.embed_backward(c, d));
+    if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.embedding(), 0));
+  }
+  return Status::Ok();
+}
+
+Result<double> StageRunner::replica_mean(double value) {
+  if (!reducer_) return value;
+  LH_ASSIGN_OR_RETURN(std::vector<double> sum, reducer_->group().all_reduce_f64({value}));
+  return sum[0] / replicas_;
+}
+
 Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, const int32_t* targets) {
   const auto t0 = std::chrono::steady_clock::now();
   if (step < 1 || step >= (int64_t(1) << Tag::kStepBits))
     return invalid_argument("stage runner: step " + std::to_string(step) + " is outside 1.." +
                             std::to_string((int64_t(1) << Tag::kStepBits) - 1));
   LH_RETURN_IF_ERROR(codecs_->begin_step(step));
-  tokens_ = tokens;
-  targets_ = targets;
+  // This replica's slice of the global batch.
+  const size_t slice = size_t(train_.batch / replicas_) * train_.model.seq * replica_;
+  tokens_ = tokens + slice;
+  targets_ = targets + slice;
   loss_sum_ = 0;
+  backwards_ = 0;
+  if (reducer_) LH_RETURN_IF_ERROR(reducer_->begin_step(step));
   LH_RETURN_IF_ERROR(model_.zero_grad());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;
@@ -168,7 +204,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
       if (!t.defined()) {
         LH_ASSIGN_OR_RETURN(t, Tensor::create({int64_t(per_mb)}, DType::i32, model_.device()));
       }
-      LH_RETURN_IF_ERROR(copy_bytes(t.raw_data(), model_.device(), tokens + mb * per_mb, Device::cpu, per_mb * 4));
+      LH_RETURN_IF_ERROR(copy_bytes(t.raw_data(), model_.device(), tokens_ + mb * per_mb, Device::cpu, per_mb * 4));
     }
   }
   // Every receive is posted up front so packets land while this stage computes.
@@ -178,6 +214,10 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());
   }
   LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
+  if (reducer_) {
+    Status s = reducer_->finish();
+    if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
+  }
 
   // Clip by the norm of the whole model's gradient, as the single-process trainer does.
   std::vector<ParamGroup*> groups = model_.param_groups();
@@ -201,7 +241,10 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
 
   StageStepResult r;
   r.step = step;
-  if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M);
+  if (span_.has_head) {
+    LH_ASSIGN_OR_RETURN(double loss, replica_mean(loss_sum_ / M));
+    r.loss = static_cast<float>(loss);
+  }
   r.grad_norm = norm;
   r.lr = acfg.lr;
   r.tokens = int64_t(train_.batch) * train_.model.seq;

@@ -17,6 +17,7 @@
 #include "core/gpt.h"
 #include "core/trainer.h"
 #include "parallel/codec_plan.h"
+#include "parallel/dp_reducer.h"
 #include "parallel/grad_norm.h"
 #include "parallel/partition.h"
 #include "parallel/pipeline_boundary.h"
@@ -31,6 +32,8 @@ namespace lh {
 struct StageRunnerOptions {
   int microbatches = 4;  // the global batch (TrainConfig::batch) splits into this many equal parts
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  // The weight-gradient codec of the dp all-reduce (dp > 1): --compress-grad.
+  std::string compress_grad = "none";
   // How long a stage waits for one activation, gradient or norm before giving up with an error
   // naming the peer. A dead peer is normally reported sooner by the control plane (fail_peer).
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
@@ -48,9 +51,11 @@ struct StageStepResult {
 class StageRunner {
  public:
   // Builds this rank's model part (the same weights the single-process model has for those groups:
-  // every group is initialised from its own seeded stream) and its optimizer. Refuses grids with
-  // tp or dp > 1, a partition that does not match the model or topology, and a global batch that
-  // the microbatches do not divide.
+  // every group is initialised from its own seeded stream) and its optimizer. With dp > 1 the rank is
+  // replica d of its stage: it trains on sequences [d·batch/dp, (d+1)·batch/dp) of every global batch, in
+  // `microbatches` microbatches, and averages its gradients with the other replicas (DpReducer) before
+  // the optimizer step. Refuses grids with tp > 1, a partition that does not match the model or
+  // topology, and a global batch that dp × microbatches does not divide.
   static Result<std::unique_ptr<StageRunner>> create(const TrainConfig& train, const Topology& topology,
                                                      const Partition& partition, int rank,
                                                      const StageRunnerOptions& options, DataPlane& plane,
@@ -58,18 +63,18 @@ class StageRunner {
 
   // One optimizer step (1-based `step`, consecutive) on a global batch of train.batch sequences of
   // train.model.seq tokens: tokens and targets [batch · seq] as the single-process trainer draws
-  // them (every worker draws the same batch from the same seed; stage 0 reads the tokens, the last
-  // stage the targets, and with a subspace model every stage reads the tokens to rebuild F[tok]).
-  // With train.model.subspace_k = K > 0 the links carry K coordinates per token each way instead of
-  // d_model values (see SubspaceBoundary); the codecs then compress those. Marks the step begun in the codec schedule,
-  // so set-codec changes for it must have been applied before.
+  // them (every worker draws the same batch from the same seed; each replica takes its slice; stage 0
+  // reads the tokens, the last stage the targets, and with a subspace model every stage reads the tokens to rebuild
+  // F[tok]). With train.model.subspace_k = K > 0 the links carry K coordinates per token each way instead of d_model
+  // values (see SubspaceBoundary); the codecs then compress those. Marks the step begun in the codec schedule, so
+  // set-codec changes for it must have been applied before.
   Result<StageStepResult> step(int64_t step, const int32_t* tokens, const int32_t* targets);
 
-  // Validation loss after `step`, forward only, as Trainer::evaluate computes it: the mean over
-  // `batches` batches of train.batch sequences (tokens and targets hold batches · batch · seq each,
-  // the same on every worker). The last stage returns the loss, the others nullopt. Its traffic is
-  // tagged and metered as role "other", with its own codec stream state, so training streams and
-  // their stateful codecs are untouched; the forward codec of each link at `step` is used.
+  // Validation loss after `step`, forward only, as Trainer::evaluate computes it (each replica takes its
+  // slice of every batch; the replicas' means are averaged): the mean over `batches` batches of train.batch sequences
+  // (tokens and targets hold batches · batch · seq each, the same on every worker). The last stage returns the loss,
+  // the others nullopt. Its traffic is tagged and metered as role "other", with its own codec stream state, so training
+  // streams and their stateful codecs are untouched; the forward codec of each link at `step` is used.
   Result<std::optional<float>> evaluate(int64_t step, const int32_t* tokens, const int32_t* targets, int batches);
 
   // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
@@ -84,6 +89,9 @@ class StageRunner {
  private:
   StageRunner() = default;
   Status run_action(const Action& a, int64_t step);  // compute and the boundary's sends and receives
+  Status backward(int mb);                           // with dp, the last one hands each bucket to the reducer
+  // The mean over the dp group of a value every replica computed on its slice (the value itself for dp = 1).
+  Result<double> replica_mean(double value);
   int link_width() const;  // values per token on a link: K with a subspace model, else d_model
   Shape wire_shape(int batch) const { return {batch, train_.model.seq, link_width()}; }
 
@@ -93,10 +101,13 @@ class StageRunner {
   PipelineSchedule schedule_ = PipelineSchedule::build(ScheduleKind::kGPipe, 1, 1).value();
   StageSpan span_;
   int rank_ = 0, stages_ = 1, mb_batch_ = 1;
+  int replica_ = 0, replicas_ = 1;  // this rank's dp index, and dp
+  int backwards_ = 0;               // backward actions run in this step
   DataPlane* plane_ = nullptr;
   CodecSchedule* codecs_ = nullptr;
   PipelineBoundary boundary_;
   std::unique_ptr<GradNormSource> grad_norm_;
+  std::unique_ptr<DpReducer> reducer_;  // dp > 1
   Gpt model_;
   AdamW opt_;
 

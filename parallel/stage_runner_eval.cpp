@@ -8,8 +8,11 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
                                                    int batches) {
   if (batches < 1 || batches >= AllPairsGradNorm::kSlot)
     return invalid_argument("evaluate: batches must be in 1.." + std::to_string(AllPairsGradNorm::kSlot - 1));
-  const int B = train_.batch, T = train_.model.seq;
-  const size_t per_batch = size_t(B) * T;
+  // Each replica evaluates its slice of every batch; the replicas' means are averaged at the end.
+  const int B = train_.batch / replicas_, T = train_.model.seq;
+  const size_t per_batch = size_t(train_.batch) * T;
+  tokens += size_t(B) * T * replica_;
+  targets += size_t(B) * T * replica_;
   const Shape eval_shape = wire_shape(B);
   // Fresh stream states: evaluation must not advance the training streams' codec state.
   compress::StreamState tx(compress::Role::activation), rx(compress::Role::activation);
@@ -19,9 +22,10 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
     const Tag tag = make_tag(uint32_t(step), uint16_t(i), Role::kOther, /*shard=*/1);
     Tensor tok_dev;
     if (subspace_) {
-      LH_ASSIGN_OR_RETURN(tok_dev, Tensor::create({int64_t(per_batch)}, DType::i32, model_.device()));
+      const size_t local = size_t(B) * T;
+      LH_ASSIGN_OR_RETURN(tok_dev, Tensor::create({int64_t(local)}, DType::i32, model_.device()));
       LH_RETURN_IF_ERROR(
-          copy_bytes(tok_dev.raw_data(), model_.device(), tokens + i * per_batch, Device::cpu, per_batch * 4));
+          copy_bytes(tok_dev.raw_data(), model_.device(), tokens + i * per_batch, Device::cpu, local * 4));
     }
     Tensor x;
     if (span_.has_embedding) {
@@ -61,7 +65,8 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
     if (!s.ok()) return s.prepend("evaluate: a send to rank " + std::to_string(t.peer()));
   }
   if (!span_.has_head) return std::optional<float>();
-  last_val_loss_ = static_cast<float>(loss_sum / batches);
+  LH_ASSIGN_OR_RETURN(double loss, replica_mean(loss_sum / batches));
+  last_val_loss_ = static_cast<float>(loss);
   return last_val_loss_;
 }
 

@@ -59,26 +59,53 @@ struct PipelineRun {
   std::vector<Status> statuses;                         // per stage
 };
 
-// Runs `steps` steps of an S-stage pipeline; `change_at` > 0 switches link 0-1 fwd to `new_spec` there.
-PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M, const std::string& fwd,
-                         const std::string& bwd, int steps, int change_at = 0, const std::string& new_spec = "") {
-  Topology topo = value_of(Topology::pipeline(S));
+// The grid and codecs of one threaded run.
+struct GridSpec {
+  int S = 1, dp = 1;
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  int M = 4;
+  std::string fwd = "none", bwd = "none", grad = "none";
+  int steps = 4;
+  int change_at = 0;  // > 0: link 0-1 fwd switches to new_spec at this step
+  std::string new_spec;
+};
+
+// Bits of every parameter a rank holds, for comparing replicas.
+std::vector<float> all_params(Gpt& model) {
+  std::vector<float> out;
+  for (ParamGroup* g : model.param_groups()) {
+    std::vector<float> v = g->params.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// Runs a pp × dp job on threads: losses, norms and the validation loss as replica 0 sees them.
+PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std::vector<float>>* params = nullptr) {
+  const int S = g.S, W = g.S * g.dp, M = g.M, steps = g.steps;
+  Topology topo = value_of(Topology::create(W, S, 1, g.dp));
   Partition part = value_of(Partition::even(cfg.model.layers, S));
   auto fabric = std::make_shared<LocalFabric>();
   TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
   PipelineRun run;
-  run.statuses.resize(S);
-  run.grad_norms_by_stage.resize(S);
-  std::vector<std::vector<WorkerStepMetrics>> per_stage(S);
+  run.statuses.resize(W);
+  run.grad_norms_by_stage.resize(W);
+  if (params) params->assign(W, {});
+  std::vector<std::vector<float>> losses_by_rank(W);
+  std::vector<std::optional<float>> val_by_rank(W);
+  std::vector<std::vector<WorkerStepMetrics>> per_stage(W);
   std::vector<std::thread> threads;
-  for (int rank = 0; rank < S; ++rank) {
+  for (int rank = 0; rank < W; ++rank) {
     threads.emplace_back([&, rank] {
-      LocalDataPlane plane(fabric, rank, S);
+      const int change_at = g.change_at;
+      const std::string& new_spec = g.new_spec;
+      LocalDataPlane plane(fabric, rank, W);
       plane.set_meter(std::make_shared<LinkMeter>(rank));
-      CodecSchedule codecs(topo, value_of(CodecPlan::create(topo, fwd, bwd, {})));
+      CodecSchedule codecs(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
       StageRunnerOptions opts;
       opts.microbatches = M;
-      opts.schedule = kind;
+      opts.schedule = g.kind;
+      opts.compress_grad = g.grad;
       opts.receive_timeout = std::chrono::seconds(60);
       auto runner = StageRunner::create(cfg, topo, part, rank, opts, plane, codecs);
       if (!runner.ok()) {
@@ -101,7 +128,7 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
           run.statuses[rank] = r.status();
           return;
         }
-        if (r->loss) run.losses.push_back(*r->loss);
+        if (r->loss) losses_by_rank[rank].push_back(*r->loss);
         if (rank == 0) run.grad_norms.push_back(r->grad_norm);
         run.grad_norms_by_stage[rank].push_back(r->grad_norm);
         if (step == steps) {
@@ -114,15 +141,40 @@ PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M
             run.statuses[rank] = v.status();
             return;
           }
-          if (*v) run.val_loss = **v;
+          val_by_rank[rank] = *v;
         }
         per_stage[rank].push_back((*runner)->take_step_metrics());
       }
+      if (params) (*params)[rank] = all_params((*runner)->model());
     });
   }
   for (auto& t : threads) t.join();
   for (auto& v : per_stage) run.metrics.insert(run.metrics.end(), v.begin(), v.end());
+  const int last = topo.rank_of({S - 1, 0, 0});
+  run.losses = losses_by_rank[last];
+  run.val_loss = val_by_rank[last];
+  // Every replica of the last stage reports the same (averaged) losses.
+  for (int d = 1; d < g.dp; ++d) {
+    const int r = topo.rank_of({S - 1, 0, d});
+    EXPECT_EQ(losses_by_rank[r], run.losses) << "replica " << d;
+    EXPECT_EQ(val_by_rank[r], run.val_loss) << "replica " << d;
+  }
   return run;
+}
+
+// Runs `steps` steps of an S-stage pipeline; `change_at` > 0 switches link 0-1 fwd to `new_spec` there.
+PipelineRun run_pipeline(const TrainConfig& cfg, int S, ScheduleKind kind, int M, const std::string& fwd,
+                         const std::string& bwd, int steps, int change_at = 0, const std::string& new_spec = "") {
+  GridSpec g;
+  g.S = S;
+  g.kind = kind;
+  g.M = M;
+  g.fwd = fwd;
+  g.bwd = bwd;
+  g.steps = steps;
+  g.change_at = change_at;
+  g.new_spec = new_spec;
+  return run_grid(cfg, g);
 }
 
 std::vector<StepStats> reference_steps(const TrainConfig& cfg, int steps, float* val_loss = nullptr) {
@@ -171,6 +223,79 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
       // Every stage clips with the same bits: the parts are summed in one order everywhere.
       for (int s = 1; s < S; ++s) EXPECT_EQ(run.grad_norms_by_stage[s], run.grad_norms_by_stage[0]) << "stage " << s;
     }
+}
+
+TEST_F(StageRunnerTest, ReplicasReproduceTheSingleProcessTrainer) {
+  const TrainConfig cfg = tiny_config();
+  const int steps = 4;
+  float ref_val = 0;
+  const std::vector<StepStats> ref = reference_steps(cfg, steps, &ref_val);
+  ASSERT_LT(ref.back().loss, ref.front().loss);
+  for (auto [S, dp] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}}) {
+    GridSpec g;
+    g.S = S;
+    g.dp = dp;
+    g.M = 2;
+    g.steps = steps;
+    std::vector<std::vector<float>> params;
+    PipelineRun run = run_grid(cfg, g, &params);
+    const std::string what = "pp " + std::to_string(S) + " dp " + std::to_string(dp);
+    for (size_t r = 0; r < run.statuses.size(); ++r)
+      ASSERT_TRUE(run.statuses[r].ok()) << what << " rank " << r << ": " << run.statuses[r].to_string();
+    ASSERT_EQ(run.losses.size(), size_t(steps)) << what;
+    for (int i = 0; i < steps; ++i) {
+      EXPECT_NEAR(run.losses[i], ref[i].loss, 1e-5 * ref[i].loss) << what << " step " << i + 1;
+      EXPECT_NEAR(run.grad_norms[i], ref[i].grad_norm, 1e-5 * ref[i].grad_norm) << what << " step " << i + 1;
+    }
+    ASSERT_TRUE(run.val_loss.has_value()) << what;
+    EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << what;
+    // The replicas of a stage end with the same bits: they applied the same averaged gradients.
+    Topology topo = value_of(Topology::create(S * dp, S, 1, dp));
+    for (int r = 0; r < S * dp; ++r) {
+      const WorkerCoord c = topo.coord_of(r);
+      EXPECT_EQ(params[r], params[topo.rank_of({c.stage, 0, 0})]) << what << " rank " << r;
+      EXPECT_EQ(run.grad_norms_by_stage[r], run.grad_norms_by_stage[0]) << what << " rank " << r;
+    }
+    // The gradient exchange is metered as role grad between replicas of a stage, fp32 (`none`).
+    MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+    uint64_t grad_bytes = 0;
+    for (const LinkTotals& t : sum.links)
+      if (t.role == "grad") {
+        EXPECT_EQ(topo.coord_of(t.src).stage, topo.coord_of(t.dst).stage) << what;
+        EXPECT_GE(t.wire_bytes, t.raw_bytes) << what;  // a packet header on top of fp32
+        grad_bytes += t.wire_bytes;
+      }
+    EXPECT_GT(grad_bytes, 0u) << what;
+  }
+}
+
+TEST_F(StageRunnerTest, CompressedGradientsKeepReplicasIdenticalAndSendFewerBytes) {
+  const TrainConfig cfg = tiny_config();
+  const int steps = 4;
+  const std::vector<float> ref = reference_losses(cfg, steps);
+  for (const std::string spec : {"int8", "ef+int4", "ef+topk:ratio=0.1+int8"}) {
+    GridSpec g;
+    g.S = 2;
+    g.dp = 2;
+    g.M = 2;
+    g.grad = spec;
+    g.steps = steps;
+    std::vector<std::vector<float>> params;
+    PipelineRun run = run_grid(cfg, g, &params);
+    for (const Status& st : run.statuses) ASSERT_TRUE(st.ok()) << spec << ": " << st.to_string();
+    for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 0.05 * ref[i]) << spec << " step " << i + 1;
+    EXPECT_EQ(params[0], params[1]) << spec;  // stage 0's replicas
+    EXPECT_EQ(params[2], params[3]) << spec;  // stage 1's replicas
+    MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+    uint64_t raw = 0, wire = 0;
+    for (const LinkTotals& t : sum.links)
+      if (t.role == "grad") {
+        raw += t.raw_bytes;
+        wire += t.wire_bytes;
+      }
+    ASSERT_GT(raw, 0u) << spec;
+    EXPECT_LT(wire * 3, raw) << spec;
+  }
 }
 
 TEST_F(StageRunnerTest, CompressedLinksCarryFewerBytesAndSwitchAtAStep) {
@@ -231,11 +356,11 @@ TEST_F(StageRunnerTest, RefusesBadSetups) {
   expect(StageRunner::create(cfg, two, value_of(Partition::even(4, 2)), 2, opts, plane, codecs), "rank 2");
   opts.microbatches = 3;
   expect(StageRunner::create(cfg, two, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
-         "does not split into 3 equal microbatches");
+         "does not split into 1 replicas × 3 equal microbatches");
   opts.microbatches = 4;
   Topology grid = value_of(Topology::create(4, 2, 2, 1));
   expect(StageRunner::create(cfg, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
-         "only pipeline parallelism");
+         "tensor parallelism is not implemented");
 }
 
 TEST_F(StageRunnerTest, AMissingPeerIsAnErrorNamingIt) {

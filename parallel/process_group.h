@@ -1,0 +1,104 @@
+// defines: lh::ProcessGroup — the collectives layer over the DataPlane (docs/grid.md §3): all-reduce of f32
+// tensors among a group of ranks, ring (reduce-scatter + all-gather) or direct (all-gather of compressed
+// contributions), each hop through a codec chain with per-stream state, progressed on the caller's
+// thread; plus a small f64 all-reduce (losses, norms). Used by the dp reducer (and tp, issue 11).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "compress/codec_chain.h"
+#include "core/tensor.h"
+#include "transport/data_plane.h"
+
+namespace lh {
+
+enum class CollectiveAlgo : uint8_t {
+  kAuto,    // direct for 2 members or under 64 KiB, else ring
+  kRing,    // bytes per rank 2(n−1)/n of the tensor; 2(n−1) hops of latency
+  kDirect,  // every rank sends its whole (compressed) tensor to every other; 1 hop of latency
+};
+const char* collective_algo_name(CollectiveAlgo a);
+
+struct CollectiveOptions {
+  Role role = Role::kWeightGrad;  // the tag's role: what the meter counts the bytes as
+  bool average = false;           // divide the sum by the group size
+  CollectiveAlgo algo = CollectiveAlgo::kAuto;
+  // Which codec stream states the op uses: ops on the same stream (e.g. one gradient bucket, step
+  // after step) share their error-feedback residuals. Any non-negative id the caller keeps stable.
+  int stream = 0;
+  std::string spec = "none";  // codec chain of every hop (compress/spec.h grammar)
+};
+
+// One per group and member. Every member issues the same ops in the same order within a step; an op is
+// named on the wire by (step, the group's sequence number within the step, packet index), so members
+// that disagree show up as a timeout naming the op and the peer rather than as mixed-up data.
+//
+// Results are bit-identical on every member: in a ring, a chunk's owner encodes the reduced chunk once and
+// decodes its own packet, and the same bytes travel on; in direct mode every member decodes the same
+// packets (its own included) and sums them in member order.
+class ProcessGroup {
+ public:
+  // `members`: ranks in group order, each once, including plane.rank(). `name` is for errors ("dp group
+  // of stage 1"). A receive that waits longer than `timeout` fails the op, naming the peer.
+  static Result<std::unique_ptr<ProcessGroup>> create(DataPlane& plane, std::vector<int> members, std::string name,
+                                                      std::chrono::milliseconds timeout);
+  ~ProcessGroup();
+
+  int size() const { return static_cast<int>(members_.size()); }
+  int index() const { return index_; }
+  const std::vector<int>& members() const { return members_; }
+  const std::string& name() const { return name_; }
+
+  // Starts a step: the op sequence restarts at 0. Every op of the previous step must be finished.
+  Status begin_step(int64_t step);
+
+  // Starts an all-reduce (sum, or mean with options.average) of `inout` in place: f32, contiguous, on
+  // any device (a CUDA tensor is reduced through a host copy). `inout` must stay alive and untouched
+  // until the op is finished. Returns the op's id for wait().
+  Result<int> start_all_reduce(Tensor inout, const CollectiveOptions& options);
+  // Advances every started op whose packets have arrived (decode → add → encode, forward); never blocks.
+  Status poll();
+  // Blocks until op `id` is finished (progressing the others too); its error if it failed.
+  Status wait(int id);
+  // Blocks until every started op is finished, including their sends.
+  Status wait_all();
+
+  // A blocking, uncompressed all-reduce of a few doubles, summed in member order on every member
+  // (bit-identical everywhere). Shares the op sequence with the tensor ops.
+  Result<std::vector<double>> all_reduce_f64(const std::vector<double>& values, Role role = Role::kOther);
+
+  // Codec stream states, keyed by (stream, chunk, phase, end): for checkpoints and tests.
+  using StreamKey = std::tuple<int, int, int, int>;
+  const std::map<StreamKey, compress::StreamState>& stream_states() const { return states_; }
+
+ private:
+  struct Op;
+  ProcessGroup() = default;
+  Status advance(Op& op);  // processes every arrived packet of op
+  Status on_packet(Op& op, Bytes packet);
+  Status finish(Op& op);
+  compress::StreamState& state(const CollectiveOptions& opt, int chunk, int phase, int end);
+  const compress::CodecChain& chain(const std::string& spec);
+  Tag tag(const Op& op, int packet) const;
+  std::string op_name(const Op& op) const;
+
+  DataPlane* plane_ = nullptr;
+  std::vector<int> members_;
+  int index_ = 0;
+  std::string name_;
+  std::chrono::milliseconds timeout_{std::chrono::minutes(10)};
+  int64_t step_ = 0;
+  int sequence_ = 0;
+  int next_id_ = 0;
+  std::vector<std::unique_ptr<Op>> ops_;  // started this step, in order
+  std::map<StreamKey, compress::StreamState> states_;
+  std::map<std::string, compress::CodecChain> chains_;
+};
+
+}  // namespace lh
