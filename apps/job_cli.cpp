@@ -23,9 +23,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   cmd->add_option("--pp", f.job.pp, "pipeline stages (default: --workers)")->check(CLI::Range(1, 4096))->group(g);
   cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage (only 1 so far)")
       ->capture_default_str()
+      ->check(CLI::Range(1, 4096))
       ->group(g);
   cmd->add_option("--dp", f.job.dp, "data-parallel replicas; each trains on its slice of the global batch")
       ->capture_default_str()
+      ->check(CLI::Range(1, 4096))
       ->group(g);
   cmd->add_option("--partition", f.job.partition,
                   "blocks per stage, e.g. 3,3,2; 'speed': by reported speed (default: even)")

@@ -268,7 +268,10 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
     auto links = link_traffic_from_json(j.value("links", nlohmann::json::array()), "link meter");
     if (links.ok()) {
       m.links = std::move(links).value();
-      for (LinkTraffic& t : m.links) t.codec = boundary_.spec_of(t, last_.step);
+      for (LinkTraffic& t : m.links) {
+        t.codec = boundary_.spec_of(t, last_.step);
+        if (reducer_ && t.role == role_name(Role::kWeightGrad)) t.codec = reducer_->spec();
+      }
     } else {
       LH_LOG_WARN("step metrics without link traffic: {}", links.status().to_string());
     }

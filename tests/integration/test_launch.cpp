@@ -139,7 +139,8 @@ class Launch : public ::testing::Test {
   }
 };
 
-void expect_launch_matches_train(int workers, const std::string& schedule, std::vector<std::string> model_extra = {}) {
+void expect_launch_matches_train(int workers, const std::string& schedule, std::vector<std::string> model_extra = {},
+                                 std::vector<std::string> grid_extra = {}) {
   const int steps = 4;
   std::string train_metrics = temp_path("train.jsonl"), job_metrics = temp_path("job.jsonl");
   std::vector<std::string> train = {"--threads", "1", "--log-level", "warn",       "train",
@@ -150,6 +151,7 @@ void expect_launch_matches_train(int workers, const std::string& schedule, std::
   ASSERT_EQ(t.code, 0) << t.output;
   std::vector<std::string> extra = {"--schedule", schedule};
   extra.insert(extra.end(), model_extra.begin(), model_extra.end());
+  extra.insert(extra.end(), grid_extra.begin(), grid_extra.end());
   BinRun l = run(launch_args(workers, steps, job_metrics, extra));
   ASSERT_EQ(l.code, 0) << l.output;
   EXPECT_NE(l.output.find("link traffic"), std::string::npos) << l.output;
@@ -172,6 +174,29 @@ TEST_F(Launch, FourStagesGPipeReproduceTrain) {
 }
 TEST_F(Launch, SubspaceStagesReproduceTrain) {
   expect_launch_matches_train(2, "1f1b", {"--subspace-k", "8"});
+}
+// Data parallelism: each replica trains on its half of the global batch and the gradients are averaged.
+TEST_F(Launch, TwoReplicasReproduceTrain) {
+  expect_launch_matches_train(2, "1f1b", {}, {"--dp", "2"});
+}
+TEST_F(Launch, TwoStagesTimesTwoReplicasReproduceTrain) {
+  expect_launch_matches_train(4, "1f1b", {}, {"--dp", "2"});
+}
+
+// The end-of-job table shows the replicas' gradient traffic with its codec, compressed.
+TEST_F(Launch, CompressedGradientsAreMeteredAsGrad) {
+  std::string metrics = temp_path("grad.jsonl");
+  BinRun r = run(launch_args(2, 3, metrics, {"--dp", "2", "--compress-grad", "ef+int4"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::istringstream in(r.output);
+  int grad_rows = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.find(" grad ") != std::string::npos) {
+      ++grad_rows;
+      EXPECT_NE(line.find("ef+int4"), std::string::npos) << line;
+      EXPECT_NE(line.find("7."), std::string::npos) << line;  // ratio about 7.5x
+    }
+  EXPECT_EQ(grad_rows, 2) << r.output;  // 0→1 and 1→0
 }
 
 // `longhaul coordinator` and two `longhaul worker` processes, as on two machines (here both on loopback).
@@ -257,11 +282,17 @@ std::string process_name(pid_t pid) {
   return s;
 }
 
-TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
-  std::string metrics = temp_path("kill.jsonl"), out = temp_path("kill_launch.txt");
+class KilledWorker : public Launch, public ::testing::WithParamInterface<bool> {};
+
+// A pipeline stage (param false) or a data-parallel replica (true) dies mid-job.
+TEST_P(KilledWorker, StopsTheJobNamingIt) {
+  const std::string kind = GetParam() ? "replica" : "stage";
+  std::string metrics = temp_path("kill_" + kind + ".jsonl"), out = temp_path("kill_launch_" + kind + ".txt");
   // Without a wait policy longhaul re-executes itself to set one; it must keep its name doing so.
   unsetenv("OMP_WAIT_POLICY");
-  pid_t launch = spawn(launch_args(2, 100000, metrics, {"--heartbeat-timeout", "2"}), out);
+  std::vector<std::string> extra = {"--heartbeat-timeout", "2"};
+  if (GetParam()) extra.insert(extra.end(), {"--dp", "2"});
+  pid_t launch = spawn(launch_args(2, 100000, metrics, extra), out);
   std::string pids = wait_for_line(out, "workers: pids ", 60s);
   std::istringstream ps(pids);
   pid_t a = 0, b = 0;
@@ -284,6 +315,8 @@ TEST_F(Launch, AKilledWorkerStopsTheJobNamingIt) {
   EXPECT_NE(kill(a, 0), 0);
   EXPECT_NE(kill(b, 0), 0);
 }
+INSTANTIATE_TEST_SUITE_P(StageOrReplica, KilledWorker, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Replica" : "Stage"; });
 
 // Each worker in its own network namespace behind a tc tbf link (scripts/wan.sh); root only.
 TEST_F(Launch, NetnsLinksAsRoot) {
@@ -314,6 +347,11 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--model", "huge"}, "--model"},
       {{"launch", "--workers", "2", "--data", "/nonexistent/x.txt"}, "--data"},
       {{"launch", "--steps", "3"}, "--workers"},
+      {{"launch", "--workers", "2", "--dp", "0"}, "--dp"},
+      {{"launch", "--workers", "3", "--pp", "2", "--dp", "2"}, "--workers 3 must equal"},
+      {{"launch", "--workers", "3", "--dp", "3", "--batch", "8"}, "--dp 3"},
+      {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "int9"}, "--compress-grad"},
+      {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "lowrank:rank=4"}, "'lowrank' cannot compress"},
       {{"coordinator", "--workers", "2", "--listen", "udp://x"}, "--listen"},
       {{"worker", "--coordinator", "localhost"}, "--coordinator"},
       {{"worker", "--coordinator", "tcp://127.0.0.1:1", "--link", "x"}, "--link"},
