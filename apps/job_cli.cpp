@@ -49,6 +49,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "codec spec for weight gradients averaged between replicas (dp > 1), e.g. int8, ef+int4")
       ->capture_default_str()
       ->group(g);
+  cmd->add_option("--sync", f.job.sync,
+                  "how replicas stay together: every-step, or diloco:H=50,outer_lr=0.7,outer_momentum=0.9")
+      ->capture_default_str()
+      ->group(g);
   cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")
       ->capture_default_str()
       ->group(g);

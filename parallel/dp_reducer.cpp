@@ -2,6 +2,7 @@
 #include "parallel/dp_reducer.h"
 
 #include "compress/codec_chain.h"
+#include "parallel/parse_number.h"
 
 namespace lh {
 
@@ -17,9 +18,66 @@ Status check_grad_codec_spec(const std::string& spec) {
   return Status::Ok();
 }
 
+std::string SyncConfig::to_string() const {
+  if (kind == Kind::kEveryStep) return "every-step";
+  auto num = [](double v) {
+    std::string t = std::to_string(v);
+    while (t.size() > 1 && t.back() == '0') t.pop_back();
+    if (!t.empty() && t.back() == '.') t.pop_back();
+    return t;
+  };
+  return "diloco:H=" + std::to_string(H) + ",outer_lr=" + num(outer_lr) + ",outer_momentum=" + num(outer_momentum);
+}
+
+Result<SyncConfig> parse_sync(const std::string& text) {
+  SyncConfig c;
+  const std::string grammar = "expected every-step or diloco[:H=N,outer_lr=X,outer_momentum=M]";
+  if (text == "every-step") return c;
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  if (kind != "diloco") return invalid_argument("--sync '" + text + "': unknown kind '" + kind + "'; " + grammar);
+  c.kind = SyncConfig::Kind::kDiloco;
+  if (colon == std::string::npos) return c;
+  const std::string rest = text.substr(colon + 1);
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = rest.find(',', pos);
+    const std::string item = rest.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      return invalid_argument("--sync '" + text + "': '" + item + "' is not KEY=VALUE; " + grammar);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "H") {
+      auto h = parse_int(value, "H");
+      if (!h.ok() || *h < 1)
+        return invalid_argument("--sync '" + text + "': H must be an integer >= 1 (local steps between syncs), got '" +
+                                value + "'");
+      c.H = *h;
+    } else if (key == "outer_lr") {
+      auto v = parse_double(value, "outer_lr");
+      if (!v.ok() || !(*v > 0))
+        return invalid_argument("--sync '" + text + "': outer_lr must be a number > 0, got '" + value + "'");
+      c.outer_lr = *v;
+    } else if (key == "outer_momentum") {
+      auto v = parse_double(value, "outer_momentum");
+      if (!v.ok() || !(*v >= 0 && *v < 1))
+        return invalid_argument("--sync '" + text + "': outer_momentum must be in [0, 1), got '" + value + "'");
+      c.outer_momentum = *v;
+    } else {
+      return invalid_argument("--sync '" + text + "': unknown key '" + key + "'; " + grammar);
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return c;
+}
+
 Result<std::unique_ptr<DpReducer>> DpReducer::create(DataPlane& plane, const Topology& topology, int rank,
                                                      std::string spec, std::chrono::milliseconds timeout) {
-  LH_RETURN_IF_ERROR(check_grad_codec_spec(spec).prepend("--compress-grad"));
+  {
+    Status s = check_grad_codec_spec(spec);
+    if (!s.ok()) return s.prepend("--compress-grad");
+  }
   LH_ASSIGN_OR_RETURN(WorkerCoord c, topology.checked_coord_of(rank));
   std::unique_ptr<DpReducer> r(new DpReducer());
   const std::string name =
@@ -46,6 +104,55 @@ Status DpReducer::bucket_ready(ParamGroup& group, int bucket) {
 
 Status DpReducer::finish() {
   return group_->wait_all();
+}
+
+Status DpReducer::start_diloco(const std::vector<ParamGroup*>& groups, const SyncConfig& sync) {
+  sync_ = sync;
+  anchor_.clear();
+  momentum_.clear();
+  for (ParamGroup* g : groups) {
+    anchor_.push_back(g->params.to_vector());
+    momentum_.emplace_back(anchor_.back().size(), 0.0f);
+  }
+  return Status::Ok();
+}
+
+Status DpReducer::outer_step(const std::vector<ParamGroup*>& groups, const std::vector<int>& buckets) {
+  if (groups.size() != anchor_.size() || buckets.size() != groups.size())
+    return invalid_argument("DiLoCo outer step: " + std::to_string(groups.size()) + " groups, " +
+                            std::to_string(anchor_.size()) + " anchored (call start_diloco first)");
+  std::vector<Tensor> deltas;
+  deltas.reserve(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::vector<float> now = groups[i]->params.to_vector();
+    if (now.size() != anchor_[i].size()) return internal_error("DiLoCo: group " + groups[i]->name + " changed size");
+    for (size_t k = 0; k < now.size(); ++k) now[k] = anchor_[i][k] - now[k];
+    deltas.push_back(Tensor::from_vector(now, {int64_t(now.size())}));
+    CollectiveOptions o;
+    o.role = Role::kWeightGrad;
+    o.average = true;
+    o.stream = buckets[i];
+    o.spec = spec_;
+    auto id = group_->start_all_reduce(deltas.back(), o);
+    if (!id.ok()) return Status(id.status()).prepend("DiLoCo: averaging the pseudo-gradient of " + groups[i]->name);
+    LH_RETURN_IF_ERROR(group_->poll());
+  }
+  {
+    Status s = group_->wait_all();
+    if (!s.ok()) return s.prepend("DiLoCo outer step");
+  }
+  const float lr = float(sync_.outer_lr), mu = float(sync_.outer_momentum);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const float* d = deltas[i].data<float>();
+    std::vector<float>& a = anchor_[i];
+    std::vector<float>& m = momentum_[i];
+    for (size_t k = 0; k < a.size(); ++k) {
+      m[k] = mu * m[k] + d[k];
+      a[k] -= lr * (d[k] + mu * m[k]);  // Nesterov
+    }
+    LH_RETURN_IF_ERROR(groups[i]->params.copy_from(Tensor::from_vector(a, groups[i]->params.shape())));
+  }
+  return Status::Ok();
 }
 
 }  // namespace lh

@@ -19,6 +19,21 @@ namespace lh {
 // lowrank): buckets are flat vectors and every replica must decode the same bytes to the same values.
 Status check_grad_codec_spec(const std::string& spec);
 
+// How replicas keep their weights together: --sync every-step (average the gradients every step) or
+// --sync diloco:H=50,outer_lr=0.7,outer_momentum=0.9 (DiLoCo: H local AdamW steps, then average the
+// pseudo-gradient θ_sync − θ and take an outer Nesterov-momentum SGD step from θ_sync).
+struct SyncConfig {
+  enum class Kind { kEveryStep, kDiloco } kind = Kind::kEveryStep;
+  int H = 50;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool diloco() const { return kind == Kind::kDiloco; }
+  std::string to_string() const;  // canonical: "every-step" or "diloco:H=50,outer_lr=0.7,outer_momentum=0.9"
+};
+// Errors name the bad part: an unknown kind or key, an H that is not an integer ≥ 1, a learning rate
+// that is not > 0, a momentum outside [0, 1).
+Result<SyncConfig> parse_sync(const std::string& text);
+
 class DpReducer {
  public:
   // The dp group of `rank` (same stage and tensor shard, every replica, in replica order).
@@ -35,6 +50,14 @@ class DpReducer {
   // Waits for every started bucket: afterwards each replica holds the same averaged gradients.
   Status finish();
 
+  // DiLoCo's outer step (call it after the inner optimizer step of every H-th step): averages the
+  // pseudo-gradients Δ = θ_sync − θ of every group over the replicas (--compress-grad, one stream per
+  // bucket), then m := μ·m + Δ; θ_sync := θ_sync − lr·(Δ + μ·m); θ := θ_sync on every replica.
+  // `buckets[i]` is the stable id of groups[i]. The first call snapshots θ_sync lazily, so call
+  // start_diloco() before the first inner step.
+  Status start_diloco(const std::vector<ParamGroup*>& groups, const SyncConfig& sync);
+  Status outer_step(const std::vector<ParamGroup*>& groups, const std::vector<int>& buckets);
+
   const std::string& spec() const { return spec_; }
   ProcessGroup& group() { return *group_; }
 
@@ -42,6 +65,8 @@ class DpReducer {
   DpReducer() = default;
   std::unique_ptr<ProcessGroup> group_;
   std::string spec_;
+  SyncConfig sync_;
+  std::vector<std::vector<float>> anchor_, momentum_;  // DiLoCo: θ_sync and the outer momentum, per group
 };
 
 }  // namespace lh

@@ -132,6 +132,7 @@ Status PipelineJobConfig::validate() const {
     Status g = check_grad_codec_spec(compress_grad);
     if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
   }
+  LH_RETURN_IF_ERROR(parse_sync(sync).status());
   return Status::Ok();
 }
 
@@ -164,7 +165,8 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_fwd", compress_fwd},
           {"compress_bwd", compress_bwd},
           {"compress_link", compress_link},
-          {"compress_grad", compress_grad}};
+          {"compress_grad", compress_grad},
+          {"sync", sync}};
 }
 
 Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
@@ -225,6 +227,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.string("compress_bwd", c.compress_bwd));
   LH_RETURN_IF_ERROR(r.strings("compress_link", c.compress_link));
   LH_RETURN_IF_ERROR(r.string("compress_grad", c.compress_grad));
+  LH_RETURN_IF_ERROR(r.string("sync", c.sync));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

@@ -30,6 +30,7 @@ struct PipelineJobConfig {
   std::string compress_fwd = "none", compress_bwd = "none";
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
   std::string compress_grad = "none";      // weight gradients between replicas (dp > 1)
+  std::string sync = "every-step";         // --sync: every-step | diloco:H=…,outer_lr=…,outer_momentum=…
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;

@@ -111,6 +111,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   ro.microbatches = job->microbatches;
   ro.schedule = job->schedule;
   ro.compress_grad = job->compress_grad;
+  LH_ASSIGN_OR_RETURN(ro.sync, parse_sync(job->sync));
   ro.receive_timeout = options.receive_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
                       StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));

@@ -60,7 +60,7 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
   if (r->stages_ > 1)
     r->grad_norm_ = std::make_unique<AllPairsGradNorm>(r->topology_, rank, plane, options.receive_timeout);
-  if (r->replicas_ > 1) {
+  if (r->replicas_ > 1 || options.sync.diloco()) {
     LH_ASSIGN_OR_RETURN(r->reducer_,
                         DpReducer::create(plane, r->topology_, rank, options.compress_grad, options.receive_timeout));
   }
@@ -72,6 +72,7 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   parts.head = r->span_.has_head;
   LH_ASSIGN_OR_RETURN(r->model_, Gpt::create(train.model, train.device, train.seed, parts));
   LH_RETURN_IF_ERROR(r->opt_.init(r->model_.param_groups(), train.device));
+  if (options.sync.diloco()) LH_RETURN_IF_ERROR(r->reducer_->start_diloco(r->model_.param_groups(), options.sync));
   if (train.model.subspace_k > 0 && r->stages_ > 1) {
     LH_ASSIGN_OR_RETURN(r->subspace_, SubspaceBoundary::create(r->model_));
   }
@@ -151,7 +152,7 @@ Status StageRunner::backward(int mb) {
   Tensor& d = grads_[mb];
   // The step's last backward finishes each parameter group in turn (head, blocks from the last, embedding):
   // each is handed to the dp reducer as soon as it is final, so its exchange overlaps the rest.
-  const bool hand_over = reducer_ && ++backwards_ == options_.microbatches;
+  const bool hand_over = reducer_ && !options_.sync.diloco() && ++backwards_ == options_.microbatches;
   const int head_bucket = 1 + train_.model.layers;  // stable bucket ids: embedding 0, block l 1 + l, head
   if (span_.has_head) {
     if (!d.defined() || d.shape() != Shape{B, T, train_.model.d_model}) {
@@ -173,6 +174,19 @@ Status StageRunner::backward(int mb) {
     if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.embedding(), 0));
   }
   return Status::Ok();
+}
+
+std::vector<int> StageRunner::bucket_ids(const std::vector<ParamGroup*>& groups) const {
+  std::vector<int> ids;
+  for (const ParamGroup* g : groups) {
+    if (g->name == "embedding")
+      ids.push_back(0);
+    else if (g->name == "head")
+      ids.push_back(1 + train_.model.layers);
+    else
+      ids.push_back(1 + std::stoi(g->name.substr(g->name.find('.') + 1)));  // "block.N"
+  }
+  return ids;
 }
 
 Result<double> StageRunner::replica_mean(double value) {
@@ -238,11 +252,19 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   acfg.lr = lr_at(train_, step);
   acfg.weight_decay = train_.weight_decay;
   LH_RETURN_IF_ERROR(opt_.step(model_.exec(), groups, acfg, /*clip=*/0.f, step).status());
+  if (options_.sync.diloco() && step % options_.sync.H == 0) {
+    Status s = reducer_->outer_step(groups, bucket_ids(groups));
+    if (!s.ok()) return s.prepend("step " + std::to_string(step));
+  }
 
   StageStepResult r;
   r.step = step;
   if (span_.has_head) {
-    LH_ASSIGN_OR_RETURN(double loss, replica_mean(loss_sum_ / M));
+    // DiLoCo replicas do not talk between syncs: each reports the loss on its own slice.
+    double loss = loss_sum_ / M;
+    if (!options_.sync.diloco()) {
+      LH_ASSIGN_OR_RETURN(loss, replica_mean(loss));
+    }
     r.loss = static_cast<float>(loss);
   }
   r.grad_norm = norm;
@@ -258,7 +280,8 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
   m.step = last_.step;
   m.worker = rank_;
   m.stage = span_.stage;
-  if (last_.loss) m.loss = double(*last_.loss);
+  // With DiLoCo the replicas' losses differ between syncs; replica 0's stands for the step.
+  if (last_.loss && !(options_.sync.diloco() && replica_ != 0)) m.loss = double(*last_.loss);
   if (last_val_loss_) m.val_loss = double(*last_val_loss_);
   last_val_loss_.reset();
   m.lr = last_.lr;

@@ -34,6 +34,8 @@ struct StageRunnerOptions {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   // The weight-gradient codec of the dp all-reduce (dp > 1): --compress-grad.
   std::string compress_grad = "none";
+  // How replicas stay together (--sync): every-step gradient averaging, or DiLoCo.
+  SyncConfig sync;
   // How long a stage waits for one activation, gradient or norm before giving up with an error
   // naming the peer. A dead peer is normally reported sooner by the control plane (fail_peer).
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
@@ -92,6 +94,8 @@ class StageRunner {
   Status backward(int mb);                           // with dp, the last one hands each bucket to the reducer
   // The mean over the dp group of a value every replica computed on its slice (the value itself for dp = 1).
   Result<double> replica_mean(double value);
+  // Stable ids of the parameter groups for the reducer's codec streams: embedding 0, block l 1 + l, head.
+  std::vector<int> bucket_ids(const std::vector<ParamGroup*>& groups) const;
   int link_width() const;  // values per token on a link: K with a subspace model, else d_model
   Shape wire_shape(int batch) const { return {batch, train_.model.seq, link_width()}; }
 

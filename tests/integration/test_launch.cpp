@@ -182,6 +182,10 @@ TEST_F(Launch, TwoReplicasReproduceTrain) {
 TEST_F(Launch, TwoStagesTimesTwoReplicasReproduceTrain) {
   expect_launch_matches_train(4, "1f1b", {}, {"--dp", "2"});
 }
+// DiLoCo's outer step with H=1, outer_lr=1 and no momentum gives back the inner step's weights.
+TEST_F(Launch, DilocoWithAUnitOuterStepReproducesTrain) {
+  expect_launch_matches_train(2, "1f1b", {}, {"--sync", "diloco:H=1,outer_lr=1,outer_momentum=0"});
+}
 
 // The end-of-job table shows the replicas' gradient traffic with its codec, compressed.
 TEST_F(Launch, CompressedGradientsAreMeteredAsGrad) {
@@ -348,6 +352,8 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--data", "/nonexistent/x.txt"}, "--data"},
       {{"launch", "--steps", "3"}, "--workers"},
       {{"launch", "--workers", "2", "--dp", "0"}, "--dp"},
+      {{"launch", "--workers", "2", "--dp", "2", "--sync", "sometimes"}, "--sync 'sometimes': unknown kind"},
+      {{"launch", "--workers", "2", "--dp", "2", "--sync", "diloco:H=0"}, "H must be an integer >= 1"},
       {{"launch", "--workers", "3", "--pp", "2", "--dp", "2"}, "--workers 3 must equal"},
       {{"launch", "--workers", "3", "--dp", "3", "--batch", "8"}, "--dp 3"},
       {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "int9"}, "--compress-grad"},

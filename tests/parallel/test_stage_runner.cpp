@@ -65,6 +65,7 @@ struct GridSpec {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int M = 4;
   std::string fwd = "none", bwd = "none", grad = "none";
+  SyncConfig sync;
   int steps = 4;
   int change_at = 0;  // > 0: link 0-1 fwd switches to new_spec at this step
   std::string new_spec;
@@ -106,6 +107,7 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
       opts.microbatches = M;
       opts.schedule = g.kind;
       opts.compress_grad = g.grad;
+      opts.sync = g.sync;
       opts.receive_timeout = std::chrono::seconds(60);
       auto runner = StageRunner::create(cfg, topo, part, rank, opts, plane, codecs);
       if (!runner.ok()) {
@@ -153,8 +155,8 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
   const int last = topo.rank_of({S - 1, 0, 0});
   run.losses = losses_by_rank[last];
   run.val_loss = val_by_rank[last];
-  // Every replica of the last stage reports the same (averaged) losses.
-  for (int d = 1; d < g.dp; ++d) {
+  // Every replica of the last stage reports the same (averaged) losses (DiLoCo's replicas train apart).
+  for (int d = 1; d < g.dp && !g.sync.diloco(); ++d) {
     const int r = topo.rank_of({S - 1, 0, d});
     EXPECT_EQ(losses_by_rank[r], run.losses) << "replica " << d;
     EXPECT_EQ(val_by_rank[r], run.val_loss) << "replica " << d;
@@ -295,6 +297,95 @@ TEST_F(StageRunnerTest, CompressedGradientsKeepReplicasIdenticalAndSendFewerByte
       }
     ASSERT_GT(raw, 0u) << spec;
     EXPECT_LT(wire * 3, raw) << spec;
+  }
+}
+
+TEST_F(StageRunnerTest, DilocoWithOneReplicaAndUnitOuterStepIsPlainTraining) {
+  // H=1, outer_lr=1, momentum 0: θ_sync − (θ_sync − θ) = θ after every step, so the run must match the
+  // single-process trainer; a sign or scale error in the outer step would not.
+  const TrainConfig cfg = tiny_config();
+  const int steps = 4;
+  const std::vector<StepStats> ref = reference_steps(cfg, steps);
+  for (int S : {1, 2}) {
+    GridSpec g;
+    g.S = S;
+    g.steps = steps;
+    g.sync = value_of(parse_sync("diloco:H=1,outer_lr=1,outer_momentum=0"));
+    PipelineRun run = run_grid(cfg, g);
+    for (const Status& st : run.statuses) ASSERT_TRUE(st.ok()) << st.to_string();
+    ASSERT_EQ(run.losses.size(), size_t(steps));
+    for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i].loss, 1e-5 * ref[i].loss) << "S=" << S;
+  }
+  // With a different outer step the identity breaks: the test above can fail.
+  GridSpec g;
+  g.steps = steps;
+  g.sync = value_of(parse_sync("diloco:H=1,outer_lr=0.5,outer_momentum=0"));
+  PipelineRun half = run_grid(cfg, g);
+  ASSERT_TRUE(half.statuses[0].ok());
+  EXPECT_GT(std::fabs(half.losses[steps - 1] - ref[steps - 1].loss), 1e-3);
+}
+
+TEST_F(StageRunnerTest, DilocoReplicasTrainApartAndMeetAtEverySync) {
+  TrainConfig cfg = tiny_config();
+  cfg.steps = 40;
+  cfg.lr = 1e-2f;
+  GridSpec g;
+  g.S = 1;
+  g.dp = 2;
+  g.M = 2;
+  g.steps = 40;
+  g.grad = "int4";
+  g.sync = value_of(parse_sync("diloco:H=20,outer_lr=0.7,outer_momentum=0.9"));
+  std::vector<std::vector<float>> params;
+  PipelineRun run = run_grid(cfg, g, &params);
+  for (const Status& st : run.statuses) ASSERT_TRUE(st.ok()) << st.to_string();
+  ASSERT_EQ(run.losses.size(), 40u);
+  // It trains: the byte-level model starts near ln(256) ≈ 5.5 and must get well below it.
+  EXPECT_GT(run.losses.front(), 5.0f);
+  ASSERT_TRUE(run.val_loss.has_value());
+  EXPECT_LT(*run.val_loss, 3.5f) << "first loss " << run.losses.front();
+  // Step 40 is a sync: the replicas hold the same weights.
+  EXPECT_EQ(params[0], params[1]);
+  // Gradient bytes cross only at the two syncs, int4-compressed.
+  MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+  uint64_t raw = 0, wire = 0;
+  for (const LinkTotals& t : sum.links)
+    if (t.role == "grad") {
+      raw += t.raw_bytes;
+      wire += t.wire_bytes;
+    }
+  ASSERT_GT(raw, 0u);
+  EXPECT_LT(wire * 6, raw);
+  int sync_steps = 0;
+  for (const auto& [key, series] : sum.wire_bytes_per_step)
+    if (std::get<2>(key) == "grad" && std::get<0>(key) == 0)
+      for (const auto& point : series) sync_steps += point.value > 0 ? 1 : 0;
+  EXPECT_EQ(sync_steps, 2);
+}
+
+TEST(SyncConfigTest, ParsesAndNamesBadParts) {
+  EXPECT_FALSE(value_of(parse_sync("every-step")).diloco());
+  SyncConfig d = value_of(parse_sync("diloco"));
+  EXPECT_TRUE(d.diloco());
+  EXPECT_EQ(d.H, 50);
+  SyncConfig e = value_of(parse_sync("diloco:H=20,outer_lr=0.5,outer_momentum=0"));
+  EXPECT_EQ(e.H, 20);
+  EXPECT_EQ(e.outer_lr, 0.5);
+  EXPECT_EQ(e.outer_momentum, 0.0);
+  EXPECT_EQ(e.to_string(), "diloco:H=20,outer_lr=0.5,outer_momentum=0");
+  for (auto [text, says] : std::vector<std::pair<std::string, std::string>>{
+           {"sometimes", "unknown kind 'sometimes'"},
+           {"diloco:H=0", "H must be an integer >= 1"},
+           {"diloco:H=x", "H must be an integer >= 1"},
+           {"diloco:H=2.5", "H must be an integer >= 1"},
+           {"diloco:outer_lr=-1", "outer_lr must be a number > 0"},
+           {"diloco:outer_momentum=1", "outer_momentum must be in [0, 1)"},
+           {"diloco:speed=3", "unknown key 'speed'"},
+           {"diloco:H", "'H' is not KEY=VALUE"},
+       }) {
+    auto r = parse_sync(text);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
   }
 }
 
