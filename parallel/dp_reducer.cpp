@@ -1,12 +1,20 @@
 // Data-parallel gradient averaging per bucket over the collectives layer. Used by parallel/stage_runner.cpp.
 #include "parallel/dp_reducer.h"
 
+#include <algorithm>
+
 #include "compress/codec_chain.h"
 #include "parallel/parse_number.h"
 
 namespace lh {
 
 Status check_grad_codec_spec(const std::string& spec) {
+  if (is_powersgd_spec(spec)) {
+    LH_ASSIGN_OR_RETURN(PowerSgdConfig c, parse_powersgd(spec));
+    if (is_powersgd_spec(c.wire)) return invalid_argument("'" + spec + "': PowerSGD's factors need a codec chain");
+    Status w = check_grad_codec_spec(c.wire);
+    return w.ok() ? w : w.prepend("'" + spec + "': the codec of P and Q");
+  }
   auto chain = compress::parse_codec_spec(spec);
   if (!chain.ok()) return chain.status();
   for (const compress::StageSpec& s : chain->stages()) {
@@ -83,6 +91,10 @@ Result<std::unique_ptr<DpReducer>> DpReducer::create(DataPlane& plane, const Top
   const std::string name =
       "dp group of stage " + std::to_string(c.stage) + (topology.tp() > 1 ? " shard " + std::to_string(c.tp) : "");
   LH_ASSIGN_OR_RETURN(r->group_, ProcessGroup::create(plane, topology.dp_group(rank), name, timeout));
+  if (is_powersgd_spec(spec)) {
+    LH_ASSIGN_OR_RETURN(PowerSgdConfig c, parse_powersgd(spec));
+    r->powersgd_ = c;
+  }
   r->spec_ = std::move(spec);
   return r;
 }
@@ -92,6 +104,7 @@ Status DpReducer::begin_step(int64_t step) {
 }
 
 Status DpReducer::bucket_ready(ParamGroup& group, int bucket) {
+  if (powersgd_) return powersgd_ready(group, bucket);
   CollectiveOptions o;
   o.role = Role::kWeightGrad;
   o.average = true;
@@ -103,10 +116,79 @@ Status DpReducer::bucket_ready(ParamGroup& group, int bucket) {
 }
 
 Status DpReducer::finish() {
+  if (powersgd_) LH_RETURN_IF_ERROR(powersgd_finish());
   return group_->wait_all();
 }
 
+// Round 1 starts as soon as backward has finished the bucket: P of every matrix and the uncompressed rest.
+Status DpReducer::powersgd_ready(ParamGroup& group, int bucket) {
+  auto& state = powersgd_state_[bucket];
+  if (!state) state = std::make_unique<PowerSgdBucket>(group, powersgd_->rank, 0x9000u + uint64_t(bucket));
+  PowerSgdStep st;
+  st.group = &group;
+  st.bucket = bucket;
+  st.grads = group.grads.to_vector();
+  std::vector<float> p, rest;
+  state->round1(st.grads.data(), &p, &rest);
+  CollectiveOptions o;
+  o.role = Role::kWeightGrad;
+  o.average = true;
+  o.spec = powersgd_->wire;
+  // P and Q together stand for the matrices' values on the meter.
+  o.raw_scale = double(state->matrix_values()) / double(std::max<int64_t>(1, state->p_values() + state->q_values()));
+  if (!p.empty()) {
+    st.p = Tensor::from_vector(p, {int64_t(p.size())});
+    o.stream = 3 * bucket;
+    auto id = group_->start_all_reduce(st.p, o);
+    if (!id.ok()) return Status(id.status()).prepend("PowerSGD: P of " + group.name);
+    st.p_op = *id;
+  }
+  if (!rest.empty()) {
+    st.rest = Tensor::from_vector(rest, {int64_t(rest.size())});
+    o.stream = 3 * bucket + 2;
+    o.raw_scale = 1.0;
+    o.spec = "none";  // vectors and small matrices travel uncompressed, as in PowerSGD
+    auto id = group_->start_all_reduce(st.rest, o);
+    if (!id.ok()) return Status(id.status()).prepend("PowerSGD: vectors of " + group.name);
+  }
+  powersgd_step_.push_back(std::move(st));
+  return group_->poll();
+}
+
+// Round 2 (Q) for every bucket once its P is in, then M̂ = P̂·Q̂ᵀ into the gradients.
+Status DpReducer::powersgd_finish() {
+  for (PowerSgdStep& st : powersgd_step_) {
+    if (st.p_op < 0) continue;
+    LH_RETURN_IF_ERROR(group_->wait(st.p_op));
+    PowerSgdBucket& state = *powersgd_state_.at(st.bucket);
+    std::vector<float> q;
+    state.round2(st.p.to_vector(), &q);
+    st.q = Tensor::from_vector(q, {int64_t(q.size())});
+    CollectiveOptions o;
+    o.role = Role::kWeightGrad;
+    o.average = true;
+    o.spec = powersgd_->wire;
+    o.stream = 3 * st.bucket + 1;
+    o.raw_scale = double(state.matrix_values()) / double(std::max<int64_t>(1, state.p_values() + state.q_values()));
+    auto id = group_->start_all_reduce(st.q, o);
+    if (!id.ok()) return Status(id.status()).prepend("PowerSGD: Q of " + st.group->name);
+  }
+  LH_RETURN_IF_ERROR(group_->wait_all());
+  for (PowerSgdStep& st : powersgd_step_) {
+    PowerSgdBucket& state = *powersgd_state_.at(st.bucket);
+    state.finish(st.grads.data(), st.q.defined() ? st.q.to_vector() : std::vector<float>(),
+                 st.rest.defined() ? st.rest.to_vector() : std::vector<float>());
+    LH_RETURN_IF_ERROR(st.group->grads.copy_from(Tensor::from_vector(st.grads, st.group->grads.shape())));
+  }
+  powersgd_step_.clear();
+  return Status::Ok();
+}
+
 Status DpReducer::start_diloco(const std::vector<ParamGroup*>& groups, const SyncConfig& sync) {
+  if (powersgd_)
+    return invalid_argument("--compress-grad '" + spec_ +
+                            "': PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients take a codec chain "
+                            "(e.g. int4)");
   sync_ = sync;
   anchor_.clear();
   momentum_.clear();

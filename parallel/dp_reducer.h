@@ -5,18 +5,22 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/gpt.h"
+#include "parallel/powersgd.h"
 #include "parallel/process_group.h"
 #include "parallel/topology.h"
 
 namespace lh {
 
-// Refuses gradient codecs whose decoding needs per-sample memories or a matrix shape (delta, subspace,
-// lowrank): buckets are flat vectors and every replica must decode the same bytes to the same values.
+// Checks a --compress-grad spec: a codec chain, or PowerSGD (`powersgd:rank=R[+CODEC]`, parse_powersgd).
+// Refuses codecs whose decoding needs per-sample memories or a matrix shape (delta, subspace, lowrank):
+// buckets are flat vectors and every replica must decode the same bytes to the same values.
 Status check_grad_codec_spec(const std::string& spec);
 
 // How replicas keep their weights together: --sync every-step (average the gradients every step) or
@@ -66,6 +70,19 @@ class DpReducer {
   std::unique_ptr<ProcessGroup> group_;
   std::string spec_;
   SyncConfig sync_;
+  // PowerSGD (--compress-grad powersgd:…): its state per bucket, and the buckets of this step in flight.
+  struct PowerSgdStep {
+    ParamGroup* group = nullptr;
+    int bucket = 0;
+    std::vector<float> grads;  // host copy of the group's gradient, written back at the end
+    Tensor p, q, rest;
+    int p_op = -1;
+  };
+  std::optional<PowerSgdConfig> powersgd_;
+  std::map<int, std::unique_ptr<PowerSgdBucket>> powersgd_state_;
+  std::vector<PowerSgdStep> powersgd_step_;
+  Status powersgd_ready(ParamGroup& group, int bucket);
+  Status powersgd_finish();
   std::vector<std::vector<float>> anchor_, momentum_;  // DiLoCo: θ_sync and the outer momentum, per group
 };
 

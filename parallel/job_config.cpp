@@ -132,7 +132,11 @@ Status PipelineJobConfig::validate() const {
     Status g = check_grad_codec_spec(compress_grad);
     if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
   }
-  LH_RETURN_IF_ERROR(parse_sync(sync).status());
+  LH_ASSIGN_OR_RETURN(SyncConfig sc, parse_sync(sync));
+  if (sc.diloco() && is_powersgd_spec(compress_grad))
+    return invalid_argument("--compress-grad '" + compress_grad +
+                            "' with --sync diloco: PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients "
+                            "take a codec chain (e.g. int4)");
   return Status::Ok();
 }
 

@@ -66,7 +66,8 @@ struct ProcessGroup::Op {
   Status status;
 
   Tensor chunk(int c) const { return host.slice(bounds[c], bounds[c + 1]); }
-  uint64_t chunk_raw(int c) const { return uint64_t(bounds[c + 1] - bounds[c]) * 4; }
+  uint64_t chunk_raw(int c) const { return uint64_t(double(bounds[c + 1] - bounds[c]) * 4 * opt.raw_scale); }
+  uint64_t total_raw() const { return uint64_t(double(host.numel()) * 4 * opt.raw_scale); }
 };
 
 ProcessGroup::~ProcessGroup() = default;
@@ -175,8 +176,8 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
     o.rxs.resize(n);
     for (int j = 0; j < n; ++j) {
       if (j == i) continue;
-      o.tx.push_back(plane_->send(members_[j], tag(o, 0), o.own, uint64_t(numel) * 4));
-      o.rxs[j] = plane_->recv(members_[j], tag(o, 0), uint64_t(numel) * 4);
+      o.tx.push_back(plane_->send(members_[j], tag(o, 0), o.own, o.total_raw()));
+      o.rxs[j] = plane_->recv(members_[j], tag(o, 0), o.total_raw());
     }
   }
   return o.id;

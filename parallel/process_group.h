@@ -33,6 +33,9 @@ struct CollectiveOptions {
   // after step) share their error-feedback residuals. Any non-negative id the caller keeps stable.
   int stream = 0;
   std::string spec = "none";  // codec chain of every hop (compress/spec.h grammar)
+  // The meter's raw bytes are this × the fp32 bytes of what is sent, for tensors that stand for more than
+  // themselves (PowerSGD's factors stand for whole matrices).
+  double raw_scale = 1.0;
 };
 
 // One per group and member. Every member issues the same ops in the same order within a step; an op is

@@ -275,7 +275,7 @@ TEST_F(StageRunnerTest, CompressedGradientsKeepReplicasIdenticalAndSendFewerByte
   const TrainConfig cfg = tiny_config();
   const int steps = 4;
   const std::vector<float> ref = reference_losses(cfg, steps);
-  for (const std::string spec : {"int8", "ef+int4", "ef+topk:ratio=0.1+int8"}) {
+  for (const std::string spec : {"int8", "ef+int4", "ef+topk:ratio=0.1+int8", "powersgd:rank=2"}) {
     GridSpec g;
     g.S = 2;
     g.dp = 2;
