@@ -1,5 +1,5 @@
-// `longhaul ctl --coordinator ADDR status | set-codec --link A-B --dir fwd|bwd SPEC`: talk to a running job's
-// coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
+// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad) SPEC`: talk to a running
+// job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -16,7 +16,7 @@ struct CtlFlags {
   std::string token, token_file;
   double timeout_s = 10;
   bool json = false;
-  std::string link, dir, spec;
+  std::string link, dir, role, spec;
 };
 
 nlohmann::json request(const CtlFlags& f, const std::string& command, const std::string& args) {
@@ -83,12 +83,33 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
       print_status(j);
   });
 
-  auto* set = cmd->add_subcommand("set-codec", "switch one link's codec at a step boundary on both ends");
-  set->add_option("--link", f->link, "the pipeline link, A-B (stages, e.g. 1-2)")->required();
-  set->add_option("--dir", f->dir, "fwd (activations) or bwd (activation gradients)")->required();
-  set->add_option("spec", f->spec, "codec spec, e.g. int4, lowrank:rank=8+int8")->required();
+  auto* set = cmd->add_subcommand(
+      "set-codec", "switch a codec at a step boundary on both ends: one pipeline link, or the replicas' gradients");
+  set->add_option("--link", f->link, "the pipeline link, A-B (stages, e.g. 1-2)");
+  set->add_option("--dir", f->dir, "fwd (activations) or bwd (activation gradients)");
+  set->add_option("--role", f->role,
+                  "act, act_grad (same as --dir fwd/bwd), or grad: the weight gradients between replicas (no --link)");
+  set->add_option("spec", f->spec, "codec spec, e.g. int4, lowrank:rank=8+int8, powersgd:rank=4 (grad)")->required();
   set->callback([f] {
+    if (!f->role.empty() && f->role != "act" && f->role != "act_grad" && f->role != "grad")
+      fail("--role '" + f->role + "': choose act, act_grad or grad", 2);
+    if (f->role == "grad") {
+      if (!f->link.empty() || !f->dir.empty())
+        fail("--role grad switches every replica link: drop --link and --dir", 2);
+      auto j = request(*f, "set-codec", nlohmann::json{{"role", "grad"}, {"spec", f->spec}}.dump());
+      if (f->json)
+        std::printf("%s\n", j.dump().c_str());
+      else
+        std::printf("the replicas' gradients switch to %s from step %lld\n", j.value("spec", std::string()).c_str(),
+                    static_cast<long long>(j.value("from_step", int64_t(0))));
+      return;
+    }
+    const std::string role_dir = f->role == "act" ? "fwd" : f->role == "act_grad" ? "bwd" : "";
+    if (f->dir.empty()) f->dir = role_dir;
     if (f->dir != "fwd" && f->dir != "bwd") fail("--dir '" + f->dir + "': choose fwd or bwd", 2);
+    if (!role_dir.empty() && role_dir != f->dir)
+      fail("--role " + f->role + " travels " + role_dir + ", not --dir " + f->dir, 2);
+    if (f->link.empty()) fail("set-codec: give --link A-B (or --role grad)", 2);
     auto j = request(*f, "set-codec", nlohmann::json{{"link", f->link}, {"dir", f->dir}, {"spec", f->spec}}.dump());
     if (f->json)
       std::printf("%s\n", j.dump().c_str());

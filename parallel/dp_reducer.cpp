@@ -99,6 +99,23 @@ Result<std::unique_ptr<DpReducer>> DpReducer::create(DataPlane& plane, const Top
   return r;
 }
 
+Status DpReducer::set_spec(const std::string& spec) {
+  {
+    Status s = check_grad_codec_spec(spec);
+    if (!s.ok()) return s.prepend("--compress-grad");
+  }
+  if (!powersgd_step_.empty()) return invalid_argument("the gradient codec changes between steps only");
+  std::optional<PowerSgdConfig> p;
+  if (is_powersgd_spec(spec)) {
+    LH_ASSIGN_OR_RETURN(PowerSgdConfig c, parse_powersgd(spec));
+    if (sync_.diloco()) return invalid_argument("--compress-grad '" + spec + "': PowerSGD runs with --sync every-step");
+    p = c;
+  }
+  powersgd_ = p;
+  spec_ = spec;
+  return Status::Ok();
+}
+
 Status DpReducer::begin_step(int64_t step) {
   return group_->begin_step(step);
 }

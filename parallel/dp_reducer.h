@@ -63,6 +63,8 @@ class DpReducer {
   Status outer_step(const std::vector<ParamGroup*>& groups, const std::vector<int>& buckets);
 
   const std::string& spec() const { return spec_; }
+  // Switches the codec (a --compress-grad spec) for the buckets started from now on; between steps only.
+  Status set_spec(const std::string& spec);
   ProcessGroup& group() { return *group_; }
 
  private:

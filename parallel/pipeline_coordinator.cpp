@@ -7,7 +7,7 @@
 namespace lh {
 
 Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const PipelineJobConfig& job,
-                                                                         const PipelineCoordinatorOptions& options) {
+                                                                        const PipelineCoordinatorOptions& options) {
   LH_RETURN_IF_ERROR(job.validate());
   LH_ASSIGN_OR_RETURN(Topology topology, job.topology());
   LH_ASSIGN_OR_RETURN(CodecPlan plan, job.codec_plan());
@@ -95,7 +95,8 @@ nlohmann::json PipelineCoordinator::status_json() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const PipelineLink& l : topology_.pipeline_links())
     for (LinkDir d : {LinkDir::kFwd, LinkDir::kBwd}) {
-      nlohmann::json e = {{"link", l.name()}, {"dir", link_dir_name(d)},
+      nlohmann::json e = {{"link", l.name()},
+                          {"dir", link_dir_name(d)},
                           {"spec", codecs_.spec_at(l, d, std::max<int64_t>(step + 1, 0))}};
       if (summary.ok())
         for (const LinkTotals& t : summary->links) {
@@ -112,7 +113,10 @@ nlohmann::json PipelineCoordinator::status_json() {
     }
   nlohmann::json changes = nlohmann::json::array();
   for (const CodecChange& c : codecs_.changes())
-    changes.push_back({{"link", c.link.name()}, {"dir", link_dir_name(c.dir)}, {"spec", c.spec}, {"from_step", c.from_step}});
+    changes.push_back(
+        {{"link", c.link.name()}, {"dir", link_dir_name(c.dir)}, {"spec", c.spec}, {"from_step", c.from_step}});
+  for (const auto& [from, spec] : grad_changes_)
+    changes.push_back({{"link", "replicas"}, {"dir", "grad"}, {"spec", spec}, {"from_step", from}});
   auto part = job_.make_partition();  // valid: the job was validated at start
   return {{"job", job_.to_json()},
           {"step", step},
@@ -123,16 +127,38 @@ nlohmann::json PipelineCoordinator::status_json() {
           {"workers", coordinator_->status_json()}};
 }
 
+// The replicas' gradient codec: one spec for every dp group, from the next step boundary.
+Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec) {
+  if (topology_.dp() < 2)
+    return invalid_argument("set-codec --role grad: the job has one replica (--dp 1), so no gradients cross a link");
+  {
+    Status s = check_grad_codec_spec(spec);
+    if (!s.ok()) return s.prepend("set-codec --role grad '" + spec + "'");
+  }
+  LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job_.sync));
+  if (sync.diloco() && is_powersgd_spec(spec))
+    return invalid_argument("set-codec --role grad '" + spec + "': PowerSGD runs with --sync every-step only");
+  const int64_t from = codecs_.current_step() + 1;
+  grad_changes_.push_back({from, spec});
+  coordinator_->broadcast(SetCodec{-1, -1, "grad", spec, from});
+  LH_LOG_INFO("coordinator: the replicas' gradients switch to {} at step {}", spec, from);
+  return nlohmann::json{{"role", "grad"}, {"spec", spec}, {"from_step", from}}.dump();
+}
+
 Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args) {
   if (command == "status") return status_json().dump();
-  if (command != "set-codec") return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec)");
+  if (command != "set-codec")
+    return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec)");
   auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return invalid_argument("set-codec: the arguments are not a JSON object");
-  auto text = [&](const char* f) { return j.contains(f) && j[f].is_string() ? j[f].get<std::string>() : std::string(); };
+  auto text = [&](const char* f) {
+    return j.contains(f) && j[f].is_string() ? j[f].get<std::string>() : std::string();
+  };
   std::lock_guard<std::mutex> lock(mu_);
   // Workers may be one step past the newest report; two ahead is a boundary none has begun.
   const int64_t newest = collector_->newest_step();
   if (newest + 1 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 1));
+  if (text("role") == "grad") return set_grad_codec_locked(text("spec"));
   CodecChange change;
   if (j.contains("link")) {
     LH_ASSIGN_OR_RETURN(change, codecs_.request_change(text("link"), text("dir"), text("spec")));
@@ -144,7 +170,9 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   coordinator_->broadcast(set_codec_message(change, topology_));
   LH_LOG_INFO("coordinator: link {} {} switches to {} at step {}", change.link.name(), link_dir_name(change.dir),
               change.spec, change.from_step);
-  return nlohmann::json{{"link", change.link.name()}, {"dir", link_dir_name(change.dir)}, {"spec", change.spec},
+  return nlohmann::json{{"link", change.link.name()},
+                        {"dir", link_dir_name(change.dir)},
+                        {"spec", change.spec},
                         {"from_step", change.from_step}}
       .dump();
 }

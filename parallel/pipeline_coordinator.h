@@ -11,6 +11,7 @@
 #include <string>
 
 #include "parallel/codec_plan.h"
+#include "parallel/dp_reducer.h"
 #include "parallel/job_config.h"
 #include "parallel/metrics_collector.h"
 #include "transport/coordinator.h"
@@ -40,6 +41,7 @@ class PipelineCoordinator {
   Result<std::string> handle_ctl(const std::string& command, const std::string& args);
 
  private:
+  Result<std::string> set_grad_codec_locked(const std::string& spec);  // holds mu_
   PipelineCoordinator(PipelineJobConfig job, Topology topology, CodecSchedule schedule)
       : job_(std::move(job)), topology_(std::move(topology)), codecs_(std::move(schedule)) {}
   Result<std::vector<Plan>> make_plans(const std::vector<WorkerInfo>& workers);
@@ -48,8 +50,9 @@ class PipelineCoordinator {
 
   PipelineJobConfig job_;
   Topology topology_;
-  std::mutex mu_;          // guards codecs_ and failure_
+  std::mutex mu_;  // guards codecs_ and failure_
   CodecSchedule codecs_;
+  std::vector<std::pair<int64_t, std::string>> grad_changes_;  // (from step, spec) of ctl set-codec --role grad
   std::optional<Status> failure_;
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<Coordinator> coordinator_;

@@ -130,6 +130,15 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         break;
       }
       for (const SetCodec& m : events.take_codec_changes()) {
+        if (m.dir == "grad") {
+          const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
+          Status s = runner->schedule_grad_codec(m.spec, from);
+          if (!s.ok())
+            LH_LOG_WARN("set-codec ignored: {}", s.message());
+          else
+            LH_LOG_INFO("the replicas' gradient codec becomes {} from step {}", m.spec, from);
+          continue;
+        }
         auto change = codec_change_of(m, topology, codecs);
         Status s = change.ok() ? codecs.schedule_change(*change) : change.status();
         if (!s.ok())

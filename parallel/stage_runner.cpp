@@ -189,6 +189,19 @@ std::vector<int> StageRunner::bucket_ids(const std::vector<ParamGroup*>& groups)
   return ids;
 }
 
+Status StageRunner::schedule_grad_codec(const std::string& spec, int64_t from_step) {
+  if (!reducer_)
+    return invalid_argument("set-codec --role grad: this worker has no replicas to exchange gradients with");
+  if (from_step <= last_.step)
+    return invalid_argument("set-codec --role grad: step " + std::to_string(from_step) + " has already begun");
+  {
+    Status s = check_grad_codec_spec(spec);
+    if (!s.ok()) return s.prepend("set-codec --role grad '" + spec + "'");
+  }
+  grad_changes_[from_step] = spec;
+  return Status::Ok();
+}
+
 Result<double> StageRunner::replica_mean(double value) {
   if (!reducer_) return value;
   LH_ASSIGN_OR_RETURN(std::vector<double> sum, reducer_->group().all_reduce_f64({value}));
@@ -208,6 +221,10 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   loss_sum_ = 0;
   backwards_ = 0;
   if (reducer_) LH_RETURN_IF_ERROR(reducer_->begin_step(step));
+  while (!grad_changes_.empty() && grad_changes_.begin()->first <= step) {
+    LH_RETURN_IF_ERROR(reducer_->set_spec(grad_changes_.begin()->second));
+    grad_changes_.erase(grad_changes_.begin());
+  }
   LH_RETURN_IF_ERROR(model_.zero_grad());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;

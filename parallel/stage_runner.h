@@ -79,6 +79,10 @@ class StageRunner {
   // streams and their stateful codecs are untouched; the forward codec of each link at `step` is used.
   Result<std::optional<float>> evaluate(int64_t step, const int32_t* tokens, const int32_t* targets, int batches);
 
+  // Switches the replicas' gradient codec (--compress-grad grammar) from `from_step` on (ctl set-codec --role
+  // grad); refused without a dp reducer, for a step already begun, or for a spec the reducer cannot use.
+  Status schedule_grad_codec(const std::string& spec, int64_t from_step);
+
   // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
   // call (taken from the data plane's meter, which is reset), each annotated with its codec.
   WorkerStepMetrics take_step_metrics();
@@ -111,7 +115,8 @@ class StageRunner {
   CodecSchedule* codecs_ = nullptr;
   PipelineBoundary boundary_;
   std::unique_ptr<GradNormSource> grad_norm_;
-  std::unique_ptr<DpReducer> reducer_;  // dp > 1
+  std::unique_ptr<DpReducer> reducer_;           // dp > 1
+  std::map<int64_t, std::string> grad_changes_;  // from step → spec, not yet applied
   Gpt model_;
   AdamW opt_;
 

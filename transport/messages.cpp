@@ -72,8 +72,12 @@ Status validate(const Heartbeat&) {
   return Status::Ok();
 }
 Status validate(const SetCodec& m) {
-  LH_RETURN_IF_ERROR(check_rank(m.src, "set-codec src"));
-  LH_RETURN_IF_ERROR(check_rank(m.dst, "set-codec dst"));
+  // A role-wide change (grad: every replica link) names no pair.
+  const bool role_wide = (m.dir == "grad" || m.dir == "tp") && m.src == -1 && m.dst == -1;
+  if (!role_wide) {
+    LH_RETURN_IF_ERROR(check_rank(m.src, "set-codec src"));
+    LH_RETURN_IF_ERROR(check_rank(m.dst, "set-codec dst"));
+  }
   LH_RETURN_IF_ERROR(check_len(m.dir, "set-codec direction"));
   LH_RETURN_IF_ERROR(check_len(m.spec, "set-codec spec"));
   if (m.apply_at_step < -1) return corrupt("set-codec step " + std::to_string(m.apply_at_step));

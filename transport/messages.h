@@ -113,7 +113,7 @@ struct Heartbeat {  // both ways
 
 // coordinator → workers (or ctl → coordinator): change a link's codec at a step boundary.
 struct SetCodec {
-  int32_t src = -1, dst = -1;
+  int32_t src = -1, dst = -1;  // both −1 with dir "grad" (or "tp"): every link of that role
   std::string dir;
   std::string spec;
   int64_t apply_at_step = -1;  // -1: the next step boundary the worker reaches

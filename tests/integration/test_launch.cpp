@@ -279,6 +279,65 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   EXPECT_NE(slurp(out).find("int8"), std::string::npos);  // the summary table's codec column
 }
 
+// `ctl set-codec --role grad` switches the replicas' gradient codec live, at one step on every replica.
+TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
+  const int steps = 40;
+  std::string metrics = temp_path("ctl_grad.jsonl"), out = temp_path("ctl_grad_launch.txt");
+  pid_t launch = spawn(launch_args(2, steps, metrics, {"--dp", "2", "--link", "2M,1ms", "--token", "ctl-grad"}), out);
+  std::string ep = wait_for_line(out, "coordinator ", 60s);
+  ep = ep.substr(0, ep.find(' '));
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = {"ctl", "--coordinator", ep, "--token", "ctl-grad"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  int64_t step = -1;
+  for (int i = 0; i < 600 && step < 1; ++i) {
+    BinRun s = run(with({"--json", "status"}), 30s);
+    ASSERT_EQ(s.code, 0) << s.output;
+    step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
+    if (step < 1) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GE(step, 1);
+  // Bad requests are refused, naming what is wrong, and the job goes on.
+  BinRun bad_spec = run(with({"set-codec", "--role", "grad", "lowrank:rank=2"}), 30s);
+  EXPECT_NE(bad_spec.code, 0);
+  EXPECT_NE(bad_spec.output.find("'lowrank' cannot compress"), std::string::npos) << bad_spec.output;
+  BinRun bad_link = run(with({"set-codec", "--role", "grad", "--link", "0-1", "int8"}), 30s);
+  EXPECT_NE(bad_link.code, 0);
+  EXPECT_NE(bad_link.output.find("drop --link"), std::string::npos) << bad_link.output;
+  BinRun set = run(with({"--json", "set-codec", "--role", "grad", "int8"}), 30s);
+  ASSERT_EQ(set.code, 0) << set.output;
+  const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
+  BinRun status = run(with({"status"}), 30s);
+  EXPECT_NE(status.output.find("link replicas grad -> int8 from step " + std::to_string(from)), std::string::npos)
+      << status.output;
+  ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
+  ASSERT_LE(from, steps) << "the job ended before the switch";
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok());
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok());
+  int grad_links = 0;
+  for (const LinkTotals& t : sum->links)
+    if (t.role == "grad") {
+      ++grad_links;
+      EXPECT_EQ(t.codecs, (std::vector<std::string>{"none", "int8"}));
+    }
+  EXPECT_EQ(grad_links, 2);
+  // Both replicas switched at the same step: the step's gradient bytes drop about 4× from `from` on.
+  const auto& wire = sum->wire_bytes_per_step.at(LinkKey{0, 1, "grad"});
+  for (const StepPoint& p : wire) {
+    if (p.step == from - 1) EXPECT_GT(p.value, 0) << "step " << p.step;
+    if (p.step >= from)
+      EXPECT_LT(p.value * 3, wire.front().value) << "step " << p.step;
+    else
+      EXPECT_EQ(p.value, wire.front().value) << "step " << p.step;
+  }
+  EXPECT_EQ(records->size(), size_t(2 * steps));
+}
+
 // The name `ps -o comm`, `top` and `pgrep` show.
 std::string process_name(pid_t pid) {
   std::string s = slurp("/proc/" + std::to_string(pid) + "/comm");

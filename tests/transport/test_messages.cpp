@@ -98,6 +98,11 @@ TEST(Messages, InvalidFieldsAreRejected) {
   EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", -1, {1}})).ok());
   EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", 1, {}})).ok());
   EXPECT_FALSE(decode_message(encode_message(Ready{-2})).ok());
+  // Only a role-wide change (grad, tp) may leave both ends unnamed.
+  EXPECT_TRUE(decode_message(encode_message(SetCodec{-1, -1, "grad", "int8", 7})).ok());
+  EXPECT_NE(decode_message(encode_message(SetCodec{-1, -1, "fwd", "int4", 3})).status().message().find("src -1"),
+            std::string::npos);
+  EXPECT_FALSE(decode_message(encode_message(SetCodec{-1, 2, "grad", "int4", 3})).ok());
   EXPECT_FALSE(decode_message(encode_message(Join{std::string(10000, 't'), "h", "cpu", 1, {1}})).ok());
 }
 
