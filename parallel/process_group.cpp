@@ -11,7 +11,9 @@ namespace {
 
 constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2;
 constexpr int kEndTx = 0, kEndRx = 1;
-constexpr int64_t kDirectBelowBytes = 64 * 1024;
+// Below this many packet bytes a WAN all-reduce is bound by latency (256 KiB is 100 ms at 20 Mbit/s, about two
+// hops of a long link): one hop (direct) beats 2(n−1) hops (ring) although each rank sends n−1 packets.
+constexpr int64_t kDirectBelowBytes = 256 * 1024;
 // Tag fields the collectives use: the op's sequence number goes in the microbatch slot, the packet's index
 // within the op (between one ordered pair of members) in the shard slot.
 constexpr int kMaxSequence = (1 << Tag::kMicrobatchBits) - 2;  // 4095 stays free for the norm slot
@@ -151,8 +153,11 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   }
   const int n = size(), i = index_;
   CollectiveAlgo algo = options.algo;
-  if (algo == CollectiveAlgo::kAuto)
-    algo = (n <= 2 || numel * 4 < kDirectBelowBytes) ? CollectiveAlgo::kDirect : CollectiveAlgo::kRing;
+  if (algo == CollectiveAlgo::kAuto) {
+    auto packet = chain(options.spec).packet_bytes({numel});
+    const int64_t bytes = packet.ok() ? int64_t(*packet) : numel * 4;
+    algo = (n <= 2 || bytes < kDirectBelowBytes) ? CollectiveAlgo::kDirect : CollectiveAlgo::kRing;
+  }
   op->ring = algo == CollectiveAlgo::kRing && numel >= n;
   Op& o = *op;
   ops_.push_back(std::move(op));

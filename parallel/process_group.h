@@ -19,7 +19,7 @@
 namespace lh {
 
 enum class CollectiveAlgo : uint8_t {
-  kAuto,    // direct for 2 members or under 64 KiB, else ring
+  kAuto,    // direct for 2 members or a compressed tensor under 256 KiB (latency-bound on a WAN), else ring
   kRing,    // bytes per rank 2(n−1)/n of the tensor; 2(n−1) hops of latency
   kDirect,  // every rank sends its whole (compressed) tensor to every other; 1 hop of latency
 };

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Data parallelism over slow links: dp=4 (and pp=2 × dp=2) over 20 Mbit/s, 50 ms links, the same steps for every
+# gradient codec, against an unlimited-link run of the same grid. Used by people and the dp issue's closing note.
+#
+#   scripts/bench_dp.sh [LONGHAUL]      (default: build/bin/longhaul)
+# Environment: STEPS (200), RATE ("20M,50ms"), GRIDS ("dp4 pp2dp2"), CODECS (all below), BATCH (16),
+#   MICROBATCHES (2), MODEL flags in MODEL_FLAGS (default "--layers 4 --d-model 128 --heads 4 --seq 64"),
+#   OUT (a fresh temp dir: each run's log and metrics).
+# Prints, per grid and codec: tokens/s (mean over steps 2.., slowest worker) and its ratio to the unlimited run,
+# validation loss at the last step and its gap to `none`, gradient bytes per step (sent by all workers) and how
+# many times fewer than `none`.
+set -euo pipefail
+
+LH="${1:-build/bin/longhaul}"
+STEPS="${STEPS:-200}"
+RATE="${RATE:-20M,50ms}"
+GRIDS="${GRIDS:-dp4 pp2dp2}"
+BATCH="${BATCH:-16}"
+MICROBATCHES="${MICROBATCHES:-2}"
+read -r -a MODEL <<<"${MODEL_FLAGS:---layers 4 --d-model 128 --heads 4 --seq 64}"
+OUT="${OUT:-$(mktemp -d /tmp/lh_bench_dp.XXXXXX)}"
+command -v jq >/dev/null || { echo "bench_dp.sh: needs jq (apt-get install jq)" >&2; exit 1; }
+[ -x "$LH" ] || { echo "bench_dp.sh: no longhaul binary at $LH" >&2; exit 1; }
+mkdir -p "$OUT"
+
+# name|flags (the name is also the table's label)
+DEFAULT_CODECS=(
+  "none|--compress-grad none"
+  "int8|--compress-grad int8"
+  "ef+int4|--compress-grad ef+int4"
+  "ef+topk:0.01+int4|--compress-grad ef+topk:ratio=0.01+int4"
+  "powersgd:rank=4|--compress-grad powersgd:rank=4"
+  "diloco H=50+int4|--compress-grad int4 --sync diloco:H=50,outer_lr=0.7,outer_momentum=0.9"
+)
+if [ -n "${CODECS:-}" ]; then IFS=';' read -r -a RUNS <<<"$CODECS"; else RUNS=("${DEFAULT_CODECS[@]}"); fi
+
+grid_flags() {
+  case "$1" in
+    dp4) echo "--workers 4 --pp 1 --dp 4" ;;
+    pp2dp2) echo "--workers 4 --pp 2 --dp 2" ;;
+    *) echo "bench_dp.sh: unknown grid '$1' (dp4, pp2dp2)" >&2; exit 2 ;;
+  esac
+}
+
+run() {  # file stem, flags...
+  local stem="$1"; shift
+  if ! "$LH" --log-level warn launch "$@" --steps "$STEPS" --batch "$BATCH" --microbatches "$MICROBATCHES" \
+       "${MODEL[@]}" --eval-every 0 --seed 7 --metrics "$OUT/$stem.jsonl" >"$OUT/$stem.log" 2>&1; then
+    echo "bench_dp.sh: run '$stem' failed; its log:" >&2; tail -20 "$OUT/$stem.log" >&2; exit 1
+  fi
+}
+
+stats() {  # metrics file -> "tokens_per_s val_loss grad_wire_bytes_per_step grad_raw_bytes_per_step"
+  jq -rs '
+    (map(select(.val_loss != null)) | sort_by(.step) | last | .val_loss) as $val |
+    (group_by(.step) | map(map(.tokens_per_s // empty) | min)) as $t |
+    (if ($t | length) > 1 then $t[1:] else $t end) as $t2 |
+    (map(.step) | max) as $steps |
+    ([.[] | .links[]? | select(.dir == "send" and .role == "grad")]) as $g |
+    "\($t2 | add / length) \($val) \(($g | map(.wire_bytes) | add // 0) / $steps) \(($g | map(.raw_bytes) | add // 0) / $steps)"
+  ' "$1"
+}
+
+echo "bench_dp: ${MODEL[*]}, batch $BATCH, $MICROBATCHES microbatches per replica, $STEPS steps, links $RATE;" \
+     "output in $OUT" >&2
+for grid in $GRIDS; do
+  read -r -a G <<<"$(grid_flags "$grid")"
+  echo "  $grid: unlimited" >&2
+  run "$grid.unlimited" "${G[@]}" --compress-grad none
+  for entry in "${RUNS[@]}"; do
+    name="${entry%%|*}"
+    read -r -a F <<<"${entry#*|}"
+    stem="$grid.$(printf '%s' "$name" | tr -c 'A-Za-z0-9.+=-' '_')"
+    echo "  $grid: $name" >&2
+    run "$stem" "${G[@]}" --link "$RATE" "${F[@]}"
+  done
+
+  read -r u_tps u_val _ _ < <(stats "$OUT/$grid.unlimited.jsonl")
+  none_stem="$grid.none"
+  n_val=$u_val n_grad=0
+  if [ -f "$OUT/$none_stem.jsonl" ]; then read -r _ n_val n_grad _ < <(stats "$OUT/$none_stem.jsonl"); fi
+  printf '\n%s over %s (unlimited: %.0f tokens/s, val loss %.4f)\n' "$grid" "$RATE" "$u_tps" "$u_val"
+  printf '%-20s %10s %8s %10s %8s %12s %10s\n' codec "tokens/s" "x unlim" "val loss" "gap" "grad KB/step" "x fewer"
+  for entry in "${RUNS[@]}"; do
+    name="${entry%%|*}"
+    stem="$grid.$(printf '%s' "$name" | tr -c 'A-Za-z0-9.+=-' '_')"
+    read -r tps val grad _ < <(stats "$OUT/$stem.jsonl")
+    awk -v l="$name" -v t="$tps" -v u="$u_tps" -v v="$val" -v nv="$n_val" -v g="$grad" -v ng="$n_grad" 'BEGIN {
+      fewer = (g > 0 && ng > 0) ? sprintf("%.1fx", ng / g) : "-"
+      printf "%-20s %10.0f %8.2f %10.4f %7.2f%% %12.1f %10s\n", l, t, t / u, v, 100 * (v - nv) / nv, g / 1e3, fewer }'
+  done
+done
+echo
+echo "targets: one per-step codec at >= 0.9x the unlimited tokens/s with val loss within 2% of none;" \
+     "diloco+int4 >= 200x fewer gradient bytes than per-step none within 2%."
