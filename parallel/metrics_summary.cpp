@@ -105,6 +105,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
       side.raw_by_step[m.step] += l.raw_bytes;
       side.wire_by_step[m.step] += l.wire_bytes;
       if (!l.codec.empty()) side.codec_by_step[m.step] = l.codec;
+      if (!l.link.empty()) t.link = l.link;
     }
   }
   s.workers = static_cast<int>(workers.size());
@@ -202,7 +203,11 @@ std::string link_label(const LinkTotals& t) {
 std::string format_link_table(const MetricsSummary& s) {
   if (s.links.empty()) return "no link traffic recorded\n";
   std::vector<std::vector<std::string>> rows;
+  // Jobs whose workers name their links get a column with the name (the one --link, --compress-link and ctl take).
+  bool named = false;
+  for (const LinkTotals& t : s.links) named |= !t.link.empty();
   rows.push_back({"link", "role", "messages", "raw MB", "wire MB", "ratio", "saved", "busy s", "codec"});
+  if (named) rows.back().insert(rows.back().begin() + 1, "name");
   auto cells = [](const LinkTotals& t, const std::string& link, const std::string& role, const std::string& codec) {
     const bool any = t.wire_bytes > 0;
     return std::vector<std::string>{
@@ -234,9 +239,11 @@ std::string format_link_table(const MetricsSummary& s) {
       folded_notes += t.role + " = " + std::to_string(t.pairs) +
                       " worker pairs of small messages (grad-norm exchanges), summed into one row\n";
     rows.push_back(cells(t, link, role_label(t.role), codec));
+    if (named) rows.back().insert(rows.back().begin() + 1, t.pairs > 1 || t.link.empty() ? "-" : t.link);
   }
   rows.push_back(cells(s.total, "total", "", ""));
-  std::string out = layout(rows, "llrrrrrrl");
+  if (named) rows.back().insert(rows.back().begin() + 1, "");
+  std::string out = layout(rows, named ? "lllrrrrrrl" : "llrrrrrrl");
   out += "MB = 10^6 bytes; raw = the same tensors sent uncompressed in fp32; busy s = seconds the link was busy\n";
   out += folded_notes;
   if (any_recv || folded_recv)

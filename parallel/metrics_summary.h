@@ -31,6 +31,7 @@ struct LinkTotals {
   uint64_t wire_bytes = 0;
   double seconds = 0;
   std::vector<std::string> codecs;  // specs in the order they were used
+  std::string link;                 // the pair's name when the workers reported one (parallel/link_name.h)
   double ratio() const { return wire_bytes ? double(raw_bytes) / double(wire_bytes) : 0.0; }
 };
 

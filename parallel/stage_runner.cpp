@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/ops.h"
+#include "parallel/link_name.h"
 
 namespace lh {
 namespace {
@@ -311,6 +312,8 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
       for (LinkTraffic& t : m.links) {
         t.codec = boundary_.spec_of(t, last_.step);
         if (reducer_ && t.role == role_name(Role::kWeightGrad)) t.codec = reducer_->spec();
+        if (t.src != t.dst && t.src < topology_.workers() && t.dst < topology_.workers())
+          t.link = link_name(topology_, t.src, t.dst);
       }
     } else {
       LH_LOG_WARN("step metrics without link traffic: {}", links.status().to_string());

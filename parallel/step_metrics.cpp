@@ -28,6 +28,7 @@ nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
   for (const LinkTraffic& t : m.links) {
     nlohmann::json l{{"src", t.src}, {"dst", t.dst}, {"role", t.role}, {"dir", t.dir}};
     if (!t.codec.empty()) l["codec"] = t.codec;
+    if (!t.link.empty()) l["link"] = t.link;
     l["raw_bytes"] = t.raw_bytes;
     l["wire_bytes"] = t.wire_bytes;
     l["messages"] = t.messages;
@@ -38,7 +39,9 @@ nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
   return j;
 }
 
-std::string step_metrics_to_line(const WorkerStepMetrics& m) { return step_metrics_to_json(m).dump(); }
+std::string step_metrics_to_line(const WorkerStepMetrics& m) {
+  return step_metrics_to_json(m).dump();
+}
 
 namespace {
 
@@ -121,6 +124,7 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
   LH_RETURN_IF_ERROR(r.string("dir", t.dir));
   if (t.dir != "send" && t.dir != "recv") return r.error("dir", "expected send or recv, got '" + t.dir + "'");
   LH_RETURN_IF_ERROR(r.string("codec", t.codec));
+  LH_RETURN_IF_ERROR(r.string("link", t.link));
   LH_RETURN_IF_ERROR(r.uint("raw_bytes", false, t.raw_bytes));
   LH_RETURN_IF_ERROR(r.uint("wire_bytes", false, t.wire_bytes));
   LH_RETURN_IF_ERROR(r.uint("messages", false, t.messages));
@@ -133,7 +137,8 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
 }  // namespace
 
 Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& links, const std::string& source) {
-  if (!links.is_array()) return invalid_argument(source + ": field 'links': expected an array, got " + FieldReader::shown(links));
+  if (!links.is_array())
+    return invalid_argument(source + ": field 'links': expected an array, got " + FieldReader::shown(links));
   std::vector<LinkTraffic> out;
   for (size_t i = 0; i < links.size(); ++i) {
     LH_ASSIGN_OR_RETURN(LinkTraffic t, parse_link(links[i], source, "links[" + std::to_string(i) + "]."));
@@ -218,7 +223,9 @@ StepMetricsWriter::~StepMetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
-Status StepMetricsWriter::write(const WorkerStepMetrics& m) { return write_line(step_metrics_to_line(m)); }
+Status StepMetricsWriter::write(const WorkerStepMetrics& m) {
+  return write_line(step_metrics_to_line(m));
+}
 
 Status StepMetricsWriter::write_line(const std::string& json_line) {
   LH_ASSERT(file_ != nullptr, "write to a closed metrics file");

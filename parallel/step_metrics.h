@@ -6,11 +6,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/status.h"
 
@@ -27,18 +26,19 @@ struct LinkTraffic {
   std::string role = "act";
   std::string dir = "send";  // which end counted it: send | recv
   std::string codec;         // spec in force this step; empty when not reported
+  std::string link;          // the pair's name (parallel/link_name.h, e.g. "s0d0-s0d1:fwd"); empty when not reported
   uint64_t raw_bytes = 0;    // what the tensors would cost uncompressed in fp32
   uint64_t wire_bytes = 0;   // what crossed the link
   uint64_t messages = 0;
-  double seconds = 0;        // time the link was busy with this traffic
+  double seconds = 0;  // time the link was busy with this traffic
 };
 
 struct WorkerStepMetrics {
   int64_t step = 0;
   int worker = 0;
   int stage = 0;
-  std::optional<double> loss;          // the last stage only
-  std::optional<double> val_loss;      // when evaluated
+  std::optional<double> loss;      // the last stage only
+  std::optional<double> val_loss;  // when evaluated
   std::optional<double> lr;
   std::optional<double> tokens_per_s;
   std::vector<LinkTraffic> links;

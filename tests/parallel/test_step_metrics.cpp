@@ -422,3 +422,41 @@ TEST(MetricsSummary, OneOtherPairKeepsItsRowAndReceiverCountsAreMarked) {
 
 }  // namespace
 }  // namespace lh
+
+namespace lh {
+namespace {
+
+// Workers that know the grid name every link; the name survives the line and becomes a table column.
+TEST(MetricsSummary, NamedLinksGetANameColumn) {
+  WorkerStepMetrics m;
+  m.step = 1;
+  m.worker = 0;
+  LinkTraffic g;
+  g.src = 0;
+  g.dst = 1;
+  g.role = "grad";
+  g.codec = "int8";
+  g.link = "s0d0-s0d1:fwd";
+  g.raw_bytes = 4000;
+  g.wire_bytes = 1000;
+  g.messages = 3;
+  m.links = {g};
+  WorkerStepMetrics back = value_of(parse_step_metrics_line(step_metrics_to_line(m), 1, "m.jsonl"));
+  ASSERT_EQ(back.links.size(), 1u);
+  EXPECT_EQ(back.links[0].link, "s0d0-s0d1:fwd");
+  MetricsSummary s = value_of(summarize_step_metrics({back}));
+  ASSERT_EQ(s.links.size(), 1u);
+  EXPECT_EQ(s.links[0].link, "s0d0-s0d1:fwd");
+  const std::string table = format_link_table(s);
+  EXPECT_NE(table.find("link   name           role"), std::string::npos) << table;
+  EXPECT_NE(table.find("0→1    s0d0-s0d1:fwd  grad"), std::string::npos) << table;
+  // A name that is not a string is an error naming the field.
+  auto bad = parse_step_metrics_line(
+      R"({"step":1,"links":[{"src":0,"dst":1,"role":"grad","dir":"send","link":7,"raw_bytes":1,"wire_bytes":1,"messages":1}]})",
+      3, "m.jsonl");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("link"), std::string::npos) << bad.status().message();
+}
+
+}  // namespace
+}  // namespace lh
