@@ -33,15 +33,15 @@ nlohmann::json request(const CtlFlags& f, const std::string& command, const std:
 void print_status(const nlohmann::json& j) {
   const auto& job = j.value("job", nlohmann::json::object());
   const auto& tr = job.value("train", nlohmann::json::object());
-  std::printf("step %lld of %lld; %d workers, pp %d, partition %s, schedule %s, %d microbatches\n",
+  std::printf("step %lld of %lld; %d workers, pp %d, dp %d, partition %s, schedule %s, %d microbatches\n",
               static_cast<long long>(j.value("step", int64_t(-1))),
               static_cast<long long>(tr.value("steps", int64_t(0))), job.value("workers", 0), job.value("pp", 0),
-              j.value("partition", std::string("?")).c_str(), j.value("schedule", std::string("?")).c_str(),
-              job.value("microbatches", 0));
-  std::printf("\n%-6s %-4s %-24s %10s %10s %14s\n", "link", "dir", "codec", "raw MB", "wire MB", "measured Mbit/s");
+              job.value("dp", 1), j.value("partition", std::string("?")).c_str(),
+              j.value("schedule", std::string("?")).c_str(), job.value("microbatches", 0));
+  std::printf("\n%-8s %-4s %-24s %10s %10s %14s\n", "link", "dir", "codec", "raw MB", "wire MB", "measured Mbit/s");
   for (const auto& l : j.value("links", nlohmann::json::array())) {
     std::printf(
-        "%-6s %-4s %-24s %10.2f %10.2f %14s\n", l.value("link", std::string()).c_str(),
+        "%-8s %-4s %-24s %10.2f %10.2f %14s\n", l.value("link", std::string()).c_str(),
         l.value("dir", std::string()).c_str(), l.value("spec", std::string()).c_str(),
         double(l.value("raw_bytes", uint64_t(0))) / 1e6, double(l.value("wire_bytes", uint64_t(0))) / 1e6,
         l.contains("measured_bps") ? std::to_string(l["measured_bps"].get<double>() / 1e6).substr(0, 8).c_str() : "-");

@@ -111,6 +111,26 @@ nlohmann::json PipelineCoordinator::status_json() {
         e["measured_bps"] = 8.0 * e.value("wire_bytes", uint64_t(0)) / e.value("busy_seconds", 0.0);
       links.push_back(std::move(e));
     }
+  if (topology_.dp() > 1) {  // the replicas' gradient traffic, every dp link together
+    std::string spec = job_.compress_grad;
+    for (const auto& [from, s] : grad_changes_)
+      if (from <= step + 1) spec = s;
+    nlohmann::json e = {{"link", "replicas"}, {"dir", "grad"}, {"spec", spec}};
+    uint64_t raw = 0, wire = 0;
+    double busy = 0;
+    if (summary.ok())
+      for (const LinkTotals& t : summary->links)
+        if (t.role == "grad") {
+          raw += t.raw_bytes;
+          wire += t.wire_bytes;
+          busy += t.seconds;
+        }
+    e["raw_bytes"] = raw;
+    e["wire_bytes"] = wire;
+    e["busy_seconds"] = busy;
+    if (busy > 0) e["measured_bps"] = 8.0 * double(wire) / busy;
+    links.push_back(std::move(e));
+  }
   nlohmann::json changes = nlohmann::json::array();
   for (const CodecChange& c : codecs_.changes())
     changes.push_back(

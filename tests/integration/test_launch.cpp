@@ -313,6 +313,8 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
   BinRun status = run(with({"status"}), 30s);
   EXPECT_NE(status.output.find("link replicas grad -> int8 from step " + std::to_string(from)), std::string::npos)
       << status.output;
+  EXPECT_NE(status.output.find("replicas grad"), std::string::npos) << status.output;  // the traffic row
+  EXPECT_NE(status.output.find("dp 2"), std::string::npos) << status.output;
   ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
   ASSERT_LE(from, steps) << "the job ended before the switch";
   auto records = read_step_metrics_file(metrics);
