@@ -19,6 +19,8 @@ PipelineJobConfig four_stages() {
   c.compress_fwd = "int8";
   c.compress_bwd = "bf16";
   c.compress_link = {"1-2:fwd=int4"};
+  c.compress_grad = "ef+int4";
+  c.sync = "diloco:H=5,outer_lr=0.5,outer_momentum=0.8";
   c.train.model.subspace_k = 16;
   c.train.seed = 0xFFFFFFFFFFFFull;
   return c;
@@ -37,16 +39,23 @@ TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
   c.partition.clear();
   EXPECT_EQ(value_of(c.make_partition()).to_string(), "2,2,2,2");
 
-  struct Case { void (*change)(PipelineJobConfig&); const char* says; };
+  struct Case {
+    void (*change)(PipelineJobConfig&);
+    const char* says;
+  };
   const Case cases[] = {
       {[](PipelineJobConfig& c) { c.workers = 3; }, "--workers 3 does not equal"},
       {[](PipelineJobConfig& c) { c.partition = "3,3,1,1,0"; }, "--partition"},
-      {[](PipelineJobConfig& c) { c.microbatches = 3; }, "does not split into --microbatches 3"},
+      {[](PipelineJobConfig& c) { c.microbatches = 3; }, "does not split into --dp 1 replicas × --microbatches 3"},
+      {[](PipelineJobConfig& c) { c.workers = 12, c.dp = 3; }, "--batch 8 does not split into --dp 3 replicas"},
+      {[](PipelineJobConfig& c) { c.workers = 8, c.dp = 2, c.compress_grad = "delta"; }, "--compress-grad 'delta'"},
+      {[](PipelineJobConfig& c) { c.sync = "diloco:H=-1"; }, "H must be an integer >= 1"},
+      {[](PipelineJobConfig& c) { c.sync = "diloco", c.compress_grad = "powersgd"; }, "--sync every-step"},
       {[](PipelineJobConfig& c) { c.microbatches = 0; }, "--microbatches must be at least 1"},
       {[](PipelineJobConfig& c) { c.compress_link = {"3-4:fwd=int8"}; }, "'3-4'"},
       {[](PipelineJobConfig& c) { c.compress_fwd = "int3"; }, "--compress-fwd"},
       {[](PipelineJobConfig& c) { c.train.steps = 0; }, "--steps"},
-      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "--tp and --dp must be 1"},
+      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "--tp must be 1"},
   };
   for (const Case& k : cases) {
     PipelineJobConfig bad = four_stages();
@@ -66,8 +75,10 @@ TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
 
   auto with = [&](const std::string& pointer, const nlohmann::json& value) {
     nlohmann::json k = j;
-    if (value.is_discarded()) k.erase(k.find(pointer.substr(1)));
-    else k[nlohmann::json::json_pointer(pointer)] = value;
+    if (value.is_discarded())
+      k.erase(k.find(pointer.substr(1)));
+    else
+      k[nlohmann::json::json_pointer(pointer)] = value;
     return PipelineJobConfig::from_json(k.dump()).status();
   };
   const nlohmann::json gone = nlohmann::json(nlohmann::json::value_t::discarded);
@@ -118,7 +129,8 @@ TEST(PlanCodecs, RoundTripThroughLinkCodecs) {
   };
   expect_error(broken([](std::vector<LinkCodec>& e) { e.pop_back(); }), "no bwd codec for link 1-2");
   expect_error(broken([](std::vector<LinkCodec>& e) { e[0].dst = 2; }), "are not pipeline neighbours");
-  expect_error(broken([](std::vector<LinkCodec>& e) { e[0].dir = "bwd"; }), "bwd traffic does not flow from rank 0 to rank 1");
+  expect_error(broken([](std::vector<LinkCodec>& e) { e[0].dir = "bwd"; }),
+               "bwd traffic does not flow from rank 0 to rank 1");
   expect_error(broken([](std::vector<LinkCodec>& e) { e[0].src = 7; }), "outside 0..2");
   expect_error(broken([](std::vector<LinkCodec>& e) { e[2].spec = "int9"; }), "unknown codec 'int9'");
   // Two replicas of one pipeline link must agree.
