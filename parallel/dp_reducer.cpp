@@ -2,6 +2,13 @@
 #include "parallel/dp_reducer.h"
 
 #include <algorithm>
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
+#include <sstream>
 
 #include "compress/codec_chain.h"
 #include "parallel/parse_number.h"
@@ -116,6 +123,68 @@ Status DpReducer::set_spec(const std::string& spec) {
   return Status::Ok();
 }
 
+namespace {
+
+// What a checkpoint keeps of one replica's reducer.
+struct ReducerState {
+  std::string spec;
+  std::map<ProcessGroup::StreamKey, compress::StreamState> streams;
+  std::map<int, std::pair<std::vector<float>, std::vector<float>>> powersgd;  // bucket → (Q, error)
+  std::vector<std::vector<float>> anchor, momentum;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(spec, streams, powersgd, anchor, momentum);
+  }
+};
+
+}  // namespace
+
+Result<std::string> DpReducer::save_state() const {
+  if (!powersgd_step_.empty()) return invalid_argument("dp reducer state: save it between steps");
+  ReducerState st;
+  st.spec = spec_;
+  st.streams = group_->stream_states();
+  for (const auto& [bucket, b] : powersgd_state_) st.powersgd[bucket] = {b->q(), b->error()};
+  for (const auto& [bucket, saved] : powersgd_restore_) st.powersgd.emplace(bucket, saved);
+  st.anchor = anchor_;
+  st.momentum = momentum_;
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(st);
+  }
+  return os.str();
+}
+
+Status DpReducer::load_state(const std::string& bytes) {
+  ReducerState st;
+  try {
+    std::istringstream is(bytes, std::ios::binary);
+    cereal::PortableBinaryInputArchive ar(is);
+    ar(st);
+  } catch (const std::exception& e) {
+    return corrupt(std::string("dp reducer state: cannot read it (") + e.what() + ")");
+  }
+  if (st.anchor.size() != anchor_.size() || st.momentum.size() != anchor_.size())
+    return corrupt("dp reducer state: DiLoCo state for " + std::to_string(st.anchor.size()) + " groups, this job has " +
+                   std::to_string(anchor_.size()));
+  for (size_t i = 0; i < st.anchor.size(); ++i)
+    if (st.anchor[i].size() != anchor_[i].size() || st.momentum[i].size() != anchor_[i].size())
+      return corrupt("dp reducer state: DiLoCo group " + std::to_string(i) + " has " +
+                     std::to_string(st.anchor[i].size()) + " values, this job's has " +
+                     std::to_string(anchor_[i].size()));
+  {
+    Status s = set_spec(st.spec);
+    if (!s.ok()) return s.prepend("dp reducer state");
+  }
+  group_->set_stream_states(std::move(st.streams));
+  powersgd_state_.clear();
+  powersgd_restore_ = std::move(st.powersgd);
+  anchor_ = std::move(st.anchor);
+  momentum_ = std::move(st.momentum);
+  return Status::Ok();
+}
+
 Status DpReducer::begin_step(int64_t step) {
   return group_->begin_step(step);
 }
@@ -140,7 +209,15 @@ Status DpReducer::finish() {
 // Round 1 starts as soon as backward has finished the bucket: P of every matrix and the uncompressed rest.
 Status DpReducer::powersgd_ready(ParamGroup& group, int bucket) {
   auto& state = powersgd_state_[bucket];
-  if (!state) state = std::make_unique<PowerSgdBucket>(group, powersgd_->rank, 0x9000u + uint64_t(bucket));
+  if (!state) {
+    state = std::make_unique<PowerSgdBucket>(group, powersgd_->rank, 0x9000u + uint64_t(bucket));
+    auto saved = powersgd_restore_.find(bucket);
+    if (saved != powersgd_restore_.end()) {
+      Status s = state->restore(std::move(saved->second.first), std::move(saved->second.second));
+      powersgd_restore_.erase(saved);
+      if (!s.ok()) return s.prepend("resuming " + group.name);
+    }
+  }
   PowerSgdStep st;
   st.group = &group;
   st.bucket = bucket;

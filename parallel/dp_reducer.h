@@ -63,6 +63,13 @@ class DpReducer {
   Status outer_step(const std::vector<ParamGroup*>& groups, const std::vector<int>& buckets);
 
   const std::string& spec() const { return spec_; }
+
+  // Everything the reducer carries from step to step — the codec in force, every codec stream state (error
+  // feedback residuals), PowerSGD's Q and error per bucket, DiLoCo's θ_sync and outer momentum — as bytes for a
+  // checkpoint (cereal, portable binary), and back. load_state goes before the first step of the resumed job;
+  // bad bytes are an error naming what is wrong, and leave the reducer as it was.
+  Result<std::string> save_state() const;
+  Status load_state(const std::string& bytes);
   // Switches the codec (a --compress-grad spec) for the buckets started from now on; between steps only.
   Status set_spec(const std::string& spec);
   ProcessGroup& group() { return *group_; }
@@ -83,6 +90,7 @@ class DpReducer {
   std::optional<PowerSgdConfig> powersgd_;
   std::map<int, std::unique_ptr<PowerSgdBucket>> powersgd_state_;
   std::vector<PowerSgdStep> powersgd_step_;
+  std::map<int, std::pair<std::vector<float>, std::vector<float>>> powersgd_restore_;  // loaded, applied on first use
   Status powersgd_ready(ParamGroup& group, int bucket);
   Status powersgd_finish();
   std::vector<std::vector<float>> anchor_, momentum_;  // DiLoCo: θ_sync and the outer momentum, per group

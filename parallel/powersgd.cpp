@@ -90,6 +90,16 @@ PowerSgdBucket::PowerSgdBucket(const ParamGroup& group, int rank, uint64_t seed)
   for (float& v : q_) v = rng.normal();
 }
 
+Status PowerSgdBucket::restore(std::vector<float> q, std::vector<float> error) {
+  if (q.size() != q_.size() || error.size() != error_.size())
+    return corrupt("PowerSGD state: Q of " + std::to_string(q.size()) + " and error of " +
+                   std::to_string(error.size()) + " values, but the bucket has " + std::to_string(q_.size()) + " and " +
+                   std::to_string(error_.size()));
+  q_ = std::move(q);
+  error_ = std::move(error);
+  return Status::Ok();
+}
+
 void PowerSgdBucket::round1(const float* grads, std::vector<float>* p, std::vector<float>* rest) {
   p->assign(p_values_, 0.0f);
   for (const Mat& m : mats_) {

@@ -43,6 +43,9 @@ class PowerSgdBucket {
   int64_t rest_values() const { return rest_values_; }
   int matrices() const { return static_cast<int>(mats_.size()); }
   const std::vector<float>& error() const { return error_; }
+  const std::vector<float>& q() const { return q_; }
+  // Puts back a checkpoint's Q and error; refused when their sizes do not fit this bucket's layout.
+  Status restore(std::vector<float> q, std::vector<float> error);
 
   template <class Archive>
   void serialize(Archive& ar) {

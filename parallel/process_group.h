@@ -79,6 +79,8 @@ class ProcessGroup {
   // Codec stream states, keyed by (stream, chunk, phase, end): for checkpoints and tests.
   using StreamKey = std::tuple<int, int, int, int>;
   const std::map<StreamKey, compress::StreamState>& stream_states() const { return states_; }
+  // Replaces them (a checkpoint's); between steps only.
+  void set_stream_states(std::map<StreamKey, compress::StreamState> states) { states_ = std::move(states); }
 
  private:
   struct Op;

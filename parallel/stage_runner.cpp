@@ -277,14 +277,9 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
 
   StageStepResult r;
   r.step = step;
-  if (span_.has_head) {
-    // DiLoCo replicas do not talk between syncs: each reports the loss on its own slice.
-    double loss = loss_sum_ / M;
-    if (!options_.sync.diloco()) {
-      LH_ASSIGN_OR_RETURN(loss, replica_mean(loss));
-    }
-    r.loss = static_cast<float>(loss);
-  }
+  // Each replica reports the loss on its own slice; the job's loss is their mean (the metrics summary takes it), so
+  // no round trip between replicas is spent on a number only people read.
+  if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M);
   r.grad_norm = norm;
   r.lr = acfg.lr;
   r.tokens = int64_t(train_.batch) * train_.model.seq;
@@ -298,8 +293,7 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
   m.step = last_.step;
   m.worker = rank_;
   m.stage = span_.stage;
-  // With DiLoCo the replicas' losses differ between syncs; replica 0's stands for the step.
-  if (last_.loss && !(options_.sync.diloco() && replica_ != 0)) m.loss = double(*last_.loss);
+  if (last_.loss) m.loss = double(*last_.loss);
   if (last_val_loss_) m.val_loss = double(*last_val_loss_);
   last_val_loss_.reset();
   m.lr = last_.lr;

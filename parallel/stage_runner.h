@@ -43,7 +43,7 @@ struct StageRunnerOptions {
 
 struct StageStepResult {
   int64_t step = 0;
-  std::optional<float> loss;  // last stage only: mean over the global batch
+  std::optional<float> loss;  // last stage only: mean over this replica's slice (the job's: the replicas' mean)
   float grad_norm = 0;        // of the whole model, before clipping
   float lr = 0;
   double seconds = 0;

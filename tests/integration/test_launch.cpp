@@ -122,13 +122,19 @@ std::vector<std::string> launch_args(int workers, int steps, const std::string& 
   return a;
 }
 
+// Per step, the mean of the losses reported (one per replica of the last stage), as `report` takes it.
 std::map<int64_t, double> losses_of(const std::string& metrics_path) {
   auto records = read_step_metrics_file(metrics_path);
   EXPECT_TRUE(records.ok()) << records.status().to_string();
-  std::map<int64_t, double> out;
+  std::map<int64_t, std::pair<double, int>> sums;
   if (records.ok())
     for (auto& r : *records)
-      if (r.loss) out[r.step] = *r.loss;
+      if (r.loss) {
+        sums[r.step].first += *r.loss;
+        sums[r.step].second += 1;
+      }
+  std::map<int64_t, double> out;
+  for (auto& [step, s] : sums) out[step] = s.first / s.second;
   return out;
 }
 

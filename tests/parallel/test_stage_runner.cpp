@@ -152,15 +152,16 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
   }
   for (auto& t : threads) t.join();
   for (auto& v : per_stage) run.metrics.insert(run.metrics.end(), v.begin(), v.end());
+  // The job's loss is the mean of the last stage's replicas, each on its slice (as the metrics summary takes it).
   const int last = topo.rank_of({S - 1, 0, 0});
-  run.losses = losses_by_rank[last];
   run.val_loss = val_by_rank[last];
-  // Every replica of the last stage reports the same (averaged) losses (DiLoCo's replicas train apart).
-  for (int d = 1; d < g.dp && !g.sync.diloco(); ++d) {
-    const int r = topo.rank_of({S - 1, 0, d});
-    EXPECT_EQ(losses_by_rank[r], run.losses) << "replica " << d;
-    EXPECT_EQ(val_by_rank[r], run.val_loss) << "replica " << d;
+  for (size_t i = 0; i < losses_by_rank[last].size(); ++i) {
+    double sum = 0;
+    for (int d = 0; d < g.dp; ++d) sum += losses_by_rank[topo.rank_of({S - 1, 0, d})].at(i);
+    run.losses.push_back(float(sum / g.dp));
   }
+  // Validation is averaged over the replicas inside the job: every replica returns the same value.
+  for (int d = 1; d < g.dp; ++d) EXPECT_EQ(val_by_rank[topo.rank_of({S - 1, 0, d})], run.val_loss) << "replica " << d;
   return run;
 }
 
