@@ -43,7 +43,8 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--compress-link", f.job.compress_link,
-                  "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4 (repeatable)")
+                  "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4; or a replica link's group, "
+                  "s1d0-s1d1=int4 (repeatable; docs/grid.md names links)")
       ->group(g);
   cmd->add_option("--compress-grad", f.job.compress_grad,
                   "codec spec for weight gradients averaged between replicas (dp > 1), e.g. int8, ef+int4")

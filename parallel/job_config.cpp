@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 
 #include "parallel/dp_reducer.h"
+#include "parallel/link_name.h"
 
 namespace lh {
 namespace {
@@ -109,9 +111,50 @@ Result<std::string> PipelineJobConfig::planned_partition(const std::vector<doubl
   return p.to_string();
 }
 
+namespace {
+
+// The selection a --compress-link entry's LINK[:DIR] makes, when it parses as a selector (else the pipeline
+// parser reports what is wrong with it).
+std::optional<LinkSelection> selection_of(const Topology& t, const std::string& entry) {
+  const size_t eq = entry.find('=');
+  if (eq == std::string::npos) return std::nullopt;
+  auto sel = parse_link_selector(t, entry.substr(0, eq));
+  if (!sel.ok()) return std::nullopt;
+  return *sel;
+}
+
+}  // namespace
+
 Result<CodecPlan> PipelineJobConfig::codec_plan() const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
-  return CodecPlan::create(t, compress_fwd, compress_bwd, compress_link);
+  std::vector<std::string> pipeline;
+  for (const std::string& e : compress_link) {
+    auto sel = selection_of(t, e);
+    if (!sel || sel->kind == "pipeline") pipeline.push_back(e);
+  }
+  return CodecPlan::create(t, compress_fwd, compress_bwd, pipeline);
+}
+
+Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  std::vector<std::string> specs(size_t(t.pp()), compress_grad);
+  for (const std::string& e : compress_link) {
+    auto sel = selection_of(t, e);
+    if (!sel || sel->kind == "pipeline") continue;
+    const std::string where = "--compress-link '" + e + "'";
+    const size_t eq = e.find('=');
+    if (sel->kind == "cross")
+      return invalid_argument(where + ": a cross pair carries no codec (pipeline and replica links do)");
+    if (sel->kind == "tp")
+      return invalid_argument(where + ": tensor-parallel links come with --tp, not implemented yet");
+    if (e.substr(0, eq).find(':') != std::string::npos)
+      return invalid_argument(where + ": a replica group's all-reduce uses one codec both ways; drop the :fwd/:bwd");
+    const std::string spec = e.substr(eq + 1);
+    Status s = check_grad_codec_spec(spec);
+    if (!s.ok()) return s.prepend(where);
+    for (const auto& [src, dst] : sel->pairs) specs[size_t(t.coord_of(src).stage)] = spec;
+  }
+  return specs;
 }
 
 Status PipelineJobConfig::validate() const {
@@ -133,6 +176,11 @@ Status PipelineJobConfig::validate() const {
     if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
   }
   LH_ASSIGN_OR_RETURN(SyncConfig sc, parse_sync(sync));
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> grad, grad_specs());
+  for (const std::string& g : grad)
+    if (sc.diloco() && is_powersgd_spec(g))
+      return invalid_argument("--compress-link '" + g +
+                              "' for replicas with --sync diloco: PowerSGD runs with --sync every-step only");
   if (sc.diloco() && is_powersgd_spec(compress_grad))
     return invalid_argument("--compress-grad '" + compress_grad +
                             "' with --sync diloco: PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients "

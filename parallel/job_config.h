@@ -38,7 +38,11 @@ struct PipelineJobConfig {
   Result<Partition> make_partition() const;  // "speed" gives the even split until planned
   // The partition for workers of these speeds (in rank order), as a string for `partition`.
   Result<std::string> planned_partition(const std::vector<double>& speeds) const;
-  Result<CodecPlan> codec_plan() const;
+  Result<CodecPlan> codec_plan() const;  // from the --compress-link entries that name pipeline links
+  // The weight-gradient codec of each stage's dp group: --compress-grad, replaced for the groups a --compress-link
+  // entry naming replica links touches (e.g. s1d0-s1d1=int4 or d0-d1=ef+int4; later entries win). A group's
+  // all-reduce needs one codec, so these entries take no :DIR.
+  Result<std::vector<std::string>> grad_specs() const;
 
   // Every field; from_json refuses missing or mistyped fields, naming them, then validates.
   nlohmann::json to_json() const;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "parallel/topology.h"
 
@@ -18,5 +20,16 @@ std::string link_name(const Topology& topology, int src, int dst);
 // The kind of a pair: "pipeline" (adjacent stages, same replica and shard), "dp" (same stage and shard),
 // "tp" (same stage and replica), or "cross" (anything else, e.g. the norm between non-neighbours).
 std::string link_kind(const Topology& topology, int src, int dst);
+
+// What a link selector names: its kind and every directed pair it covers.
+struct LinkSelection {
+  std::string kind;                        // pipeline | dp | tp | cross
+  std::vector<std::pair<int, int>> pairs;  // (src, dst) ranks, in rank order
+};
+// Parses LINK[:DIR] (docs/grid.md §1): LINK := END-END, END := STAGE | [sN][dN][tN]; an axis named on neither end
+// is a wildcard; the ends differ in exactly one axis (pipeline: adjacent stages, written in forward order; dp:
+// replicas; tp: shards) or name full coordinates (cross). DIR fwd is low end → high end, bwd the reverse, none both.
+// Errors name the text and what is wrong with it.
+Result<LinkSelection> parse_link_selector(const Topology& topology, const std::string& text);
 
 }  // namespace lh

@@ -110,7 +110,8 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   StageRunnerOptions ro;
   ro.microbatches = job->microbatches;
   ro.schedule = job->schedule;
-  ro.compress_grad = job->compress_grad;
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> grad_specs, job->grad_specs());
+  ro.compress_grad = grad_specs.at(size_t(topology.coord_of(plan.rank).stage));
   LH_ASSIGN_OR_RETURN(ro.sync, parse_sync(job->sync));
   ro.receive_timeout = options.receive_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,

@@ -209,6 +209,24 @@ TEST_F(Launch, CompressedGradientsAreMeteredAsGrad) {
   EXPECT_EQ(grad_rows, 2) << r.output;  // 0→1 and 1→0
 }
 
+// A --compress-link entry naming replica links sets that stage's group codec; the others keep --compress-grad.
+TEST_F(Launch, ReplicaLinkOverrideSetsOneGroupsCodec) {
+  std::string metrics = temp_path("grad_group.jsonl");
+  BinRun r =
+      run(launch_args(4, 2, metrics, {"--dp", "2", "--compress-grad", "int8", "--compress-link", "s1d0-s1d1=bf16"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("s0d0-s0d1:fwd  grad"), std::string::npos) << r.output;
+  std::istringstream in(r.output);
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(" grad ") == std::string::npos) continue;
+    ++rows;
+    const bool stage1 = line.find("s1d0-s1d1") != std::string::npos;
+    EXPECT_NE(line.find(stage1 ? "bf16" : "int8"), std::string::npos) << line;
+  }
+  EXPECT_EQ(rows, 4) << r.output;
+}
+
 // `longhaul coordinator` and two `longhaul worker` processes, as on two machines (here both on loopback).
 TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
   const int steps = 3;

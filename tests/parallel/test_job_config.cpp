@@ -64,6 +64,34 @@ TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
   }
 }
 
+TEST(PipelineJobConfig, ReplicaLinkOverridesSetEachGroupsGradientCodec) {
+  PipelineJobConfig c = four_stages();
+  c.pp = 2;
+  c.dp = 2;
+  c.workers = 4;
+  c.partition.clear();
+  c.sync = "every-step";
+  c.compress_link = {"0-1:fwd=int4", "s1d0-s1d1=int8"};
+  EXPECT_EQ(value_of(c.grad_specs()), (std::vector<std::string>{"ef+int4", "int8"}));
+  EXPECT_EQ(value_of(c.codec_plan()).spec({0, 1}, LinkDir::kFwd), "int4");  // pipeline entries still apply
+  c.compress_link = {"d0-d1=bf16", "s0d0-s0d1=powersgd:rank=2"};            // later wins
+  EXPECT_EQ(value_of(c.grad_specs()), (std::vector<std::string>{"powersgd:rank=2", "bf16"}));
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  for (auto [entry, says] : std::vector<std::pair<std::string, std::string>>{
+           {"s0d0-s0d1:fwd=int4", "drop the :fwd/:bwd"},
+           {"s0d0-s1d1=int4", "a cross pair carries no codec"},
+           {"d0-d1=lowrank:rank=2", "'lowrank' cannot compress"},
+           {"d0-d1=int9", "int9"},
+       }) {
+    PipelineJobConfig bad = c;
+    bad.compress_link = {entry};
+    Status s = bad.validate();
+    ASSERT_FALSE(s.ok()) << entry;
+    EXPECT_NE(s.message().find("--compress-link '" + entry + "'"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(says), std::string::npos) << s.message();
+  }
+}
+
 TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
   const PipelineJobConfig c = four_stages();
   const nlohmann::json j = c.to_json();
