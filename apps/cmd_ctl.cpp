@@ -85,23 +85,26 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
 
   auto* set = cmd->add_subcommand(
       "set-codec", "switch a codec at a step boundary on both ends: one pipeline link, or the replicas' gradients");
-  set->add_option("--link", f->link, "the pipeline link, A-B (stages, e.g. 1-2)");
+  set->add_option("--link", f->link,
+                  "the pipeline link A-B (stages, e.g. 1-2); with --role grad, replica links (s1d0-s1d1, d0-d1): "
+                  "their stages' groups (default: every group)");
   set->add_option("--dir", f->dir, "fwd (activations) or bwd (activation gradients)");
   set->add_option("--role", f->role,
-                  "act, act_grad (same as --dir fwd/bwd), or grad: the weight gradients between replicas (no --link)");
+                  "act, act_grad (same as --dir fwd/bwd), or grad: the weight gradients between replicas");
   set->add_option("spec", f->spec, "codec spec, e.g. int4, lowrank:rank=8+int8, powersgd:rank=4 (grad)")->required();
   set->callback([f] {
     if (!f->role.empty() && f->role != "act" && f->role != "act_grad" && f->role != "grad")
       fail("--role '" + f->role + "': choose act, act_grad or grad", 2);
     if (f->role == "grad") {
-      if (!f->link.empty() || !f->dir.empty())
-        fail("--role grad switches every replica link: drop --link and --dir", 2);
-      auto j = request(*f, "set-codec", nlohmann::json{{"role", "grad"}, {"spec", f->spec}}.dump());
+      if (!f->dir.empty()) fail("--role grad: a replica group's all-reduce uses one codec both ways; drop --dir", 2);
+      nlohmann::json args{{"role", "grad"}, {"spec", f->spec}};
+      if (!f->link.empty()) args["link"] = f->link;
+      auto j = request(*f, "set-codec", args.dump());
       if (f->json)
         std::printf("%s\n", j.dump().c_str());
       else
-        std::printf("the replicas' gradients switch to %s from step %lld\n", j.value("spec", std::string()).c_str(),
-                    static_cast<long long>(j.value("from_step", int64_t(0))));
+        std::printf("gradients of %s switch to %s from step %lld\n", j.value("link", std::string()).c_str(),
+                    j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
       return;
     }
     const std::string role_dir = f->role == "act" ? "fwd" : f->role == "act_grad" ? "bwd" : "";

@@ -3,6 +3,7 @@
 #include "parallel/pipeline_coordinator.h"
 
 #include "core/log.h"
+#include "parallel/link_name.h"
 
 namespace lh {
 
@@ -111,32 +112,38 @@ nlohmann::json PipelineCoordinator::status_json() {
         e["measured_bps"] = 8.0 * e.value("wire_bytes", uint64_t(0)) / e.value("busy_seconds", 0.0);
       links.push_back(std::move(e));
     }
-  if (topology_.dp() > 1) {  // the replicas' gradient traffic, every dp link together
-    std::string spec = job_.compress_grad;
-    for (const auto& [from, s] : grad_changes_)
-      if (from <= step + 1) spec = s;
-    nlohmann::json e = {{"link", "replicas"}, {"dir", "grad"}, {"spec", spec}};
-    uint64_t raw = 0, wire = 0;
-    double busy = 0;
-    if (summary.ok())
-      for (const LinkTotals& t : summary->links)
-        if (t.role == "grad") {
-          raw += t.raw_bytes;
-          wire += t.wire_bytes;
-          busy += t.seconds;
-        }
-    e["raw_bytes"] = raw;
-    e["wire_bytes"] = wire;
-    e["busy_seconds"] = busy;
-    if (busy > 0) e["measured_bps"] = 8.0 * double(wire) / busy;
-    links.push_back(std::move(e));
+  if (topology_.dp() > 1) {          // the replicas' gradient traffic, one row per stage's dp group
+    auto specs = job_.grad_specs();  // valid: the job was validated at start
+    for (int s = 0; s < topology_.pp(); ++s) {
+      std::string spec = specs.ok() ? (*specs)[size_t(s)] : job_.compress_grad;
+      for (const GradChange& c : grad_changes_)
+        if (c.from <= step + 1 && (c.stage < 0 || c.stage == s)) spec = c.spec;
+      nlohmann::json e = {{"link", group_label(s)}, {"dir", "grad"}, {"spec", spec}};
+      uint64_t raw = 0, wire = 0;
+      double busy = 0;
+      if (summary.ok())
+        for (const LinkTotals& t : summary->links)
+          if (t.role == "grad" && t.src >= 0 && t.src < topology_.workers() && topology_.coord_of(t.src).stage == s) {
+            raw += t.raw_bytes;
+            wire += t.wire_bytes;
+            busy += t.seconds;
+          }
+      e["raw_bytes"] = raw;
+      e["wire_bytes"] = wire;
+      e["busy_seconds"] = busy;
+      if (busy > 0) e["measured_bps"] = 8.0 * double(wire) / busy;
+      links.push_back(std::move(e));
+    }
   }
   nlohmann::json changes = nlohmann::json::array();
   for (const CodecChange& c : codecs_.changes())
     changes.push_back(
         {{"link", c.link.name()}, {"dir", link_dir_name(c.dir)}, {"spec", c.spec}, {"from_step", c.from_step}});
-  for (const auto& [from, spec] : grad_changes_)
-    changes.push_back({{"link", "replicas"}, {"dir", "grad"}, {"spec", spec}, {"from_step", from}});
+  for (const GradChange& c : grad_changes_)
+    changes.push_back({{"link", c.stage < 0 ? std::string("replicas") : group_label(c.stage)},
+                       {"dir", "grad"},
+                       {"spec", c.spec},
+                       {"from_step", c.from}});
   auto part = job_.make_partition();  // valid: the job was validated at start
   return {{"job", job_.to_json()},
           {"step", step},
@@ -147,8 +154,13 @@ nlohmann::json PipelineCoordinator::status_json() {
           {"workers", coordinator_->status_json()}};
 }
 
-// The replicas' gradient codec: one spec for every dp group, from the next step boundary.
-Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec) {
+std::string PipelineCoordinator::group_label(int stage) const {
+  return topology_.pp() > 1 ? "s" + std::to_string(stage) + " replicas" : "replicas";
+}
+
+// The replicas' gradient codec, from the next step boundary: every dp group's, or (with a link naming replica
+// links) the groups of the stages it touches — a group's all-reduce uses one codec.
+Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec, const std::string& link) {
   if (topology_.dp() < 2)
     return invalid_argument("set-codec --role grad: the job has one replica (--dp 1), so no gradients cross a link");
   {
@@ -158,11 +170,34 @@ Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string
   LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job_.sync));
   if (sync.diloco() && is_powersgd_spec(spec))
     return invalid_argument("set-codec --role grad '" + spec + "': PowerSGD runs with --sync every-step only");
+  std::map<int, std::pair<int, int>> stages;  // stage → one of its dp pairs
+  if (!link.empty()) {
+    auto sel = parse_link_selector(topology_, link);
+    if (!sel.ok()) return Status(sel.status()).prepend("set-codec --role grad --link");
+    if (sel->kind != "dp")
+      return invalid_argument("set-codec --role grad --link '" + link + "' names " + sel->kind +
+                              " links; name replica links, e.g. " +
+                              link_name(topology_, 0, topology_.rank_of({0, 0, 1})));
+    if (link.find(':') != std::string::npos)
+      return invalid_argument("set-codec --role grad --link '" + link +
+                              "': a replica group's all-reduce uses one codec both ways; drop the :fwd/:bwd");
+    for (const auto& p : sel->pairs) stages.emplace(topology_.coord_of(p.first).stage, p);
+  }
   const int64_t from = codecs_.current_step() + 1;
-  grad_changes_.push_back({from, spec});
-  coordinator_->broadcast(SetCodec{-1, -1, "grad", spec, from});
-  LH_LOG_INFO("coordinator: the replicas' gradients switch to {} at step {}", spec, from);
-  return nlohmann::json{{"role", "grad"}, {"spec", spec}, {"from_step", from}}.dump();
+  if (stages.empty()) {
+    grad_changes_.push_back({from, spec, -1});
+    coordinator_->broadcast(SetCodec{-1, -1, "grad", spec, from});
+  } else {
+    for (const auto& [stage, pair] : stages) {
+      grad_changes_.push_back({from, spec, stage});
+      coordinator_->broadcast(SetCodec{pair.first, pair.second, "grad", spec, from});
+    }
+  }
+  LH_LOG_INFO("coordinator: the replicas' gradients{} switch to {} at step {}", link.empty() ? "" : " of " + link, spec,
+              from);
+  return nlohmann::json{
+      {"role", "grad"}, {"link", link.empty() ? "replicas" : link}, {"spec", spec}, {"from_step", from}}
+      .dump();
 }
 
 Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args) {
@@ -178,7 +213,7 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   // Workers may be one step past the newest report; two ahead is a boundary none has begun.
   const int64_t newest = collector_->newest_step();
   if (newest + 1 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 1));
-  if (text("role") == "grad") return set_grad_codec_locked(text("spec"));
+  if (text("role") == "grad") return set_grad_codec_locked(text("spec"), text("link"));
   CodecChange change;
   if (j.contains("link")) {
     LH_ASSIGN_OR_RETURN(change, codecs_.request_change(text("link"), text("dir"), text("spec")));

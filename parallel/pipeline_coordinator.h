@@ -41,7 +41,9 @@ class PipelineCoordinator {
   Result<std::string> handle_ctl(const std::string& command, const std::string& args);
 
  private:
-  Result<std::string> set_grad_codec_locked(const std::string& spec);  // holds mu_
+  Result<std::string> set_grad_codec_locked(const std::string& spec, const std::string& link);  // holds mu_
+  // "replicas" (pp = 1) or "s1 replicas": the status row of one stage's dp group.
+  std::string group_label(int stage) const;
   PipelineCoordinator(PipelineJobConfig job, Topology topology, CodecSchedule schedule)
       : job_(std::move(job)), topology_(std::move(topology)), codecs_(std::move(schedule)) {}
   Result<std::vector<Plan>> make_plans(const std::vector<WorkerInfo>& workers);
@@ -52,7 +54,12 @@ class PipelineCoordinator {
   Topology topology_;
   std::mutex mu_;  // guards codecs_ and failure_
   CodecSchedule codecs_;
-  std::vector<std::pair<int64_t, std::string>> grad_changes_;  // (from step, spec) of ctl set-codec --role grad
+  struct GradChange {
+    int64_t from = 0;
+    std::string spec;
+    int stage = -1;  // whose dp group; −1: every group
+  };
+  std::vector<GradChange> grad_changes_;  // ctl set-codec --role grad [--link …]
   std::optional<Status> failure_;
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<Coordinator> coordinator_;

@@ -132,6 +132,15 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
       }
       for (const SetCodec& m : events.take_codec_changes()) {
         if (m.dir == "grad") {
+          // A change naming a pair is for that stage's dp group only.
+          if (m.src >= 0) {
+            auto c = topology.checked_coord_of(m.src);
+            if (!c.ok()) {
+              LH_LOG_WARN("set-codec ignored: {}", c.status().message());
+              continue;
+            }
+            if (c->stage != topology.coord_of(plan.rank).stage) continue;
+          }
           const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
           Status s = runner->schedule_grad_codec(m.spec, from);
           if (!s.ok())

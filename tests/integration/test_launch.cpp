@@ -328,9 +328,9 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
   BinRun bad_spec = run(with({"set-codec", "--role", "grad", "lowrank:rank=2"}), 30s);
   EXPECT_NE(bad_spec.code, 0);
   EXPECT_NE(bad_spec.output.find("'lowrank' cannot compress"), std::string::npos) << bad_spec.output;
-  BinRun bad_link = run(with({"set-codec", "--role", "grad", "--link", "0-1", "int8"}), 30s);
+  BinRun bad_link = run(with({"set-codec", "--role", "grad", "--link", "d0-d1:fwd", "int8"}), 30s);
   EXPECT_NE(bad_link.code, 0);
-  EXPECT_NE(bad_link.output.find("drop --link"), std::string::npos) << bad_link.output;
+  EXPECT_NE(bad_link.output.find("drop the :fwd/:bwd"), std::string::npos) << bad_link.output;
   BinRun set = run(with({"--json", "set-codec", "--role", "grad", "int8"}), 30s);
   ASSERT_EQ(set.code, 0) << set.output;
   const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
@@ -362,6 +362,53 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
       EXPECT_EQ(p.value, wire.front().value) << "step " << p.step;
   }
   EXPECT_EQ(records->size(), size_t(2 * steps));
+}
+
+// `ctl set-codec --role grad --link s1d0-s1d1` switches only stage 1's replica group.
+TEST_F(Launch, CtlSwitchesOneReplicaGroupsCodec) {
+  const int steps = 30;
+  std::string metrics = temp_path("ctl_group.jsonl"), out = temp_path("ctl_group_launch.txt");
+  pid_t launch = spawn(launch_args(4, steps, metrics, {"--dp", "2", "--link", "2M,1ms", "--token", "ctl-group"}), out);
+  std::string ep = wait_for_line(out, "coordinator ", 60s);
+  ep = ep.substr(0, ep.find(' '));
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = {"ctl", "--coordinator", ep, "--token", "ctl-group"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  int64_t step = -1;
+  for (int i = 0; i < 600 && step < 1; ++i) {
+    BinRun s = run(with({"--json", "status"}), 30s);
+    ASSERT_EQ(s.code, 0) << s.output;
+    step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
+    if (step < 1) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GE(step, 1);
+  BinRun pipeline = run(with({"set-codec", "--role", "grad", "--link", "0-1", "int8"}), 30s);
+  EXPECT_NE(pipeline.code, 0);
+  EXPECT_NE(pipeline.output.find("names pipeline links; name replica links"), std::string::npos) << pipeline.output;
+  BinRun set = run(with({"--json", "set-codec", "--role", "grad", "--link", "s1d0-s1d1", "int8"}), 30s);
+  ASSERT_EQ(set.code, 0) << set.output;
+  const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
+  BinRun status = run(with({"status"}), 30s);
+  EXPECT_NE(status.output.find("link s1 replicas grad -> int8 from step " + std::to_string(from)), std::string::npos)
+      << status.output;
+  ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
+  ASSERT_LE(from, steps) << "the job ended before the switch";
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok());
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok());
+  int grad_links = 0;
+  for (const LinkTotals& t : sum->links)
+    if (t.role == "grad") {
+      ++grad_links;
+      const bool stage1 = t.src >= 2;  // ranks 2, 3
+      EXPECT_EQ(t.codecs, stage1 ? (std::vector<std::string>{"none", "int8"}) : (std::vector<std::string>{"none"}))
+          << t.src << "→" << t.dst;
+    }
+  EXPECT_EQ(grad_links, 4);
 }
 
 // The name `ps -o comm`, `top` and `pgrep` show.
