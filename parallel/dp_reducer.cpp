@@ -87,6 +87,15 @@ Result<SyncConfig> parse_sync(const std::string& text) {
   return c;
 }
 
+Status check_grad_codec_spec(const std::string& spec, const SyncConfig& sync) {
+  LH_RETURN_IF_ERROR(check_grad_codec_spec(spec));
+  if (sync.diloco() && is_powersgd_spec(spec))
+    return invalid_argument("'" + spec +
+                            "': PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients take a codec chain "
+                            "(e.g. int4)");
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<DpReducer>> DpReducer::create(DataPlane& plane, const Topology& topology, int rank,
                                                      std::string spec, std::chrono::milliseconds timeout) {
   {
@@ -108,15 +117,13 @@ Result<std::unique_ptr<DpReducer>> DpReducer::create(DataPlane& plane, const Top
 
 Status DpReducer::set_spec(const std::string& spec) {
   {
-    Status s = check_grad_codec_spec(spec);
+    Status s = check_grad_codec_spec(spec, sync_);
     if (!s.ok()) return s.prepend("--compress-grad");
   }
   if (!powersgd_step_.empty()) return invalid_argument("the gradient codec changes between steps only");
   std::optional<PowerSgdConfig> p;
   if (is_powersgd_spec(spec)) {
-    LH_ASSIGN_OR_RETURN(PowerSgdConfig c, parse_powersgd(spec));
-    if (sync_.diloco()) return invalid_argument("--compress-grad '" + spec + "': PowerSGD runs with --sync every-step");
-    p = c;
+    LH_ASSIGN_OR_RETURN(p, parse_powersgd(spec));
   }
   powersgd_ = p;
   spec_ = spec;
@@ -206,6 +213,21 @@ Status DpReducer::finish() {
   return group_->wait_all();
 }
 
+CollectiveOptions DpReducer::powersgd_options(const PowerSgdBucket& state, int bucket, int part) const {
+  CollectiveOptions o;
+  o.role = Role::kWeightGrad;
+  o.average = true;
+  o.stream = 3 * bucket + part;
+  if (part == 2) {
+    o.spec = "none";  // vectors and small matrices travel uncompressed, as in PowerSGD
+  } else {
+    o.spec = powersgd_->wire;
+    // P and Q together stand for the matrices' values on the meter.
+    o.raw_scale = double(state.matrix_values()) / double(std::max<int64_t>(1, state.p_values() + state.q_values()));
+  }
+  return o;
+}
+
 // Round 1 starts as soon as backward has finished the bucket: P of every matrix and the uncompressed rest.
 Status DpReducer::powersgd_ready(ParamGroup& group, int bucket) {
   auto& state = powersgd_state_[bucket];
@@ -224,25 +246,15 @@ Status DpReducer::powersgd_ready(ParamGroup& group, int bucket) {
   st.grads = group.grads.to_vector();
   std::vector<float> p, rest;
   state->round1(st.grads.data(), &p, &rest);
-  CollectiveOptions o;
-  o.role = Role::kWeightGrad;
-  o.average = true;
-  o.spec = powersgd_->wire;
-  // P and Q together stand for the matrices' values on the meter.
-  o.raw_scale = double(state->matrix_values()) / double(std::max<int64_t>(1, state->p_values() + state->q_values()));
   if (!p.empty()) {
     st.p = Tensor::from_vector(p, {int64_t(p.size())});
-    o.stream = 3 * bucket;
-    auto id = group_->start_all_reduce(st.p, o);
+    auto id = group_->start_all_reduce(st.p, powersgd_options(*state, bucket, 0));
     if (!id.ok()) return Status(id.status()).prepend("PowerSGD: P of " + group.name);
     st.p_op = *id;
   }
   if (!rest.empty()) {
     st.rest = Tensor::from_vector(rest, {int64_t(rest.size())});
-    o.stream = 3 * bucket + 2;
-    o.raw_scale = 1.0;
-    o.spec = "none";  // vectors and small matrices travel uncompressed, as in PowerSGD
-    auto id = group_->start_all_reduce(st.rest, o);
+    auto id = group_->start_all_reduce(st.rest, powersgd_options(*state, bucket, 2));
     if (!id.ok()) return Status(id.status()).prepend("PowerSGD: vectors of " + group.name);
   }
   powersgd_step_.push_back(std::move(st));
@@ -258,13 +270,7 @@ Status DpReducer::powersgd_finish() {
     std::vector<float> q;
     state.round2(st.p.to_vector(), &q);
     st.q = Tensor::from_vector(q, {int64_t(q.size())});
-    CollectiveOptions o;
-    o.role = Role::kWeightGrad;
-    o.average = true;
-    o.spec = powersgd_->wire;
-    o.stream = 3 * st.bucket + 1;
-    o.raw_scale = double(state.matrix_values()) / double(std::max<int64_t>(1, state.p_values() + state.q_values()));
-    auto id = group_->start_all_reduce(st.q, o);
+    auto id = group_->start_all_reduce(st.q, powersgd_options(state, st.bucket, 1));
     if (!id.ok()) return Status(id.status()).prepend("PowerSGD: Q of " + st.group->name);
   }
   LH_RETURN_IF_ERROR(group_->wait_all());
@@ -279,10 +285,10 @@ Status DpReducer::powersgd_finish() {
 }
 
 Status DpReducer::start_diloco(const std::vector<ParamGroup*>& groups, const SyncConfig& sync) {
-  if (powersgd_)
-    return invalid_argument("--compress-grad '" + spec_ +
-                            "': PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients take a codec chain "
-                            "(e.g. int4)");
+  {
+    Status s = check_grad_codec_spec(spec_, sync);
+    if (!s.ok()) return s.prepend("--compress-grad");
+  }
   sync_ = sync;
   anchor_.clear();
   momentum_.clear();

@@ -38,6 +38,10 @@ struct SyncConfig {
 // that is not > 0, a momentum outside [0, 1).
 Result<SyncConfig> parse_sync(const std::string& text);
 
+// check_grad_codec_spec, and that the spec suits `sync`: PowerSGD averages every step (DiLoCo's pseudo-gradients
+// take a codec chain). The one place that rule lives: flags, live switches, the reducer and resumes call it.
+Status check_grad_codec_spec(const std::string& spec, const SyncConfig& sync);
+
 class DpReducer {
  public:
   // The dp group of `rank` (same stage and tensor shard, every replica, in replica order).
@@ -92,6 +96,8 @@ class DpReducer {
   std::vector<PowerSgdStep> powersgd_step_;
   std::map<int, std::pair<std::vector<float>, std::vector<float>>> powersgd_restore_;  // loaded, applied on first use
   Status powersgd_ready(ParamGroup& group, int bucket);
+  // The options of one of a bucket's PowerSGD all-reduces: P (0), Q (1) or the uncompressed rest (2).
+  CollectiveOptions powersgd_options(const PowerSgdBucket& state, int bucket, int part) const;
   Status powersgd_finish();
   std::vector<std::vector<float>> anchor_, momentum_;  // DiLoCo: θ_sync and the outer momentum, per group
 };

@@ -177,14 +177,11 @@ Status PipelineJobConfig::validate() const {
   }
   LH_ASSIGN_OR_RETURN(SyncConfig sc, parse_sync(sync));
   LH_ASSIGN_OR_RETURN(std::vector<std::string> grad, grad_specs());
-  for (const std::string& g : grad)
-    if (sc.diloco() && is_powersgd_spec(g))
-      return invalid_argument("--compress-link '" + g +
-                              "' for replicas with --sync diloco: PowerSGD runs with --sync every-step only");
-  if (sc.diloco() && is_powersgd_spec(compress_grad))
-    return invalid_argument("--compress-grad '" + compress_grad +
-                            "' with --sync diloco: PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients "
-                            "take a codec chain (e.g. int4)");
+  grad.push_back(compress_grad);  // refused with DiLoCo even where every group overrides it
+  for (const std::string& g : grad) {
+    Status s = check_grad_codec_spec(g, sc);
+    if (!s.ok()) return s.prepend("--compress-grad / --compress-link for replicas with --sync " + sync);
+  }
   return Status::Ok();
 }
 

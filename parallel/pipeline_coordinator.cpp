@@ -163,13 +163,11 @@ std::string PipelineCoordinator::group_label(int stage) const {
 Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec, const std::string& link) {
   if (topology_.dp() < 2)
     return invalid_argument("set-codec --role grad: the job has one replica (--dp 1), so no gradients cross a link");
+  LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job_.sync));
   {
-    Status s = check_grad_codec_spec(spec);
+    Status s = check_grad_codec_spec(spec, sync);
     if (!s.ok()) return s.prepend("set-codec --role grad '" + spec + "'");
   }
-  LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job_.sync));
-  if (sync.diloco() && is_powersgd_spec(spec))
-    return invalid_argument("set-codec --role grad '" + spec + "': PowerSGD runs with --sync every-step only");
   std::map<int, std::pair<int, int>> stages;  // stage → one of its dp pairs
   if (!link.empty()) {
     auto sel = parse_link_selector(topology_, link);

@@ -54,6 +54,7 @@ struct ProcessGroup::Op {
   int id = 0;
   int seq = 0;
   CollectiveOptions opt;
+  const compress::CodecChain* chain = nullptr;  // opt.spec parsed, owned by the group
   bool ring = false;
   Tensor user;  // the caller's tensor
   Tensor host;  // f32 [numel] on the CPU: a view of `user`, or a copy of it
@@ -110,13 +111,13 @@ compress::StreamState& ProcessGroup::state(const CollectiveOptions& opt, int chu
   return states_.try_emplace({opt.stream, chunk, phase, end}, codec_role(opt.role)).first->second;
 }
 
-const compress::CodecChain& ProcessGroup::chain(const std::string& spec) {
+Result<const compress::CodecChain*> ProcessGroup::chain(const std::string& spec) {
   auto it = chains_.find(spec);
   if (it == chains_.end()) {
-    auto c = compress::parse_codec_spec(spec);
-    it = chains_.emplace(spec, c.ok() ? std::move(c).value() : compress::CodecChain()).first;
+    LH_ASSIGN_OR_RETURN(compress::CodecChain c, compress::parse_codec_spec(spec));
+    it = chains_.emplace(spec, std::move(c)).first;
   }
-  return it->second;
+  return &it->second;
 }
 
 Tag ProcessGroup::tag(const Op& op, int packet) const {
@@ -134,11 +135,11 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   if (options.stream < 0) return invalid_argument(name_ + ": stream ids are non-negative");
   if (sequence_ > kMaxSequence)
     return out_of_range(name_ + ": more than " + std::to_string(kMaxSequence + 1) + " collectives in one step");
-  {
-    auto c = compress::parse_codec_spec(options.spec);
-    if (!c.ok()) return Status(c.status()).prepend(name_ + ": codec");
-  }
+  auto parsed = chain(options.spec);
+  if (!parsed.ok()) return Status(parsed.status()).prepend(name_ + ": codec");
+  const compress::CodecChain& ch = **parsed;
   auto op = std::make_unique<Op>();
+  op->chain = &ch;
   op->id = next_id_++;
   op->seq = sequence_++;
   op->opt = options;
@@ -154,7 +155,7 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   const int n = size(), i = index_;
   CollectiveAlgo algo = options.algo;
   if (algo == CollectiveAlgo::kAuto) {
-    auto packet = chain(options.spec).packet_bytes({numel});
+    auto packet = ch.packet_bytes({numel});
     const int64_t bytes = packet.ok() ? int64_t(*packet) : numel * 4;
     algo = (n <= 2 || bytes < kDirectBelowBytes) ? CollectiveAlgo::kDirect : CollectiveAlgo::kRing;
   }
@@ -165,7 +166,6 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
     LH_RETURN_IF_ERROR(finish(o));
     return o.id;
   }
-  const compress::CodecChain& ch = chain(options.spec);
   if (o.ring) {
     for (int c = 0; c <= n; ++c) o.bounds.push_back(numel * c / n);
     const int next = members_[wrap(i + 1, n)], prev = members_[wrap(i - 1, n)];
@@ -191,7 +191,7 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
 Status ProcessGroup::on_packet(Op& o, Bytes packet) {
   const int n = size(), i = index_;
   const int next = members_[wrap(i + 1, n)], prev = members_[wrap(i - 1, n)];
-  const compress::CodecChain& ch = chain(o.opt.spec);
+  const compress::CodecChain& ch = *o.chain;
   const int h = o.hop;
   auto decode_into = [&](const Bytes& b, int c, int phase, Tensor* out) -> Status {
     const Shape shape{o.bounds[c + 1] - o.bounds[c]};

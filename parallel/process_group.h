@@ -89,7 +89,8 @@ class ProcessGroup {
   Status on_packet(Op& op, Bytes packet);
   Status finish(Op& op);
   compress::StreamState& state(const CollectiveOptions& opt, int chunk, int phase, int end);
-  const compress::CodecChain& chain(const std::string& spec);
+  // The parsed chain of `spec`, parsed once per spec and kept (map entries stay put, so ops hold the pointer).
+  Result<const compress::CodecChain*> chain(const std::string& spec);
   Tag tag(const Op& op, int packet) const;
   std::string op_name(const Op& op) const;
 

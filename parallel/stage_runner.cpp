@@ -154,40 +154,35 @@ Status StageRunner::backward(int mb) {
   // The step's last backward finishes each parameter group in turn (head, blocks from the last, embedding):
   // each is handed to the dp reducer as soon as it is final, so its exchange overlaps the rest.
   const bool hand_over = reducer_ && !options_.sync.diloco() && ++backwards_ == options_.microbatches;
-  const int head_bucket = 1 + train_.model.layers;  // stable bucket ids: embedding 0, block l 1 + l, head
   if (span_.has_head) {
     if (!d.defined() || d.shape() != Shape{B, T, train_.model.d_model}) {
       LH_ASSIGN_OR_RETURN(d, Tensor::create({B, T, train_.model.d_model}, DType::f32, model_.device()));
     }
     LH_RETURN_IF_ERROR(model_.head_backward(c, 1.0f / float(options_.microbatches), d));
-    if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.head(), head_bucket));
+    if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.head(), bucket_of(model_.head())));
   }
   if (!hand_over) {
     LH_RETURN_IF_ERROR(model_.blocks_backward(span_.first_block, span_.end_block(), c, d));
   } else {
     for (int l = span_.end_block() - 1; l >= span_.first_block; --l) {
       LH_RETURN_IF_ERROR(model_.blocks_backward(l, l + 1, c, d));
-      LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.block(l), 1 + l));
+      LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.block(l), bucket_of(model_.block(l))));
     }
   }
   if (span_.has_embedding) {
     LH_RETURN_IF_ERROR(model_.embed_backward(c, d));
-    if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.embedding(), 0));
+    if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.embedding(), bucket_of(model_.embedding())));
   }
   return Status::Ok();
 }
 
-std::vector<int> StageRunner::bucket_ids(const std::vector<ParamGroup*>& groups) const {
-  std::vector<int> ids;
-  for (const ParamGroup* g : groups) {
-    if (g->name == "embedding")
-      ids.push_back(0);
-    else if (g->name == "head")
-      ids.push_back(1 + train_.model.layers);
-    else
-      ids.push_back(1 + std::stoi(g->name.substr(g->name.find('.') + 1)));  // "block.N"
-  }
-  return ids;
+int StageRunner::bucket_of(const ParamGroup& group) {
+  if (&group == &model_.embedding()) return 0;
+  if (&group == &model_.head()) return 1 + train_.model.layers;
+  for (int l = span_.first_block; l < span_.end_block(); ++l)
+    if (&group == &model_.block(l)) return 1 + l;
+  LH_ASSERT(false, "parameter group " + group.name + " is not this stage's");
+  return -1;
 }
 
 Status StageRunner::schedule_grad_codec(const std::string& spec, int64_t from_step) {
@@ -271,7 +266,9 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   acfg.weight_decay = train_.weight_decay;
   LH_RETURN_IF_ERROR(opt_.step(model_.exec(), groups, acfg, /*clip=*/0.f, step).status());
   if (options_.sync.diloco() && step % options_.sync.H == 0) {
-    Status s = reducer_->outer_step(groups, bucket_ids(groups));
+    std::vector<int> buckets;
+    for (const ParamGroup* g : groups) buckets.push_back(bucket_of(*g));
+    Status s = reducer_->outer_step(groups, buckets);
     if (!s.ok()) return s.prepend("step " + std::to_string(step));
   }
 

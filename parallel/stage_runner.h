@@ -98,8 +98,9 @@ class StageRunner {
   Status backward(int mb);                           // with dp, the last one hands each bucket to the reducer
   // The mean over the dp group of a value every replica computed on its slice (the value itself for dp = 1).
   Result<double> replica_mean(double value);
-  // Stable ids of the parameter groups for the reducer's codec streams: embedding 0, block l 1 + l, head.
-  std::vector<int> bucket_ids(const std::vector<ParamGroup*>& groups) const;
+  // The stable id of one of this stage's parameter groups for the reducer's codec streams: embedding 0,
+  // block l 1 + l, head 1 + layers.
+  int bucket_of(const ParamGroup& group);
   int link_width() const;  // values per token on a link: K with a subspace model, else d_model
   Shape wire_shape(int batch) const { return {batch, train_.model.seq, link_width()}; }
 
