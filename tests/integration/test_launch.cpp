@@ -257,30 +257,48 @@ TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
   EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
 }
 
-TEST_F(Launch, CtlSwitchesACodecMidRun) {
-  const int steps = 40;
-  std::string metrics = temp_path("ctl.jsonl"), out = temp_path("ctl_launch.txt");
-  pid_t launch = spawn(launch_args(2, steps, metrics, {"--link", "2M,1ms", "--token", "ctl-test"}), out);
-  std::string ep = wait_for_line(out, "coordinator ", 60s);
-  ep = ep.substr(0, ep.find(' '));
-  ASSERT_FALSE(ep.empty()) << slurp(out);
-  const std::vector<std::string> ctl = {"ctl", "--coordinator", ep, "--token", "ctl-test"};
-  auto with = [&](std::vector<std::string> more) {
-    std::vector<std::string> a = ctl;
+// A launch job steered through `ctl`: started over slow links, with its coordinator's endpoint found in its output.
+struct CtlJob {
+  pid_t launch = -1;
+  std::string out, ep, token;
+  // `ctl --coordinator EP --token TOKEN` followed by `more`.
+  std::vector<std::string> ctl(std::vector<std::string> more) const {
+    std::vector<std::string> a = {"ctl", "--coordinator", ep, "--token", token};
     a.insert(a.end(), more.begin(), more.end());
     return a;
-  };
-  // A wrong token is refused, naming the problem.
-  BinRun bad = run({"ctl", "--coordinator", ep, "--token", "wrong", "--timeout", "3", "status"}, 30s);
-  EXPECT_NE(bad.code, 0);
+  }
+};
+
+// Spawns `launch` with `workers`, `steps` and `extra` plus --token `token`, and returns once `ctl status` reports
+// a finished step (so a set-codec lands mid-run).
+void start_ctl_job(CtlJob* job, int workers, int steps, const std::string& metrics, std::vector<std::string> extra,
+                   const std::string& token, const std::string& name) {
+  job->token = token;
+  job->out = temp_path(name + "_launch.txt");
+  extra.insert(extra.end(), {"--token", token});
+  job->launch = spawn(launch_args(workers, steps, metrics, extra), job->out);
+  job->ep = wait_for_line(job->out, "coordinator ", 60s);
+  job->ep = job->ep.substr(0, job->ep.find(' '));
+  ASSERT_FALSE(job->ep.empty()) << slurp(job->out);
   int64_t step = -1;
   for (int i = 0; i < 600 && step < 1; ++i) {
-    BinRun s = run(with({"--json", "status"}), 30s);
+    BinRun s = run(job->ctl({"--json", "status"}), 30s);
     ASSERT_EQ(s.code, 0) << s.output;
     step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
     if (step < 1) std::this_thread::sleep_for(50ms);
   }
   ASSERT_GE(step, 1);
+}
+
+TEST_F(Launch, CtlSwitchesACodecMidRun) {
+  const int steps = 40;
+  std::string metrics = temp_path("ctl.jsonl");
+  CtlJob job;
+  ASSERT_NO_FATAL_FAILURE(start_ctl_job(&job, 2, steps, metrics, {"--link", "2M,1ms"}, "ctl-test", "ctl"));
+  auto with = [&](std::vector<std::string> more) { return job.ctl(std::move(more)); };
+  // A wrong token is refused, naming the problem.
+  BinRun bad = run({"ctl", "--coordinator", job.ep, "--token", "wrong", "--timeout", "3", "status"}, 30s);
+  EXPECT_NE(bad.code, 0);
   BinRun set = run(with({"--json", "set-codec", "--link", "0-1", "--dir", "fwd", "int8"}), 30s);
   ASSERT_EQ(set.code, 0) << set.output;
   const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
@@ -291,7 +309,7 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   EXPECT_NE(wrong_link.code, 0);
   EXPECT_NE(wrong_link.output.find("0-2"), std::string::npos) << wrong_link.output;
 
-  ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
+  ASSERT_EQ(wait_exit(job.launch, 300s), 0) << slurp(job.out);
   ASSERT_LE(from, steps) << "the job ended before the switch";
   auto records = read_step_metrics_file(metrics);
   ASSERT_TRUE(records.ok());
@@ -300,30 +318,17 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   ASSERT_EQ(sum->codec_switches.size(), 1u);
   EXPECT_EQ(sum->codec_switches[0].step, from);
   EXPECT_EQ(sum->codec_switches[0].to, "int8");
-  EXPECT_NE(slurp(out).find("int8"), std::string::npos);  // the summary table's codec column
+  EXPECT_NE(slurp(job.out).find("int8"), std::string::npos);  // the summary table's codec column
 }
 
 // `ctl set-codec --role grad` switches the replicas' gradient codec live, at one step on every replica.
 TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
   const int steps = 40;
-  std::string metrics = temp_path("ctl_grad.jsonl"), out = temp_path("ctl_grad_launch.txt");
-  pid_t launch = spawn(launch_args(2, steps, metrics, {"--dp", "2", "--link", "2M,1ms", "--token", "ctl-grad"}), out);
-  std::string ep = wait_for_line(out, "coordinator ", 60s);
-  ep = ep.substr(0, ep.find(' '));
-  ASSERT_FALSE(ep.empty()) << slurp(out);
-  auto with = [&](std::vector<std::string> more) {
-    std::vector<std::string> a = {"ctl", "--coordinator", ep, "--token", "ctl-grad"};
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
-  };
-  int64_t step = -1;
-  for (int i = 0; i < 600 && step < 1; ++i) {
-    BinRun s = run(with({"--json", "status"}), 30s);
-    ASSERT_EQ(s.code, 0) << s.output;
-    step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
-    if (step < 1) std::this_thread::sleep_for(50ms);
-  }
-  ASSERT_GE(step, 1);
+  std::string metrics = temp_path("ctl_grad.jsonl");
+  CtlJob job;
+  ASSERT_NO_FATAL_FAILURE(
+      start_ctl_job(&job, 2, steps, metrics, {"--dp", "2", "--link", "2M,1ms"}, "ctl-grad", "ctl_grad"));
+  auto with = [&](std::vector<std::string> more) { return job.ctl(std::move(more)); };
   // Bad requests are refused, naming what is wrong, and the job goes on.
   BinRun bad_spec = run(with({"set-codec", "--role", "grad", "lowrank:rank=2"}), 30s);
   EXPECT_NE(bad_spec.code, 0);
@@ -339,7 +344,7 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
       << status.output;
   EXPECT_NE(status.output.find("replicas grad"), std::string::npos) << status.output;  // the traffic row
   EXPECT_NE(status.output.find("dp 2"), std::string::npos) << status.output;
-  ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
+  ASSERT_EQ(wait_exit(job.launch, 300s), 0) << slurp(job.out);
   ASSERT_LE(from, steps) << "the job ended before the switch";
   auto records = read_step_metrics_file(metrics);
   ASSERT_TRUE(records.ok());
@@ -367,24 +372,11 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
 // `ctl set-codec --role grad --link s1d0-s1d1` switches only stage 1's replica group.
 TEST_F(Launch, CtlSwitchesOneReplicaGroupsCodec) {
   const int steps = 30;
-  std::string metrics = temp_path("ctl_group.jsonl"), out = temp_path("ctl_group_launch.txt");
-  pid_t launch = spawn(launch_args(4, steps, metrics, {"--dp", "2", "--link", "2M,1ms", "--token", "ctl-group"}), out);
-  std::string ep = wait_for_line(out, "coordinator ", 60s);
-  ep = ep.substr(0, ep.find(' '));
-  ASSERT_FALSE(ep.empty()) << slurp(out);
-  auto with = [&](std::vector<std::string> more) {
-    std::vector<std::string> a = {"ctl", "--coordinator", ep, "--token", "ctl-group"};
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
-  };
-  int64_t step = -1;
-  for (int i = 0; i < 600 && step < 1; ++i) {
-    BinRun s = run(with({"--json", "status"}), 30s);
-    ASSERT_EQ(s.code, 0) << s.output;
-    step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
-    if (step < 1) std::this_thread::sleep_for(50ms);
-  }
-  ASSERT_GE(step, 1);
+  std::string metrics = temp_path("ctl_group.jsonl");
+  CtlJob job;
+  ASSERT_NO_FATAL_FAILURE(
+      start_ctl_job(&job, 4, steps, metrics, {"--dp", "2", "--link", "2M,1ms"}, "ctl-group", "ctl_group"));
+  auto with = [&](std::vector<std::string> more) { return job.ctl(std::move(more)); };
   BinRun pipeline = run(with({"set-codec", "--role", "grad", "--link", "0-1", "int8"}), 30s);
   EXPECT_NE(pipeline.code, 0);
   EXPECT_NE(pipeline.output.find("names pipeline links; name replica links"), std::string::npos) << pipeline.output;
@@ -394,7 +386,7 @@ TEST_F(Launch, CtlSwitchesOneReplicaGroupsCodec) {
   BinRun status = run(with({"status"}), 30s);
   EXPECT_NE(status.output.find("link s1 replicas grad -> int8 from step " + std::to_string(from)), std::string::npos)
       << status.output;
-  ASSERT_EQ(wait_exit(launch, 300s), 0) << slurp(out);
+  ASSERT_EQ(wait_exit(job.launch, 300s), 0) << slurp(job.out);
   ASSERT_LE(from, steps) << "the job ended before the switch";
   auto records = read_step_metrics_file(metrics);
   ASSERT_TRUE(records.ok());

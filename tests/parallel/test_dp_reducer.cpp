@@ -10,30 +10,13 @@
 #include "core/rng.h"
 #include "parallel/dp_reducer.h"
 #include "tests/parallel/local_data_plane.h"
+#include "tests/parallel/param_group_util.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {
 namespace {
 
 constexpr int64_t kRows = 96, kCols = 64;
-
-// One bucket: a kRows×kCols weight and a bias, like a block's group.
-ParamGroup make_group() {
-  ParamGroup g;
-  g.name = "block.0";
-  ParamSlice w;
-  w.name = "w";
-  w.shape = {kRows, kCols};
-  ParamSlice b;
-  b.name = "b";
-  b.offset = kRows * kCols;
-  b.shape = {kCols};
-  g.slices = {w, b};
-  g.numel = kRows * kCols + kCols;
-  g.grads = Tensor::zeros({g.numel});
-  g.params = Tensor::zeros({g.numel});
-  return g;
-}
 
 std::vector<float> noise(uint64_t seed, int64_t n) {
   Rng rng(seed);
@@ -46,7 +29,7 @@ std::vector<float> noise(uint64_t seed, int64_t n) {
 struct Replica {
   std::unique_ptr<LocalDataPlane> plane;
   std::unique_ptr<DpReducer> reducer;
-  ParamGroup group = make_group();
+  ParamGroup group = matrix_and_bias_group(kRows, kCols);  // one bucket, like a block's group
 };
 
 // Runs `body(replica, rank)` on two threads over a fresh fabric with fresh reducers for `spec`/`sync`.

@@ -8,26 +8,11 @@
 #include "core/rng.h"
 #include "parallel/dp_reducer.h"
 #include "parallel/powersgd.h"
+#include "tests/parallel/param_group_util.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {
 namespace {
-
-// A group with one rows×cols weight (at offset 0) and a bias of `cols` after it.
-ParamGroup group_of(int64_t rows, int64_t cols) {
-  ParamGroup g;
-  g.name = "block.0";
-  ParamSlice w;
-  w.name = "w";
-  w.shape = {rows, cols};
-  ParamSlice b;
-  b.name = "b";
-  b.offset = rows * cols;
-  b.shape = {cols};
-  g.slices = {w, b};
-  g.numel = rows * cols + cols;
-  return g;
-}
 
 // Sum of `rank` random outer products, then a bias of ones.
 std::vector<float> low_rank_gradient(int64_t rows, int64_t cols, int rank, uint64_t seed) {
@@ -64,7 +49,7 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b, int64_t
 
 TEST(PowerSgdTest, AMatrixOfRankRComesBackExactlyBeforeAndAfterTheWarmStart) {
   const int64_t rows = 64, cols = 48;
-  ParamGroup g = group_of(rows, cols);
+  ParamGroup g = matrix_and_bias_group(rows, cols);
   PowerSgdBucket b(g, /*rank=*/3, /*seed=*/5);
   EXPECT_EQ(b.matrices(), 1);
   EXPECT_EQ(b.p_values(), rows * 3);
@@ -86,7 +71,7 @@ TEST(PowerSgdTest, AMatrixOfRankRComesBackExactlyBeforeAndAfterTheWarmStart) {
 
 TEST(PowerSgdTest, ErrorFeedbackMakesTheRunningSumTrackTheTrueSum) {
   const int64_t rows = 64, cols = 48;
-  ParamGroup g = group_of(rows, cols);
+  ParamGroup g = matrix_and_bias_group(rows, cols);
   PowerSgdBucket b(g, 2, 9);
   std::vector<double> sum_true(rows * cols, 0.0), sum_got(rows * cols, 0.0);
   double first = 0, last = 0;

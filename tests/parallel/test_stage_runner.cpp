@@ -194,6 +194,17 @@ std::vector<float> reference_losses(const TrainConfig& cfg, int steps) {
   return out;
 }
 
+// (raw, wire) bytes of every grad-role row: the replicas' gradient traffic.
+std::pair<uint64_t, uint64_t> grad_bytes(const MetricsSummary& sum) {
+  uint64_t raw = 0, wire = 0;
+  for (const LinkTotals& t : sum.links)
+    if (t.role == "grad") {
+      raw += t.raw_bytes;
+      wire += t.wire_bytes;
+    }
+  return {raw, wire};
+}
+
 class StageRunnerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { set_num_threads(1); }
@@ -290,12 +301,7 @@ TEST_F(StageRunnerTest, CompressedGradientsKeepReplicasIdenticalAndSendFewerByte
     EXPECT_EQ(params[0], params[1]) << spec;  // stage 0's replicas
     EXPECT_EQ(params[2], params[3]) << spec;  // stage 1's replicas
     MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
-    uint64_t raw = 0, wire = 0;
-    for (const LinkTotals& t : sum.links)
-      if (t.role == "grad") {
-        raw += t.raw_bytes;
-        wire += t.wire_bytes;
-      }
+    auto [raw, wire] = grad_bytes(sum);
     ASSERT_GT(raw, 0u) << spec;
     EXPECT_LT(wire * 3, raw) << spec;
   }
@@ -349,12 +355,7 @@ TEST_F(StageRunnerTest, DilocoReplicasTrainApartAndMeetAtEverySync) {
   EXPECT_EQ(params[0], params[1]);
   // Gradient bytes cross only at the two syncs, int4-compressed.
   MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
-  uint64_t raw = 0, wire = 0;
-  for (const LinkTotals& t : sum.links)
-    if (t.role == "grad") {
-      raw += t.raw_bytes;
-      wire += t.wire_bytes;
-    }
+  auto [raw, wire] = grad_bytes(sum);
   ASSERT_GT(raw, 0u);
   EXPECT_LT(wire * 6, raw);
   int sync_steps = 0;
