@@ -134,14 +134,66 @@ std::vector<float> orthonormal_basis(int d, int k, uint64_t seed) {
 
 constexpr uint64_t kInitStream = 0x1A17000ull;  // + group index: embedding 0, block i → 1+i, head → L+1
 
+// This shard's part of a whole block's values: Q, K and V rows and MLP rows of its heads' units, columns of
+// the two output projections; replicated slices whole. `local` is the shard's layout of the same block.
+std::vector<float> shard_block(const std::vector<float>& whole, const ParamGroup& full, const ParamGroup& local,
+                               int C, int hs, int h0, int h1) {
+  std::vector<float> out(local.numel);
+  auto rows = [&](int slice, int64_t r0, int64_t r1, int64_t width, int64_t& dst) {
+    const float* src = whole.data() + full.slices[slice].offset + r0 * width;
+    std::copy(src, src + (r1 - r0) * width, out.begin() + dst);
+    dst += (r1 - r0) * width;
+  };
+  auto cols = [&](int slice, int64_t c0, int64_t c1) {
+    const int64_t width = full.slices[slice].shape[1], n_rows = full.slices[slice].shape[0];
+    int64_t dst = local.slices[slice].offset;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const float* src = whole.data() + full.slices[slice].offset + r * width;
+      std::copy(src + c0, src + c1, out.begin() + dst);
+      dst += c1 - c0;
+    }
+  };
+  for (int i = 0; i < kNumBlockSlices; ++i) {
+    int64_t dst = local.slices[i].offset;
+    switch (i) {
+      case kQkvW:
+      case kQkvB: {
+        const int64_t width = i == kQkvW ? C : 1;
+        for (int part = 0; part < 3; ++part) rows(i, part * C + h0 * hs, part * C + h1 * hs, width, dst);
+        break;
+      }
+      case kFcW:
+        rows(i, 4 * hs * h0, 4 * hs * h1, C, dst);
+        break;
+      case kFcB:
+        rows(i, 4 * hs * h0, 4 * hs * h1, 1, dst);
+        break;
+      case kAttnProjW:
+        cols(i, hs * h0, hs * h1);
+        break;
+      case kFcProjW:
+        cols(i, 4 * hs * h0, 4 * hs * h1);
+        break;
+      default:
+        rows(i, 0, full.slices[i].numel(), 1, dst);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
-Status Gpt::init_group(ParamGroup& g, uint64_t seed, uint64_t stream) {
-  std::vector<float> host(g.numel);
+Status Gpt::init_group(ParamGroup& g, uint64_t seed, uint64_t stream, const ParamGroup* full) {
+  const ParamGroup& drawn = full ? *full : g;
+  std::vector<float> host(drawn.numel);
   Rng rng(seed, kInitStream + stream);
-  for (const auto& s : g.slices) {
+  for (const auto& s : drawn.slices) {
     float* p = host.data() + s.offset;
     for (int64_t i = 0; i < s.numel(); ++i) p[i] = s.init_std > 0 ? s.init_std * rng.normal() : s.init_value;
+  }
+  if (full) {
+    const int hs = cfg_.d_model / cfg_.heads;
+    host = shard_block(host, *full, g, cfg_.d_model, hs, parts_.tp.head_begin, parts_.tp.head_end);
   }
   LH_ASSIGN_OR_RETURN(g.params, Tensor::create({g.numel}, DType::f32, ex_.device));
   LH_ASSIGN_OR_RETURN(g.grads, Tensor::create({g.numel}, DType::f32, ex_.device));
@@ -158,33 +210,63 @@ Result<Gpt> Gpt::create(const GptConfig& cfg, Device device, uint64_t seed, GptP
                             std::to_string(cfg.layers) + ")");
   if (cfg.tied_head && parts.head && !parts.embedding)
     return invalid_argument("model parts: a tied head needs the embedding in the same process; use an untied head");
+  TpShard& tp = parts.tp;
+  if (tp.head_end < 0) tp.head_end = cfg.heads;
+  if (tp.size < 1 || tp.index < 0 || tp.index >= tp.size || tp.head_begin < 0 || tp.head_begin >= tp.head_end ||
+      tp.head_end > cfg.heads)
+    return invalid_argument("model parts: tensor shard " + std::to_string(tp.index) + " of " +
+                            std::to_string(tp.size) + " with heads [" + std::to_string(tp.head_begin) + ", " +
+                            std::to_string(tp.head_end) + ") is not a shard of " + std::to_string(cfg.heads) +
+                            " heads");
+  if (!tp.sharded() && (tp.head_begin != 0 || tp.head_end != cfg.heads))
+    return invalid_argument("model parts: a model without tensor parallelism holds every head");
+  if (tp.sharded() && cfg.subspace_k > 0)
+    return invalid_argument("model parts: tensor parallelism (--tp) does not support a subspace model (--subspace-k)");
   Gpt m;
   m.cfg_ = cfg;
   m.parts_ = parts;
   m.ex_.device = device;
+  m.heads_ = tp.head_end - tp.head_begin;
   const int C = cfg.d_model, V = cfg.vocab, T = cfg.seq, L = cfg.layers, K = cfg.subspace_k;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * L);
+  auto replicated = [](ParamSlice s) {
+    s.tp_replicated = true;
+    return s;
+  };
 
   m.embed_.name = "embedding";
-  layout(m.embed_, {mat("wte", {V, K > 0 ? K : C}, std), mat("wpe", {T, K > 0 ? K : C}, 0.01f)});
+  layout(m.embed_, {replicated(mat("wte", {V, K > 0 ? K : C}, std)), replicated(mat("wpe", {T, K > 0 ? K : C}, 0.01f))});
+  // A block's layout for `heads` of its heads (Cs = heads·hs wide): the whole block, or one shard's part.
+  auto block_layout = [&](ParamGroup& g, int l, int heads) {
+    const int out = m.subspace_block(l) ? K : C;  // width of the two output projections before U
+    const int Cs = heads * (C / cfg.heads);
+    layout(g, {replicated(vec("ln1.w", C, 1.f)), replicated(vec("ln1.b", C, 0.f)), mat("attn.qkv.w", {3 * Cs, C}, std),
+               vec("attn.qkv.b", 3 * Cs, 0.f), mat("attn.proj.w", {out, Cs}, proj_std),
+               replicated(vec("attn.proj.b", out, 0.f)), replicated(vec("ln2.w", C, 1.f)),
+               replicated(vec("ln2.b", C, 0.f)), mat("mlp.fc.w", {4 * Cs, C}, std), vec("mlp.fc.b", 4 * Cs, 0.f),
+               mat("mlp.proj.w", {out, 4 * Cs}, proj_std), replicated(vec("mlp.proj.b", out, 0.f))});
+  };
   m.blocks_.resize(L);
   for (int l = 0; l < L; ++l) {
     ParamGroup& g = m.blocks_[l];
     g.name = "block." + std::to_string(l);
-    const int out = m.subspace_block(l) ? K : C;  // width of the two output projections before U
-    layout(g, {vec("ln1.w", C, 1.f), vec("ln1.b", C, 0.f), mat("attn.qkv.w", {3 * C, C}, std),
-               vec("attn.qkv.b", 3 * C, 0.f), mat("attn.proj.w", {out, C}, proj_std), vec("attn.proj.b", out, 0.f),
-               vec("ln2.w", C, 1.f), vec("ln2.b", C, 0.f), mat("mlp.fc.w", {4 * C, C}, std),
-               vec("mlp.fc.b", 4 * C, 0.f), mat("mlp.proj.w", {out, 4 * C}, proj_std), vec("mlp.proj.b", out, 0.f)});
+    block_layout(g, l, m.heads_);
   }
   m.head_.name = "head";
-  std::vector<ParamSlice> hs = {vec("lnf.w", C, 1.f), vec("lnf.b", C, 0.f)};
-  if (!cfg.tied_head) hs.push_back(mat("lm_head.w", {V, C}, std));
+  std::vector<ParamSlice> hs = {replicated(vec("lnf.w", C, 1.f)), replicated(vec("lnf.b", C, 0.f))};
+  if (!cfg.tied_head) hs.push_back(replicated(mat("lm_head.w", {V, C}, std)));
   layout(m.head_, std::move(hs));
 
   if (parts.embedding) LH_RETURN_IF_ERROR(m.init_group(m.embed_, seed, 0));
-  for (int l = parts.first_block; l < parts.last_block; ++l)
-    LH_RETURN_IF_ERROR(m.init_group(m.blocks_[l], seed, 1 + l));
+  for (int l = parts.first_block; l < parts.last_block; ++l) {
+    if (m.heads_ == cfg.heads) {
+      LH_RETURN_IF_ERROR(m.init_group(m.blocks_[l], seed, 1 + l));
+    } else {
+      ParamGroup whole;
+      block_layout(whole, l, cfg.heads);
+      LH_RETURN_IF_ERROR(m.init_group(m.blocks_[l], seed, 1 + l, &whole));
+    }
+  }
   if (parts.head) LH_RETURN_IF_ERROR(m.init_group(m.head_, seed, 1 + L));
 
   if (K > 0) {
@@ -239,16 +321,17 @@ double Gpt::train_flops_per_token(int T) const {
 
 Status Gpt::ensure_scratch(int B, int T) {
   const int64_t BT = int64_t(B) * T, C = cfg_.d_model, V = cfg_.vocab;
+  const int64_t Cs = int64_t(heads_) * (cfg_.d_model / cfg_.heads);  // this shard's attention width
   const Device d = ex_.device;
   LH_RETURN_IF_ERROR(grow(s_tmp_, BT * C, d));
   LH_RETURN_IF_ERROR(grow(s_dln_, BT * C, d));
-  LH_RETURN_IF_ERROR(grow(s_dqkv_, BT * 3 * C, d));
-  LH_RETURN_IF_ERROR(grow(s_datty_, BT * C, d));
-  LH_RETURN_IF_ERROR(grow(s_dfch_, BT * 4 * C, d));
-  LH_RETURN_IF_ERROR(grow(s_dfchg_, BT * 4 * C, d));
+  LH_RETURN_IF_ERROR(grow(s_dqkv_, BT * 3 * Cs, d));
+  LH_RETURN_IF_ERROR(grow(s_datty_, BT * Cs, d));
+  LH_RETURN_IF_ERROR(grow(s_dfch_, BT * 4 * Cs, d));
+  LH_RETURN_IF_ERROR(grow(s_dfchg_, BT * 4 * Cs, d));
   LH_RETURN_IF_ERROR(grow(s_dlogits_, BT * V, d));
   LH_RETURN_IF_ERROR(grow(s_dk_, BT * std::max(1, cfg_.subspace_k), d));
-  const int64_t ws = static_cast<int64_t>(attention_backward_workspace(B, T, cfg_.d_model, cfg_.heads));
+  const int64_t ws = static_cast<int64_t>(attention_backward_workspace(B, T, static_cast<int>(Cs), heads_));
   LH_RETURN_IF_ERROR(grow(s_attn_ws_, std::max<int64_t>(ws, 1), d, DType::u8));
   return Status::Ok();
 }
@@ -301,8 +384,18 @@ Status Gpt::embed_backward(ActivationCache& c, const Tensor& dout) {
   return Status::Ok();
 }
 
+Status Gpt::tp_sum(Tensor& scratch, int64_t n, int block, TpSite site) {
+  if (!parts_.tp.sharded()) return Status::Ok();
+  if (!tp_reduce_)
+    return internal_error("block " + std::to_string(block) + ": tensor shard " +
+                               std::to_string(parts_.tp.index) + " has no all-reduce to sum its partial results with");
+  Tensor partial = scratch.slice(0, n);
+  return tp_reduce_(partial, block, site);
+}
+
 Status Gpt::block_forward(int l, ActivationCache& c, const Tensor& in) {
-  const int B = c.B, T = c.T, C = cfg_.d_model, NH = cfg_.heads, K = cfg_.subspace_k, BT = B * T;
+  const int B = c.B, T = c.T, C = cfg_.d_model, K = cfg_.subspace_k, BT = B * T;
+  const int NH = heads_, Cs = heads_ * (C / cfg_.heads);  // this shard's heads and attention width
   const Device dev = ex_.device;
   ParamGroup& g = blocks_[l];
   BlockActivations& a = c.blocks[l];
@@ -311,15 +404,15 @@ Status Gpt::block_forward(int l, ActivationCache& c, const Tensor& in) {
   LH_RETURN_IF_ERROR(ensure(a.ln1, {B, T, C}, dev));
   LH_RETURN_IF_ERROR(ensure(a.ln1_mean, bt1, dev));
   LH_RETURN_IF_ERROR(ensure(a.ln1_rstd, bt1, dev));
-  LH_RETURN_IF_ERROR(ensure(a.qkv, {B, T, 3 * C}, dev));
+  LH_RETURN_IF_ERROR(ensure(a.qkv, {B, T, 3 * Cs}, dev));
   LH_RETURN_IF_ERROR(ensure(a.att, {B, NH, T, T}, dev));
-  LH_RETURN_IF_ERROR(ensure(a.atty, {B, T, C}, dev));
+  LH_RETURN_IF_ERROR(ensure(a.atty, {B, T, Cs}, dev));
   LH_RETURN_IF_ERROR(ensure(a.res2, {B, T, C}, dev));
   LH_RETURN_IF_ERROR(ensure(a.ln2, {B, T, C}, dev));
   LH_RETURN_IF_ERROR(ensure(a.ln2_mean, bt1, dev));
   LH_RETURN_IF_ERROR(ensure(a.ln2_rstd, bt1, dev));
-  LH_RETURN_IF_ERROR(ensure(a.fch, {B, T, 4 * C}, dev));
-  LH_RETURN_IF_ERROR(ensure(a.fch_gelu, {B, T, 4 * C}, dev));
+  LH_RETURN_IF_ERROR(ensure(a.fch, {B, T, 4 * Cs}, dev));
+  LH_RETURN_IF_ERROR(ensure(a.fch_gelu, {B, T, 4 * Cs}, dev));
   LH_RETURN_IF_ERROR(ensure(a.out, {B, T, C}, dev));
   const bool sub = subspace_block(l);
   if (sub) {
@@ -327,32 +420,39 @@ Status Gpt::block_forward(int l, ActivationCache& c, const Tensor& in) {
     LH_RETURN_IF_ERROR(ensure(a.fc_k, {BT, K}, dev));
   }
   float* tmp = f(s_tmp_);
-  // Output projection into the residual stream: full rank, or U·(W_k x + b_k) in subspace blocks.
-  auto project = [&](float* z, const float* x, int in_dim, int w, int b) {
+  // The replicated output biases enter the sum once: shard 0 adds them.
+  const bool bias = parts_.tp.index == 0;
+  // Output projection into the residual stream: full rank, or U·(W_k x + b_k) in subspace blocks; with tensor
+  // parallelism each shard's partial product, summed over the group.
+  auto project = [&](float* z, const float* x, int in_dim, int w, int b, TpSite site) {
     if (!sub) {
-      linear_forward(ex_, tmp, x, g.param(w), g.param(b), BT, in_dim, C);
+      linear_forward(ex_, tmp, x, g.param(w), bias ? g.param(b) : nullptr, BT, in_dim, C);
     } else {
       linear_forward(ex_, z, x, g.param(w), g.param(b), BT, in_dim, K);
       matmul(ex_, false, true, BT, C, K, 1.f, z, K, f(basis_), K, 0.f, tmp, C);
     }
+    return tp_sum(s_tmp_, int64_t(BT) * C, l, site);
   };
   layernorm_forward(ex_, f(a.ln1), f(a.ln1_mean), f(a.ln1_rstd), f(in), g.param(kLn1W), g.param(kLn1B), BT, C);
-  linear_forward(ex_, f(a.qkv), f(a.ln1), g.param(kQkvW), g.param(kQkvB), BT, C, 3 * C);
-  attention_forward(ex_, f(a.atty), f(a.att), f(a.qkv), B, T, C, NH);
-  project(sub ? f(a.attn_k) : nullptr, f(a.atty), C, kAttnProjW, kAttnProjB);
+  linear_forward(ex_, f(a.qkv), f(a.ln1), g.param(kQkvW), g.param(kQkvB), BT, C, 3 * Cs);
+  attention_forward(ex_, f(a.atty), f(a.att), f(a.qkv), B, T, Cs, NH);
+  LH_RETURN_IF_ERROR(project(sub ? f(a.attn_k) : nullptr, f(a.atty), Cs, kAttnProjW, kAttnProjB, TpSite::kAttnOut));
   residual_forward(ex_, f(a.res2), f(in), tmp, int64_t(BT) * C);
   layernorm_forward(ex_, f(a.ln2), f(a.ln2_mean), f(a.ln2_rstd), f(a.res2), g.param(kLn2W), g.param(kLn2B), BT, C);
-  linear_forward(ex_, f(a.fch), f(a.ln2), g.param(kFcW), g.param(kFcB), BT, C, 4 * C);
-  gelu_forward(ex_, f(a.fch_gelu), f(a.fch), int64_t(BT) * 4 * C);
-  project(sub ? f(a.fc_k) : nullptr, f(a.fch_gelu), 4 * C, kFcProjW, kFcProjB);
+  linear_forward(ex_, f(a.fch), f(a.ln2), g.param(kFcW), g.param(kFcB), BT, C, 4 * Cs);
+  gelu_forward(ex_, f(a.fch_gelu), f(a.fch), int64_t(BT) * 4 * Cs);
+  LH_RETURN_IF_ERROR(project(sub ? f(a.fc_k) : nullptr, f(a.fch_gelu), 4 * Cs, kFcProjW, kFcProjB, TpSite::kMlpOut));
   residual_forward(ex_, f(a.out), f(a.res2), tmp, int64_t(BT) * C);
   return Status::Ok();
 }
 
 // d holds d(out) on entry and d(in) on return. The residual identity paths are the accumulation into
-// d itself: layernorm backward adds its input gradient onto what flows straight through.
+// d itself: layernorm backward adds its input gradient onto what flows straight through. With tensor
+// parallelism d is the same on every shard; each shard's part of a layernorm's input gradient is summed over
+// the group before the layernorm's backward, so d stays the same everywhere.
 Status Gpt::block_backward(int l, ActivationCache& c, float* d) {
-  const int B = c.B, T = c.T, C = cfg_.d_model, NH = cfg_.heads, K = cfg_.subspace_k, BT = B * T;
+  const int B = c.B, T = c.T, C = cfg_.d_model, K = cfg_.subspace_k, BT = B * T;
+  const int NH = heads_, Cs = heads_ * (C / cfg_.heads);
   ParamGroup& g = blocks_[l];
   BlockActivations& a = c.blocks[l];
   const bool sub = subspace_block(l);
@@ -371,21 +471,23 @@ Status Gpt::block_backward(int l, ActivationCache& c, float* d) {
     }
   };
   // MLP branch: out = res2 + proj(gelu(fc(ln2(res2))))
-  LH_RETURN_IF_ERROR(clear(s_dfchg_, int64_t(BT) * 4 * C));
-  project_back(dfchg, f(a.fch_gelu), 4 * C, kFcProjW, kFcProjB);
-  LH_RETURN_IF_ERROR(clear(s_dfch_, int64_t(BT) * 4 * C));
-  gelu_backward(ex_, dfch, f(a.fch), dfchg, int64_t(BT) * 4 * C);
+  LH_RETURN_IF_ERROR(clear(s_dfchg_, int64_t(BT) * 4 * Cs));
+  project_back(dfchg, f(a.fch_gelu), 4 * Cs, kFcProjW, kFcProjB);
+  LH_RETURN_IF_ERROR(clear(s_dfch_, int64_t(BT) * 4 * Cs));
+  gelu_backward(ex_, dfch, f(a.fch), dfchg, int64_t(BT) * 4 * Cs);
   LH_RETURN_IF_ERROR(clear(s_dln_, n));
-  linear_backward(ex_, dln, g.grad(kFcW), g.grad(kFcB), dfch, f(a.ln2), g.param(kFcW), BT, C, 4 * C);
+  linear_backward(ex_, dln, g.grad(kFcW), g.grad(kFcB), dfch, f(a.ln2), g.param(kFcW), BT, C, 4 * Cs);
+  LH_RETURN_IF_ERROR(tp_sum(s_dln_, n, l, TpSite::kMlpIn));
   layernorm_backward(ex_, d, g.grad(kLn2W), g.grad(kLn2B), dln, f(a.res2), g.param(kLn2W), f(a.ln2_mean), f(a.ln2_rstd),
                      BT, C);
   // Attention branch: res2 = in + proj(attn(qkv(ln1(in))))
-  LH_RETURN_IF_ERROR(clear(s_datty_, n));
-  project_back(datty, f(a.atty), C, kAttnProjW, kAttnProjB);
-  LH_RETURN_IF_ERROR(clear(s_dqkv_, int64_t(BT) * 3 * C));
-  attention_backward(ex_, dqkv, datty, f(a.qkv), f(a.att), B, T, C, NH, s_attn_ws_.raw_data());
+  LH_RETURN_IF_ERROR(clear(s_datty_, int64_t(BT) * Cs));
+  project_back(datty, f(a.atty), Cs, kAttnProjW, kAttnProjB);
+  LH_RETURN_IF_ERROR(clear(s_dqkv_, int64_t(BT) * 3 * Cs));
+  attention_backward(ex_, dqkv, datty, f(a.qkv), f(a.att), B, T, Cs, NH, s_attn_ws_.raw_data());
   LH_RETURN_IF_ERROR(clear(s_dln_, n));
-  linear_backward(ex_, dln, g.grad(kQkvW), g.grad(kQkvB), dqkv, f(a.ln1), g.param(kQkvW), BT, C, 3 * C);
+  linear_backward(ex_, dln, g.grad(kQkvW), g.grad(kQkvB), dqkv, f(a.ln1), g.param(kQkvW), BT, C, 3 * Cs);
+  LH_RETURN_IF_ERROR(tp_sum(s_dln_, n, l, TpSite::kAttnIn));
   layernorm_backward(ex_, d, g.grad(kLn1W), g.grad(kLn1B), dln, f(a.in), g.param(kLn1W), f(a.ln1_mean), f(a.ln1_rstd),
                      BT, C);
   return Status::Ok();

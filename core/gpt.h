@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ struct ParamSlice {
   bool decay = false;  // weight decay applies to matrices, not to biases and norm gains
   float init_std = 0;  // > 0: N(0, init_std²); else the constant init_value
   float init_value = 0;
+  // Every tensor-parallel shard holds this slice whole and computes the same gradient for it (layernorms,
+  // output-projection biases, the embedding and the head): the gradient norm counts it once.
+  bool tp_replicated = false;
   int64_t numel() const { return shape_numel(shape); }
 };
 
@@ -100,10 +104,29 @@ class ActivationCache {
   Tensor grad;  // [B,T,C]: the residual-stream gradient buffer the full-model backward runs in place in
 };
 
+// Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): which heads of every block this process holds. The
+// MLP's hidden units follow the heads (4·head_size per head), so shard t holds heads [head_begin, head_end)
+// — their Q, K, V rows and output-projection columns — and MLP units [4·hs·head_begin, 4·hs·head_end) — rows of
+// the first linear, columns of the second. Uneven ranges serve unequal machines. Layernorms, the two
+// output-projection biases (added by shard 0 before the sum), the embedding and the head are replicated.
+struct TpShard {
+  int index = 0, size = 1;
+  int head_begin = 0, head_end = -1;  // -1: every head
+  bool sharded() const { return size > 1; }
+};
+
+// Where a block sums partial results over its tp group ([B,T,C] each, in place): forward after the attention
+// and the MLP output projections; backward the input gradients of the MLP's first linear and of the QKV one.
+enum class TpSite : int { kAttnOut = 0, kMlpOut = 1, kMlpIn = 2, kAttnIn = 3 };
+constexpr int kTpSitesPerBlock = 4;
+// Sums `partial` over the tp group in place; every shard must end with the same bits.
+using TpAllReduce = std::function<Status(Tensor& partial, int block, TpSite site)>;
+
 struct GptParts {  // which groups a process holds: the whole model by default
   bool embedding = true;
   int first_block = 0, last_block = -1;  // -1: all layers
   bool head = true;
+  TpShard tp;  // the blocks' shard: all heads by default
 };
 
 class Gpt {
@@ -124,6 +147,10 @@ class Gpt {
   // The groups this process holds, in model order.
   std::vector<ParamGroup*> param_groups();
   int64_t num_params();  // of the groups held
+  // Heads and MLP units of each block this process holds (all of them without tensor parallelism).
+  int local_heads() const { return heads_; }
+  // Sets the tp group's all-reduce; a sharded model (parts.tp.size > 1) refuses to run its blocks without one.
+  void set_tp_all_reduce(TpAllReduce fn) { tp_reduce_ = std::move(fn); }
   Status zero_grad();
 
   // (a) tokens [B*T] int32 (host or device) -> cache.embed_out [B,T,C]; returns that tensor.
@@ -167,11 +194,14 @@ class Gpt {
   double train_flops_per_token(int T) const;
 
  private:
-  Status init_group(ParamGroup& g, uint64_t seed, uint64_t stream);
+  // Draws the group's initial values from its seeded stream. With `full` (a block's whole layout), draws the
+  // whole block, as an unsharded model does, and keeps this shard's part: every shard gets the very weights.
+  Status init_group(ParamGroup& g, uint64_t seed, uint64_t stream, const ParamGroup* full = nullptr);
   Status ensure_scratch(int B, int T);
   Status block_forward(int l, ActivationCache& c, const Tensor& in);
   Status block_backward(int l, ActivationCache& c, float* d);
   Status subspace_check(const Tensor& t, int width, const char* what) const;
+  Status tp_sum(Tensor& scratch, int64_t n, int block, TpSite site);  // a no-op unless sharded
   Status gather_fixed(const int32_t* tokens, Device tokens_device, int B, int T);  // F[tok] into s_tmp_
   // y[BT,C] = U · (x W_kᵀ + b_k) stored as z = x W_kᵀ + b_k [BT,K] and y = z Uᵀ.
   bool subspace_block(int l) const { return cfg_.subspace_k > 0 && l < cfg_.layers - 1; }
@@ -182,6 +212,8 @@ class Gpt {
   ParamGroup embed_, head_;
   std::vector<ParamGroup> blocks_;
   Tensor basis_, fixed_embed_, zero_pos_;
+  int heads_ = 0;  // heads of each block held here: all, or this tp shard's
+  TpAllReduce tp_reduce_;
 
   // Backward scratch (one backward runs at a time per model), sized for the largest B·T seen.
   int64_t scratch_bt_ = 0;

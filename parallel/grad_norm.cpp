@@ -1,4 +1,4 @@
-// The whole model's squared gradient norm from every stage's part, summed in stage order on every worker.
+// The whole model's squared gradient norm from every stage's and shard's part, summed in rank order on every worker.
 // Used by parallel/stage_runner.cpp.
 #include "parallel/grad_norm.h"
 
@@ -10,7 +10,8 @@ AllPairsGradNorm::AllPairsGradNorm(const Topology& topology, int rank, DataPlane
                                    std::chrono::milliseconds receive_timeout)
     : rank_(rank), plane_(&plane), receive_timeout_(receive_timeout) {
   const WorkerCoord me = topology.coord_of(rank);
-  for (int s = 0; s < topology.pp(); ++s) stage_ranks_.push_back(topology.rank_of({s, me.tp, me.dp}));
+  for (int s = 0; s < topology.pp(); ++s)
+    for (int t = 0; t < topology.tp(); ++t) stage_ranks_.push_back(topology.rank_of({s, t, me.dp}));
 }
 
 Result<double> AllPairsGradNorm::total_sq(int64_t step, double local_sq) {
@@ -24,7 +25,7 @@ Result<double> AllPairsGradNorm::total_sq(int64_t step, double local_sq) {
     out[s] = plane_->send(stage_ranks_[s], tag, mine);
     in[s] = plane_->recv(stage_ranks_[s], tag);
   }
-  // One order on every worker (stage 0 first), so every stage clips with the same bits.
+  // One order on every worker (stage 0's shards first), so every worker clips with the same bits.
   double total = 0;
   for (size_t s = 0; s < n; ++s) {
     const int peer = stage_ranks_[s];

@@ -21,9 +21,10 @@ class GradNormSource {
   virtual Result<double> total_sq(int64_t step, double local_sq) = 0;
 };
 
-// Every stage sends its part to every other stage of its own replica (role other, the step's norm slot) and
-// sums all parts in stage order. With dp > 1 it runs after the dp reducer, when the replicas' gradients
-// are equal, so every replica gets the same norm. Not for tp > 1 (shards hold different parts).
+// Every worker sends its part to every other worker of its own model replica — all stages and tp shards of
+// replica d — (role other, the step's norm slot) and sums all parts in rank order. With dp > 1 it runs after the
+// dp reducer, when the replicas' gradients are equal, so every replica gets the same norm. With tp > 1 each
+// shard's part counts its replicated parameters only on shard 0 (the caller's job), so they count once.
 class AllPairsGradNorm : public GradNormSource {
  public:
   AllPairsGradNorm(const Topology& topology, int rank, DataPlane& plane, std::chrono::milliseconds receive_timeout);
@@ -33,7 +34,7 @@ class AllPairsGradNorm : public GradNormSource {
   static constexpr uint16_t kSlot = 4095;
 
  private:
-  std::vector<int> stage_ranks_;  // rank of each stage
+  std::vector<int> stage_ranks_;  // every rank of the replica, stage-major
   int rank_ = 0;
   DataPlane* plane_ = nullptr;
   std::chrono::milliseconds receive_timeout_;

@@ -26,9 +26,6 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
                                                          const StageRunnerOptions& options, DataPlane& plane,
                                                          CodecSchedule& codecs) {
   LH_RETURN_IF_ERROR(train.model.validate());
-  if (topology.tp() != 1)
-    return invalid_argument("stage runner: tensor parallelism is not implemented yet (got " + topology.describe() +
-                            ")");
   LH_ASSIGN_OR_RETURN(WorkerCoord coord, topology.checked_coord_of(rank));
   if (partition.stages() != topology.pp())
     return invalid_argument("stage runner: partition " + partition.to_string() + " has " +
@@ -46,6 +43,29 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
                             " sequences does not split into " + std::to_string(topology.dp()) + " replicas × " +
                             std::to_string(options.microbatches) + " equal microbatches");
 
+  std::vector<int> heads = options.tp_heads;
+  if (heads.empty()) {
+    LH_ASSIGN_OR_RETURN(heads, tp_heads("", topology.tp(), train.model.heads));
+  }
+  {
+    int sum = 0;
+    for (int h : heads) sum += h < 1 ? train.model.heads + 1 : h;
+    if (static_cast<int>(heads.size()) != topology.tp() || sum != train.model.heads)
+      return invalid_argument("stage runner: the tp split " + tp_split_string(heads) + " does not give " +
+                              std::to_string(topology.tp()) + " shards at least one of the " +
+                              std::to_string(train.model.heads) + " heads each");
+  }
+  if (topology.tp() > 1) {
+    // Every tp all-reduce of a step is named by its sequence number in the tag's 12-bit slot.
+    const int blocks = partition.stage(coord.stage).num_blocks;
+    const int64_t per_step = int64_t(kTpSitesPerBlock) * blocks * options.microbatches;
+    if (per_step >= kNormSlot)
+      return invalid_argument("stage runner: --tp with " + std::to_string(blocks) + " blocks on stage " +
+                              std::to_string(coord.stage) + " and " + std::to_string(options.microbatches) +
+                              " microbatches needs " + std::to_string(per_step) +
+                              " all-reduces per step; at most " + std::to_string(kNormSlot - 1) +
+                              " fit a step's tags: use fewer --microbatches or more stages");
+  }
   std::unique_ptr<StageRunner> r(new StageRunner());
   r->train_ = train;
   r->topology_ = topology;
@@ -55,11 +75,13 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->span_ = partition.stage(coord.stage);
   r->replica_ = coord.dp;
   r->replicas_ = topology.dp();
+  r->shard_ = coord.tp;
+  r->tp_spec_ = options.compress_tp;
   r->mb_batch_ = train.batch / (topology.dp() * options.microbatches);
   r->plane_ = &plane;
   r->codecs_ = &codecs;
   r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
-  if (r->stages_ > 1)
+  if (r->stages_ > 1 || topology.tp() > 1)
     r->grad_norm_ = std::make_unique<AllPairsGradNorm>(r->topology_, rank, plane, options.receive_timeout);
   if (r->replicas_ > 1 || options.sync.diloco()) {
     LH_ASSIGN_OR_RETURN(r->reducer_,
@@ -71,7 +93,17 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   parts.first_block = r->span_.first_block;
   parts.last_block = r->span_.end_block();
   parts.head = r->span_.has_head;
+  parts.tp = tp_shard(heads, coord.tp);
   LH_ASSIGN_OR_RETURN(r->model_, Gpt::create(train.model, train.device, train.seed, parts));
+  if (topology.tp() > 1) {
+    LH_ASSIGN_OR_RETURN(r->tp_group_, ProcessGroup::create(plane, topology.tp_group(rank),
+                                                           "tp group of stage " + std::to_string(coord.stage) +
+                                                               " replica " + std::to_string(coord.dp),
+                                                           options.receive_timeout));
+    StageRunner* self = r.get();
+    r->model_.set_tp_all_reduce(
+        [self](Tensor& partial, int block, TpSite site) { return self->tp_all_reduce(partial, block, site); });
+  }
   LH_RETURN_IF_ERROR(r->opt_.init(r->model_.param_groups(), train.device));
   if (options.sync.diloco()) LH_RETURN_IF_ERROR(r->reducer_->start_diloco(r->model_.param_groups(), options.sync));
   if (train.model.subspace_k > 0 && r->stages_ > 1) {
@@ -185,6 +217,31 @@ int StageRunner::bucket_of(const ParamGroup& group) {
   return -1;
 }
 
+Status StageRunner::tp_all_reduce(Tensor& partial, int block, TpSite site) {
+  CollectiveOptions o;
+  o.role = Role::kTpPartial;
+  o.algo = CollectiveAlgo::kDirect;  // one hop: a tp sum sits on the critical path of every block
+  o.spec = tp_spec_;
+  // One codec stream per block and site; evaluation has its own, so it leaves training's error feedback alone.
+  o.stream = (evaluating_ ? train_.model.layers : 0) * kTpSitesPerBlock + block * kTpSitesPerBlock + int(site);
+  LH_ASSIGN_OR_RETURN(int id, tp_group_->start_all_reduce(partial, o));
+  Status s = tp_group_->wait(id);
+  if (!s.ok()) return s.prepend("block " + std::to_string(block) + ", tp all-reduce");
+  return Status::Ok();
+}
+
+Status StageRunner::schedule_tp_codec(const std::string& spec, int64_t from_step) {
+  if (!tp_group_) return invalid_argument("set-codec --role tp: this worker has no tensor shards to sum with");
+  if (from_step <= last_.step)
+    return invalid_argument("set-codec --role tp: step " + std::to_string(from_step) + " has already begun");
+  {
+    Status s = check_codec_spec(spec);
+    if (!s.ok()) return s.prepend("set-codec --role tp '" + spec + "'");
+  }
+  tp_changes_[from_step] = spec;
+  return Status::Ok();
+}
+
 Status StageRunner::schedule_grad_codec(const std::string& spec, int64_t from_step) {
   if (!reducer_)
     return invalid_argument("set-codec --role grad: this worker has no replicas to exchange gradients with");
@@ -221,6 +278,11 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     LH_RETURN_IF_ERROR(reducer_->set_spec(grad_changes_.begin()->second));
     grad_changes_.erase(grad_changes_.begin());
   }
+  if (tp_group_) LH_RETURN_IF_ERROR(tp_group_->begin_step(step));
+  while (!tp_changes_.empty() && tp_changes_.begin()->first <= step) {
+    tp_spec_ = tp_changes_.begin()->second;
+    tp_changes_.erase(tp_changes_.begin());
+  }
   LH_RETURN_IF_ERROR(model_.zero_grad());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;
@@ -246,10 +308,18 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
   }
 
-  // Clip by the norm of the whole model's gradient, as the single-process trainer does.
+  // Clip by the norm of the whole model's gradient, as the single-process trainer does. Parameters every tp shard
+  // holds whole count on shard 0 only.
   std::vector<ParamGroup*> groups = model_.param_groups();
   double local_sq = 0;
-  for (ParamGroup* g : groups) local_sq += sum_squares(model_.exec(), g->grads.data<float>(), g->numel);
+  for (ParamGroup* g : groups) {
+    if (shard_ == 0) {
+      local_sq += sum_squares(model_.exec(), g->grads.data<float>(), g->numel);
+      continue;
+    }
+    for (int i = 0; i < static_cast<int>(g->slices.size()); ++i)
+      if (!g->slices[i].tp_replicated) local_sq += sum_squares(model_.exec(), g->grad(i), g->slices[i].numel());
+  }
   double total_sq = local_sq;
   if (grad_norm_) {
     LH_ASSIGN_OR_RETURN(total_sq, grad_norm_->total_sq(step, local_sq));
@@ -290,7 +360,7 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
   m.step = last_.step;
   m.worker = rank_;
   m.stage = span_.stage;
-  if (last_.loss) m.loss = double(*last_.loss);
+  if (last_.loss && shard_ == 0) m.loss = double(*last_.loss);  // tp shards compute the same loss
   if (last_val_loss_) m.val_loss = double(*last_val_loss_);
   last_val_loss_.reset();
   m.lr = last_.lr;
@@ -303,6 +373,7 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
       for (LinkTraffic& t : m.links) {
         t.codec = boundary_.spec_of(t, last_.step);
         if (reducer_ && t.role == role_name(Role::kWeightGrad)) t.codec = reducer_->spec();
+        if (tp_group_ && t.role == role_name(Role::kTpPartial)) t.codec = tp_spec_;
         if (t.src != t.dst && t.src < topology_.workers() && t.dst < topology_.workers())
           t.link = link_name(topology_, t.src, t.dst);
       }

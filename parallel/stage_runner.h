@@ -25,6 +25,7 @@
 #include "parallel/step_metrics.h"
 #include "parallel/subspace_boundary.h"
 #include "parallel/topology.h"
+#include "parallel/tp_split.h"
 #include "transport/data_plane.h"
 
 namespace lh {
@@ -36,6 +37,10 @@ struct StageRunnerOptions {
   std::string compress_grad = "none";
   // How replicas stay together (--sync): every-step gradient averaging, or DiLoCo.
   SyncConfig sync;
+  // The codec of the tp group's partial sums (tp > 1): --compress-tp.
+  std::string compress_tp = "none";
+  // Heads per tp shard (tp_heads / tp_heads_by_speed); empty: an even split.
+  std::vector<int> tp_heads;
   // How long a stage waits for one activation, gradient or norm before giving up with an error
   // naming the peer. A dead peer is normally reported sooner by the control plane (fail_peer).
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
@@ -56,8 +61,10 @@ class StageRunner {
   // every group is initialised from its own seeded stream) and its optimizer. With dp > 1 the rank is
   // replica d of its stage: it trains on sequences [d·batch/dp, (d+1)·batch/dp) of every global batch, in
   // `microbatches` microbatches, and averages its gradients with the other replicas (DpReducer) before
-  // the optimizer step. Refuses grids with tp > 1, a partition that does not match the model or
-  // topology, and a global batch that dp × microbatches does not divide.
+  // the optimizer step. With tp > 1 it holds shard t's heads of every block (options.tp_heads) and sums
+  // partial results with its tp group (role tp, a direct all-reduce: every shard ends with the same bits).
+  // Refuses a partition that does not match the model or topology, a split that does not fit the heads, and a
+  // global batch that dp × microbatches does not divide.
   static Result<std::unique_ptr<StageRunner>> create(const TrainConfig& train, const Topology& topology,
                                                      const Partition& partition, int rank,
                                                      const StageRunnerOptions& options, DataPlane& plane,
@@ -82,6 +89,9 @@ class StageRunner {
   // Switches the replicas' gradient codec (--compress-grad grammar) from `from_step` on (ctl set-codec --role
   // grad); refused without a dp reducer, for a step already begun, or for a spec the reducer cannot use.
   Status schedule_grad_codec(const std::string& spec, int64_t from_step);
+  // Switches the tp group's codec (any chain) from `from_step` on (ctl set-codec --role tp); refused
+  // without tp, for a step already begun, or for a bad spec.
+  Status schedule_tp_codec(const std::string& spec, int64_t from_step);
 
   // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
   // call (taken from the data plane's meter, which is reset), each annotated with its codec.
@@ -101,6 +111,8 @@ class StageRunner {
   // The stable id of one of this stage's parameter groups for the reducer's codec streams: embedding 0,
   // block l 1 + l, head 1 + layers.
   int bucket_of(const ParamGroup& group);
+  // The tp group's all-reduce of one block's partial result (the model's TpAllReduce).
+  Status tp_all_reduce(Tensor& partial, int block, TpSite site);
   int link_width() const;  // values per token on a link: K with a subspace model, else d_model
   Shape wire_shape(int batch) const { return {batch, train_.model.seq, link_width()}; }
 
@@ -118,6 +130,11 @@ class StageRunner {
   std::unique_ptr<GradNormSource> grad_norm_;
   std::unique_ptr<DpReducer> reducer_;           // dp > 1
   std::map<int64_t, std::string> grad_changes_;  // from step → spec, not yet applied
+  int shard_ = 0;                                // this rank's tp index
+  std::unique_ptr<ProcessGroup> tp_group_;       // tp > 1
+  std::string tp_spec_ = "none";
+  std::map<int64_t, std::string> tp_changes_;  // from step → spec, not yet applied
+  bool evaluating_ = false;                    // tp sums of evaluation use their own codec streams
   Gpt model_;
   AdamW opt_;
 

@@ -14,7 +14,13 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
   tokens += size_t(B) * T * replica_;
   targets += size_t(B) * T * replica_;
   const Shape eval_shape = wire_shape(B);
-  // Fresh stream states: evaluation must not advance the training streams' codec state.
+  // Fresh stream states: evaluation must not advance the training streams' codec state. Its tp sums continue the
+  // step's op sequence (every shard evaluates at the same point) on evaluation's own codec streams.
+  evaluating_ = true;
+  struct Reset {
+    bool* flag;
+    ~Reset() { *flag = false; }
+  } reset{&evaluating_};
   compress::StreamState tx(compress::Role::activation), rx(compress::Role::activation);
   std::vector<Transfer> sends;
   double loss_sum = 0;

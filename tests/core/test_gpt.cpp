@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "core/gpt.h"
 #include "core/ops.h"
@@ -154,8 +157,8 @@ TEST(Gpt, SubspaceBoundaryIsExactForValuesAndGradients) {
 
   // Stage 0: embedding + blocks 0-1; stage 1: the full-rank last block + head. Only K values per token
   // (and the token ids) cross the boundary in either direction.
-  auto s0 = Gpt::create(c, Device::cpu, 41, GptParts{true, 0, 2, false});
-  auto s1 = Gpt::create(c, Device::cpu, 41, GptParts{false, 2, 3, true});
+  auto s0 = Gpt::create(c, Device::cpu, 41, GptParts{true, 0, 2, false, {}});
+  auto s1 = Gpt::create(c, Device::cpu, 41, GptParts{false, 2, 3, true, {}});
   ASSERT_TRUE(s0.ok() && s1.ok());
   ActivationCache c0, c1;
   auto x0 = s0->embed_forward(c0, b.tokens.data(), Device::cpu, b.B, b.T);
@@ -208,7 +211,7 @@ TEST(Gpt, StagesInSequenceEqualTheWholeModel) {
   ASSERT_TRUE(whole->backward(full).ok());
 
   // Three "stages", each its own model part built from the same seed, each with its own cache.
-  GptParts p0{true, 0, 1, false}, p1{false, 1, 2, false}, p2{false, 2, 3, true};
+  GptParts p0{true, 0, 1, false, {}}, p1{false, 1, 2, false, {}}, p2{false, 2, 3, true, {}};
   auto s0 = Gpt::create(c, Device::cpu, 21, p0), s1 = Gpt::create(c, Device::cpu, 21, p1),
        s2 = Gpt::create(c, Device::cpu, 21, p2);
   ASSERT_TRUE(s0.ok() && s1.ok() && s2.ok());
@@ -242,6 +245,146 @@ TEST(Gpt, StagesInSequenceEqualTheWholeModel) {
   EXPECT_EQ(s2->head().grads.to_vector(), whole->head().grads.to_vector());
   // Blocks outside a part are refused, not run on missing weights.
   EXPECT_EQ(s1->blocks_forward(0, 1, c1, recv1).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Sums partial tensors across n threads in shard order, as a tp group's all-reduce does.
+class ThreadSum {
+ public:
+  explicit ThreadSum(int n) : parts_(n) {}
+  Status operator()(int t, Tensor& x) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !reading_; });  // the previous sum is read by everyone
+    parts_[t] = x.to_vector();
+    if (++arrived_ == static_cast<int>(parts_.size())) {
+      reading_ = true;
+      cv_.notify_all();
+    }
+    cv_.wait(lock, [&] { return reading_; });
+    std::vector<float> sum(parts_[0].size(), 0.f);
+    for (const auto& p : parts_)
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
+    std::copy(sum.begin(), sum.end(), x.data<float>());
+    if (--arrived_ == 0) {
+      reading_ = false;
+      cv_.notify_all();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::vector<float>> parts_;
+  int arrived_ = 0;
+  bool reading_ = false;
+};
+
+double sum_sq(const std::vector<float>& v, int64_t begin, int64_t n) {
+  double s = 0;
+  for (int64_t i = begin; i < begin + n; ++i) s += double(v[i]) * v[i];
+  return s;
+}
+
+TEST(Gpt, TensorShardsEqualTheWholeModel) {
+  GptConfig c = tiny_config();
+  c.d_model = 16;
+  c.heads = 4;  // head size 4; split 3:1
+  auto whole = Gpt::create(c, Device::cpu, 41);
+  ASSERT_TRUE(whole.ok());
+  const Batch b = make_batch(c, 3, c.seq, 42);
+  ActivationCache full;
+  auto loss = whole->forward(full, b.tokens.data(), b.targets.data(), b.B, b.T);
+  ASSERT_TRUE(loss.ok());
+  ASSERT_TRUE(whole->backward(full).ok());
+
+  const TpShard shards[2] = {{0, 2, 0, 3}, {1, 2, 3, 4}};
+  std::vector<Gpt> parts;
+  for (const TpShard& sh : shards) {
+    GptParts p;
+    p.tp = sh;
+    auto m = Gpt::create(c, Device::cpu, 41, p);
+    ASSERT_TRUE(m.ok()) << m.status().to_string();
+    parts.push_back(std::move(*m));
+  }
+  EXPECT_EQ(parts[0].local_heads(), 3);
+  // Without its all-reduce a shard refuses to run its blocks.
+  {
+    ActivationCache cache;
+    auto l = parts[1].forward(cache, b.tokens.data(), b.targets.data(), b.B, b.T);
+    ASSERT_FALSE(l.ok());
+    EXPECT_NE(l.status().message().find("no all-reduce"), std::string::npos) << l.status().message();
+    ASSERT_TRUE(parts[1].zero_grad().ok());
+  }
+  ThreadSum group(2);
+  float losses[2] = {0, 0};
+  Status statuses[2];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    parts[t].set_tp_all_reduce([&group, t](Tensor& x, int, TpSite) { return group(t, x); });
+    threads.emplace_back([&, t] {
+      ActivationCache cache;
+      auto l = parts[t].forward(cache, b.tokens.data(), b.targets.data(), b.B, b.T);
+      statuses[t] = l.ok() ? parts[t].backward(cache) : l.status();
+      if (l.ok()) losses[t] = *l;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 2; ++t) ASSERT_TRUE(statuses[t].ok()) << statuses[t].to_string();
+  EXPECT_EQ(losses[0], losses[1]);  // both shards hold the same activations
+  EXPECT_NEAR(losses[0], *loss, 1e-5 * *loss);
+  // Shard 1 holds MLP units [48, 64): rows 48.. of the first MLP matrix [64, 16].
+  const int hs = 4, C = c.d_model;
+  const ParamGroup& w = whole->block(1);
+  const std::vector<float> wp = w.params.to_vector();
+  const std::vector<float> fc1 = parts[1].block(1).params.to_vector();
+  const ParamSlice& fc = parts[1].block(1).slices[kFcW];
+  EXPECT_EQ(fc.shape, (Shape{4 * hs, C}));
+  for (int64_t i = 0; i < fc.numel(); ++i)
+    ASSERT_EQ(fc1[fc.offset + i], wp[w.slices[kFcW].offset + 4 * hs * 3 * C + i]) << i;
+  // Per slice: sharded slices split the whole one's values and gradients (sums of squares add up); replicated
+  // slices hold the whole one's.
+  for (int l = 0; l < c.layers; ++l) {
+    const ParamGroup& whole_g = whole->block(l);
+    const std::vector<float> wgp = whole_g.params.to_vector(), wgg = whole_g.grads.to_vector();
+    for (int i = 0; i < kNumBlockSlices; ++i) {
+      const ParamSlice& ws = whole_g.slices[i];
+      double p_sq = 0, g_sq = 0;
+      for (int t = 0; t < 2; ++t) {
+        const ParamGroup& g = parts[t].block(l);
+        const std::vector<float> pp = g.params.to_vector(), pg = g.grads.to_vector();
+        const ParamSlice& ss = g.slices[i];
+        EXPECT_EQ(ss.tp_replicated, ws.tp_replicated);
+        if (ss.tp_replicated) {
+          EXPECT_EQ(ss.numel(), ws.numel());
+          for (int64_t k = 0; k < ss.numel(); ++k)
+            EXPECT_NEAR(pg[ss.offset + k], wgg[ws.offset + k], 1e-5 + 1e-4 * std::fabs(wgg[ws.offset + k]))
+                << ss.name << " shard " << t;
+        } else {
+          p_sq += sum_sq(pp, ss.offset, ss.numel());
+          g_sq += sum_sq(pg, ss.offset, ss.numel());
+        }
+      }
+      if (!ws.tp_replicated) {
+        EXPECT_NEAR(p_sq, sum_sq(wgp, ws.offset, ws.numel()), 1e-9) << ws.name;
+        EXPECT_NEAR(g_sq, sum_sq(wgg, ws.offset, ws.numel()), 1e-4 * g_sq + 1e-12) << ws.name;
+      }
+    }
+  }
+  EXPECT_EQ(parts[0].embedding().params.to_vector(), whole->embedding().params.to_vector());
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<float> eg = parts[t].embedding().grads.to_vector(), weg = whole->embedding().grads.to_vector();
+    for (size_t k = 0; k < eg.size(); ++k) ASSERT_NEAR(eg[k], weg[k], 1e-5 + 1e-4 * std::fabs(weg[k])) << k;
+  }
+  // A shard must name a range of the heads; a subspace model cannot be sharded.
+  GptParts bad;
+  bad.tp = {1, 2, 4, 4};
+  EXPECT_FALSE(Gpt::create(c, Device::cpu, 41, bad).ok());
+  GptConfig sub = c;
+  sub.subspace_k = 4;
+  bad.tp = {0, 2, 0, 2};
+  auto s = Gpt::create(sub, Device::cpu, 41, bad);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("subspace"), std::string::npos);
 }
 
 TEST(Gpt, MicrobatchCachesAccumulateGradients) {
@@ -281,7 +424,7 @@ TEST(Gpt, ConfigErrorsNameTheField) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("tiny|small|base"), std::string::npos);
   EXPECT_TRUE(gpt_preset("small").ok());
-  EXPECT_EQ(Gpt::create(tiny_config(), Device::cpu, 1, GptParts{true, 1, 0, true}).status().code(),
+  EXPECT_EQ(Gpt::create(tiny_config(), Device::cpu, 1, GptParts{true, 1, 0, true, {}}).status().code(),
             StatusCode::kInvalidArgument);
 }
 

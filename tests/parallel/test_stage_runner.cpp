@@ -13,6 +13,7 @@
 #include "core/rng.h"
 #include "parallel/metrics_summary.h"
 #include "parallel/stage_runner.h"
+#include "parallel/tp_split.h"
 #include "parallel/subspace_boundary.h"
 #include "tests/parallel/local_data_plane.h"
 #include "tests/parallel/result_value.h"
@@ -57,11 +58,14 @@ struct PipelineRun {
   std::optional<float> val_loss;                        // the last stage's, after the last step
   std::vector<WorkerStepMetrics> metrics;               // every stage, every step
   std::vector<Status> statuses;                         // per stage
+  std::vector<std::vector<float>> replicated;           // per rank: the bits of the slices every tp shard holds whole
 };
 
 // The grid and codecs of one threaded run.
 struct GridSpec {
-  int S = 1, dp = 1;
+  int S = 1, dp = 1, tp = 1;
+  std::vector<int> tp_heads;  // empty: even
+  std::string tp_codec = "none";
   ScheduleKind kind = ScheduleKind::k1F1B;
   int M = 4;
   std::string fwd = "none", bwd = "none", grad = "none";
@@ -81,15 +85,27 @@ std::vector<float> all_params(Gpt& model) {
   return out;
 }
 
-// Runs a pp × dp job on threads: losses, norms and the validation loss as replica 0 sees them.
+// Bits of the slices every tensor shard holds whole (layernorms, output biases, embedding, head).
+std::vector<float> replicated_params(Gpt& model) {
+  std::vector<float> out;
+  for (ParamGroup* g : model.param_groups()) {
+    std::vector<float> v = g->params.to_vector();
+    for (const ParamSlice& sl : g->slices)
+      if (sl.tp_replicated) out.insert(out.end(), v.begin() + sl.offset, v.begin() + sl.offset + sl.numel());
+  }
+  return out;
+}
+
+// Runs a pp × tp × dp job on threads: losses, norms and the validation loss as replica 0 sees them.
 PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std::vector<float>>* params = nullptr) {
-  const int S = g.S, W = g.S * g.dp, M = g.M, steps = g.steps;
-  Topology topo = value_of(Topology::create(W, S, 1, g.dp));
+  const int S = g.S, W = g.S * g.dp * g.tp, M = g.M, steps = g.steps;
+  Topology topo = value_of(Topology::create(W, S, g.tp, g.dp));
   Partition part = value_of(Partition::even(cfg.model.layers, S));
   auto fabric = std::make_shared<LocalFabric>();
   TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
   PipelineRun run;
   run.statuses.resize(W);
+  run.replicated.resize(W);
   run.grad_norms_by_stage.resize(W);
   if (params) params->assign(W, {});
   std::vector<std::vector<float>> losses_by_rank(W);
@@ -108,6 +124,8 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
       opts.schedule = g.kind;
       opts.compress_grad = g.grad;
       opts.sync = g.sync;
+      opts.compress_tp = g.tp_codec;
+      opts.tp_heads = g.tp_heads;
       opts.receive_timeout = std::chrono::seconds(60);
       auto runner = StageRunner::create(cfg, topo, part, rank, opts, plane, codecs);
       if (!runner.ok()) {
@@ -148,6 +166,7 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
         per_stage[rank].push_back((*runner)->take_step_metrics());
       }
       if (params) (*params)[rank] = all_params((*runner)->model());
+      run.replicated[rank] = replicated_params((*runner)->model());
     });
   }
   for (auto& t : threads) t.join();
@@ -452,8 +471,112 @@ TEST_F(StageRunnerTest, RefusesBadSetups) {
          "does not split into 1 replicas × 3 equal microbatches");
   opts.microbatches = 4;
   Topology grid = value_of(Topology::create(4, 2, 2, 1));
+  opts.tp_heads = {3, 1};  // the model has 2 heads
   expect(StageRunner::create(cfg, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
-         "tensor parallelism is not implemented");
+         "does not give 2 shards at least one of the 2 heads");
+  opts.tp_heads = {};
+  Topology four = value_of(Topology::create(4, 1, 4, 1));
+  expect(StageRunner::create(cfg, four, value_of(Partition::even(4, 1)), 0, opts, plane, codecs),
+         "--tp 4 needs at least one head per shard, but the model has 2 heads");
+  TrainConfig sub = cfg;
+  sub.model.subspace_k = 8;
+  expect(StageRunner::create(sub, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
+         "does not support a subspace model");
+  opts.microbatches = 512;
+  TrainConfig big = cfg;
+  big.batch = 512;
+  expect(StageRunner::create(big, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
+         "use fewer --microbatches or more stages");
+}
+
+// A tp grid on threads: tiny_config with 4 heads.
+TrainConfig tp_config() {
+  TrainConfig cfg = tiny_config();
+  cfg.model.heads = 4;
+  return cfg;
+}
+
+TEST_F(StageRunnerTest, TensorShardsReproduceTheSingleProcessTrainer) {
+  const TrainConfig cfg = tp_config();
+  const int steps = 4;
+  float ref_val = 0;
+  const std::vector<StepStats> ref = reference_steps(cfg, steps, &ref_val);
+  ASSERT_LT(ref.back().loss, ref.front().loss);
+  ASSERT_GT(ref[0].grad_norm, cfg.grad_clip);  // clipping is active: the norm must be the whole model's
+  struct Case {
+    int S, tp, dp;
+    std::vector<int> heads;
+  };
+  for (const Case& c : {Case{1, 2, 1, {}}, Case{1, 4, 1, {}}, Case{1, 2, 1, {3, 1}}, Case{2, 2, 1, {}},
+                        Case{2, 2, 2, {}}}) {
+    GridSpec g;
+    g.S = c.S;
+    g.tp = c.tp;
+    g.dp = c.dp;
+    g.tp_heads = c.heads;
+    g.M = 2;
+    g.steps = steps;
+    PipelineRun run = run_grid(cfg, g);
+    const std::string what = "pp " + std::to_string(c.S) + " tp " + std::to_string(c.tp) + " dp " +
+                             std::to_string(c.dp) + (c.heads.empty() ? "" : " split " + tp_split_string(c.heads));
+    for (size_t r = 0; r < run.statuses.size(); ++r)
+      ASSERT_TRUE(run.statuses[r].ok()) << what << " rank " << r << ": " << run.statuses[r].to_string();
+    ASSERT_EQ(run.losses.size(), size_t(steps)) << what;
+    for (int i = 0; i < steps; ++i) {
+      EXPECT_NEAR(run.losses[i], ref[i].loss, 1e-5 * ref[i].loss) << what << " step " << i + 1;
+      EXPECT_NEAR(run.grad_norms[i], ref[i].grad_norm, 1e-5 * ref[i].grad_norm) << what << " step " << i + 1;
+    }
+    ASSERT_TRUE(run.val_loss.has_value()) << what;
+    EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << what;
+    Topology topo = value_of(Topology::create(c.S * c.tp * c.dp, c.S, c.tp, c.dp));
+    for (int r = 0; r < topo.workers(); ++r) {
+      const WorkerCoord w = topo.coord_of(r);
+      // Shards hold the replicated parameters with the same bits, and every worker clips with one norm.
+      EXPECT_EQ(run.replicated[r], run.replicated[topo.rank_of({w.stage, 0, 0})]) << what << " rank " << r;
+      EXPECT_EQ(run.grad_norms_by_stage[r], run.grad_norms_by_stage[0]) << what << " rank " << r;
+    }
+    // Partial sums are metered as role tp, only between shards of one stage replica.
+    MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+    uint64_t tp_bytes = 0;
+    for (const LinkTotals& t : sum.links)
+      if (t.role == "tp") {
+        const WorkerCoord a = topo.coord_of(t.src), b = topo.coord_of(t.dst);
+        EXPECT_TRUE(a.stage == b.stage && a.dp == b.dp && a.tp != b.tp) << what << " " << t.src << "->" << t.dst;
+        tp_bytes += t.wire_bytes;
+      }
+    EXPECT_GT(tp_bytes, 0u) << what;
+  }
+}
+
+TEST_F(StageRunnerTest, CompressedPartialSumsKeepShardsIdenticalAndSendFewerBytes) {
+  const TrainConfig cfg = tp_config();
+  const int steps = 4;
+  const std::vector<float> ref = reference_losses(cfg, steps);
+  for (const std::string spec : {"int8", "ef+int4", "bf16", "lowrank:rank=4+int8"}) {
+    GridSpec g;
+    g.S = 2;
+    g.tp = 2;
+    g.M = 2;
+    g.tp_codec = spec;
+    g.steps = steps;
+    PipelineRun run = run_grid(cfg, g);
+    for (const Status& st : run.statuses) ASSERT_TRUE(st.ok()) << spec << ": " << st.to_string();
+    ASSERT_EQ(run.losses.size(), size_t(steps)) << spec;
+    for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 0.05 * ref[i]) << spec << " step " << i + 1;
+    // Every shard decoded the same bytes into the same sums, so the replicated parameters stay bit-equal.
+    EXPECT_EQ(run.replicated[1], run.replicated[0]) << spec;
+    EXPECT_EQ(run.replicated[3], run.replicated[2]) << spec;
+    MetricsSummary sum = value_of(summarize_step_metrics(run.metrics));
+    uint64_t raw = 0, wire = 0;
+    for (const LinkTotals& t : sum.links)
+      if (t.role == "tp") {
+        raw += t.raw_bytes;
+        wire += t.wire_bytes;
+        EXPECT_EQ(t.codecs, std::vector<std::string>{spec});
+      }
+    EXPECT_GT(raw, 0u) << spec;
+    EXPECT_LT(wire, raw) << spec;
+  }
 }
 
 TEST_F(StageRunnerTest, AMissingPeerIsAnErrorNamingIt) {
