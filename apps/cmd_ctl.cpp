@@ -1,4 +1,4 @@
-// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad) SPEC`: talk to a running
+// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC`: talk to a running
 // job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
 #include <cstdio>
 #include <memory>
@@ -33,10 +33,10 @@ nlohmann::json request(const CtlFlags& f, const std::string& command, const std:
 void print_status(const nlohmann::json& j) {
   const auto& job = j.value("job", nlohmann::json::object());
   const auto& tr = job.value("train", nlohmann::json::object());
-  std::printf("step %lld of %lld; %d workers, pp %d, dp %d, partition %s, schedule %s, %d microbatches\n",
+  std::printf("step %lld of %lld; %d workers, pp %d, tp %d, dp %d, partition %s, schedule %s, %d microbatches\n",
               static_cast<long long>(j.value("step", int64_t(-1))),
               static_cast<long long>(tr.value("steps", int64_t(0))), job.value("workers", 0), job.value("pp", 0),
-              job.value("dp", 1), j.value("partition", std::string("?")).c_str(),
+              job.value("tp", 1), job.value("dp", 1), j.value("partition", std::string("?")).c_str(),
               j.value("schedule", std::string("?")).c_str(), job.value("microbatches", 0));
   std::printf("\n%-8s %-4s %-24s %10s %10s %14s\n", "link", "dir", "codec", "raw MB", "wire MB", "measured Mbit/s");
   for (const auto& l : j.value("links", nlohmann::json::array())) {
@@ -84,17 +84,30 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
   });
 
   auto* set = cmd->add_subcommand(
-      "set-codec", "switch a codec at a step boundary on both ends: one pipeline link, or the replicas' gradients");
+      "set-codec",
+      "switch a codec at a step boundary on both ends: one pipeline link, the replicas' gradients, or the tp sums");
   set->add_option("--link", f->link,
                   "the pipeline link A-B (stages, e.g. 1-2); with --role grad, replica links (s1d0-s1d1, d0-d1): "
                   "their stages' groups (default: every group)");
   set->add_option("--dir", f->dir, "fwd (activations) or bwd (activation gradients)");
   set->add_option("--role", f->role,
-                  "act, act_grad (same as --dir fwd/bwd), or grad: the weight gradients between replicas");
+                  "act, act_grad (same as --dir fwd/bwd), grad: the weight gradients between replicas, or tp: the "
+                  "tensor shards' partial sums");
   set->add_option("spec", f->spec, "codec spec, e.g. int4, lowrank:rank=8+int8, powersgd:rank=4 (grad)")->required();
   set->callback([f] {
-    if (!f->role.empty() && f->role != "act" && f->role != "act_grad" && f->role != "grad")
-      fail("--role '" + f->role + "': choose act, act_grad or grad", 2);
+    if (!f->role.empty() && f->role != "act" && f->role != "act_grad" && f->role != "grad" && f->role != "tp")
+      fail("--role '" + f->role + "': choose act, act_grad, grad or tp", 2);
+    if (f->role == "tp") {
+      if (!f->dir.empty()) fail("--role tp: a tp group's all-reduce uses one codec both ways; drop --dir", 2);
+      if (!f->link.empty()) fail("--role tp: every tp group's sums switch together; drop --link", 2);
+      auto j = request(*f, "set-codec", nlohmann::json{{"role", "tp"}, {"spec", f->spec}}.dump());
+      if (f->json)
+        std::printf("%s\n", j.dump().c_str());
+      else
+        std::printf("partial sums of the tp shards switch to %s from step %lld\n", j.value("spec", std::string()).c_str(),
+                    static_cast<long long>(j.value("from_step", int64_t(0))));
+      return;
+    }
     if (f->role == "grad") {
       if (!f->dir.empty()) fail("--role grad: a replica group's all-reduce uses one codec both ways; drop --dir", 2);
       nlohmann::json args{{"role", "grad"}, {"spec", f->spec}};

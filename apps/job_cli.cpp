@@ -21,7 +21,7 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->check(CLI::Range(1, 4096))
       ->group(g);
   cmd->add_option("--pp", f.job.pp, "pipeline stages (default: --workers)")->check(CLI::Range(1, 4096))->group(g);
-  cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage (only 1 so far)")
+  cmd->add_option("--tp", f.job.tp, "tensor-parallel shards per stage: each holds its share of every block's heads")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096))
       ->group(g);
@@ -50,6 +50,13 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "codec spec for weight gradients averaged between replicas (dp > 1), e.g. int8, ef+int4")
       ->capture_default_str()
       ->group(g);
+  cmd->add_option("--tp-split", f.job.tp_split,
+                  "heads per tp shard: weights like 3:1 (shard 0 gets 3/4), or 'speed' (default: even)")
+      ->group(g);
+  cmd->add_option("--compress-tp", f.job.compress_tp,
+                  "codec spec for the tp shards' partial sums (tp > 1), e.g. int8, bf16, lowrank:rank=8+int8")
+      ->capture_default_str()
+      ->group(g);
   cmd->add_option("--sync", f.job.sync,
                   "how replicas stay together: every-step, or diloco:H=50,outer_lr=0.7,outer_momentum=0.9")
       ->capture_default_str()
@@ -74,7 +81,10 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   if (!kind.ok()) fail("--schedule: " + kind.status().message(), 2);
   job.schedule = *kind;
   const bool workers_given = cmd->count("--workers") > 0, pp_given = cmd->count("--pp") > 0;
-  if (!workers_given && !pp_given && !f.grid_has_defaults) fail("give --workers N (and optionally --pp S)", 2);
+  // --tp or --dp alone is a one-stage job of that many workers.
+  const bool grid_given = cmd->count("--tp") > 0 || cmd->count("--dp") > 0;
+  if (!workers_given && !pp_given && !f.grid_has_defaults && !grid_given)
+    fail("give --workers N (and optionally --pp S), or --tp / --dp", 2);
   if (!pp_given && workers_given) job.pp = job.workers / std::max(1, job.tp * job.dp);
   if (!workers_given) job.workers = job.pp * job.tp * job.dp;
   if (job.workers != job.pp * job.tp * job.dp)

@@ -101,14 +101,41 @@ Result<std::string> PipelineJobConfig::planned_partition(const std::vector<doubl
     LH_ASSIGN_OR_RETURN(Partition p, make_partition());
     return partition.empty() ? std::string() : p.to_string();
   }
-  if (static_cast<int>(speeds.size()) != pp)
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  if (static_cast<int>(speeds.size()) != t.workers())
     return invalid_argument("--partition speed: " + std::to_string(speeds.size()) + " speeds for " +
-                            std::to_string(pp) + " stages");
+                            std::to_string(t.workers()) + " workers");
+  // A stage is as fast as its slowest worker (its shards and replicas wait for each other).
+  std::vector<double> stage_speed(size_t(pp), std::numeric_limits<double>::infinity());
   bool known = true;
-  for (double v : speeds) known &= v > 0 && std::isfinite(v);
-  LH_ASSIGN_OR_RETURN(Partition p, known ? Partition::proportional(train.model.layers, speeds)
+  for (int r = 0; r < t.workers(); ++r) {
+    known &= speeds[r] > 0 && std::isfinite(speeds[r]);
+    double& s = stage_speed[size_t(t.coord_of(r).stage)];
+    s = std::min(s, speeds[r]);
+  }
+  LH_ASSIGN_OR_RETURN(Partition p, known ? Partition::proportional(train.model.layers, stage_speed)
                                          : Partition::even(train.model.layers, pp));
   return p.to_string();
+}
+
+Result<std::vector<int>> PipelineJobConfig::tp_heads_split() const {
+  return tp_heads(tp_split == "speed" ? "" : tp_split, tp, train.model.heads);
+}
+
+Result<std::string> PipelineJobConfig::planned_tp_split(const std::vector<double>& speeds) const {
+  if (tp_split != "speed") return tp_split;
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  if (static_cast<int>(speeds.size()) != t.workers())
+    return invalid_argument("--tp-split speed: " + std::to_string(speeds.size()) + " speeds for " +
+                            std::to_string(t.workers()) + " workers");
+  // Shard t's heads run on every stage and replica at index t: the slowest of them sets its pace.
+  std::vector<double> shard_speed(size_t(tp), std::numeric_limits<double>::infinity());
+  for (int r = 0; r < t.workers(); ++r) {
+    double& s = shard_speed[size_t(t.coord_of(r).tp)];
+    s = std::min(s, speeds[r]);
+  }
+  LH_ASSIGN_OR_RETURN(std::vector<int> heads, tp_heads_by_speed(shard_speed, train.model.heads));
+  return tp_split_string(heads);
 }
 
 namespace {
@@ -146,7 +173,8 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
     if (sel->kind == "cross")
       return invalid_argument(where + ": a cross pair carries no codec (pipeline and replica links do)");
     if (sel->kind == "tp")
-      return invalid_argument(where + ": tensor-parallel links come with --tp, not implemented yet");
+      return invalid_argument(where + ": a tp group's sums use one codec, --compress-tp; per-link tp codecs are not "
+                                      "supported");
     if (e.substr(0, eq).find(':') != std::string::npos)
       return invalid_argument(where + ": a replica group's all-reduce uses one codec both ways; drop the :fwd/:bwd");
     const std::string spec = e.substr(eq + 1);
@@ -159,11 +187,27 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
 
 Status PipelineJobConfig::validate() const {
   LH_RETURN_IF_ERROR(train.validate());
-  LH_ASSIGN_OR_RETURN(Topology t, topology());
-  if (t.tp() != 1)
-    return invalid_argument(
-        "--tp must be 1: pipeline and data parallelism are implemented, tensor parallelism not yet");
-  LH_RETURN_IF_ERROR(make_partition().status());
+  LH_RETURN_IF_ERROR(topology().status());
+  LH_ASSIGN_OR_RETURN(Partition part, make_partition());
+  if (tp_split != "" && tp_split != "speed" && tp == 1)
+    return invalid_argument("--tp-split " + tp_split + " needs --tp > 1");
+  LH_RETURN_IF_ERROR(tp_heads_split().status());
+  if (tp > 1) {
+    if (train.model.subspace_k > 0)
+      return invalid_argument("--tp " + std::to_string(tp) + " with --subspace-k: tensor parallelism does not "
+                              "support a subspace model; use --subspace-k 0 or --tp 1");
+    Status s = check_codec_spec(compress_tp);
+    if (!s.ok()) return s.prepend("--compress-tp '" + compress_tp + "'");
+    // Each step's tp all-reduces are named by a 12-bit sequence in the tag (docs/grid.md §2).
+    for (int st = 0; st < part.stages(); ++st) {
+      const int64_t ops = int64_t(kTpSitesPerBlock) * part.stage(st).num_blocks * microbatches;
+      if (ops >= 4095)
+        return invalid_argument("--tp with " + std::to_string(part.stage(st).num_blocks) + " blocks on stage " +
+                                std::to_string(st) + " and --microbatches " + std::to_string(microbatches) +
+                                " needs " + std::to_string(ops) +
+                                " all-reduces per step; at most 4094 fit: use fewer --microbatches or more stages");
+    }
+  }
   if (microbatches < 1)
     return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
   if (train.batch % (dp * microbatches) != 0)
@@ -215,7 +259,9 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_bwd", compress_bwd},
           {"compress_link", compress_link},
           {"compress_grad", compress_grad},
-          {"sync", sync}};
+          {"sync", sync},
+          {"tp_split", tp_split},
+          {"compress_tp", compress_tp}};
 }
 
 Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
@@ -277,6 +323,8 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.strings("compress_link", c.compress_link));
   LH_RETURN_IF_ERROR(r.string("compress_grad", c.compress_grad));
   LH_RETURN_IF_ERROR(r.string("sync", c.sync));
+  LH_RETURN_IF_ERROR(r.string("tp_split", c.tp_split));
+  LH_RETURN_IF_ERROR(r.string("compress_tp", c.compress_tp));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

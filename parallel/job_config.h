@@ -14,6 +14,7 @@
 #include "parallel/partition.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/topology.h"
+#include "parallel/tp_split.h"
 #include "transport/messages.h"
 
 namespace lh {
@@ -31,6 +32,10 @@ struct PipelineJobConfig {
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
   std::string compress_grad = "none";      // weight gradients between replicas (dp > 1)
   std::string sync = "every-step";         // --sync: every-step | diloco:H=…,outer_lr=…,outer_momentum=…
+  // Heads per tp shard: "" even, "3:1" weights, or "speed" (the coordinator splits by the workers' reported
+  // compute speed and sends the resulting split, e.g. "3:1" in heads, in every worker's plan).
+  std::string tp_split;
+  std::string compress_tp = "none";  // the tp groups' partial sums (tp > 1)
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
@@ -38,6 +43,11 @@ struct PipelineJobConfig {
   Result<Partition> make_partition() const;  // "speed" gives the even split until planned
   // The partition for workers of these speeds (in rank order), as a string for `partition`.
   Result<std::string> planned_partition(const std::vector<double>& speeds) const;
+  // Heads per tp shard ("speed" gives the even split until planned).
+  Result<std::vector<int>> tp_heads_split() const;
+  // The split for workers of these speeds (in rank order: each shard index gets the slowest of its workers' speeds),
+  // as heads per shard ("3:1"); the configured one unless tp_split is "speed".
+  Result<std::string> planned_tp_split(const std::vector<double>& speeds) const;
   Result<CodecPlan> codec_plan() const;  // from the --compress-link entries that name pipeline links
   // The weight-gradient codec of each stage's dp group: --compress-grad, replaced for the groups a --compress-link
   // entry naming replica links touches (e.g. s1d0-s1d1=int4 or d0-d1=ef+int4; later entries win). A group's

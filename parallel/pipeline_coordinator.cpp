@@ -38,12 +38,17 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
   std::vector<double> speeds;
   for (const WorkerInfo& w : workers) speeds.push_back(w.join.compute_speed);
   LH_ASSIGN_OR_RETURN(std::string partition, job_.planned_partition(speeds));
+  LH_ASSIGN_OR_RETURN(std::string tp_split, job_.planned_tp_split(speeds));
   std::string config;
   {
     std::lock_guard<std::mutex> lock(mu_);  // status_json reads job_
     if (job_.partition == "speed") {
       LH_LOG_INFO("coordinator: partition by speed: {}", partition);
       job_.partition = partition;
+    }
+    if (job_.tp_split == "speed") {
+      LH_LOG_INFO("coordinator: tp split by speed (heads per shard): {}", tp_split);
+      job_.tp_split = tp_split;
     }
     config = job_.to_json().dump();
   }
@@ -135,6 +140,26 @@ nlohmann::json PipelineCoordinator::status_json() {
       links.push_back(std::move(e));
     }
   }
+  if (topology_.tp() > 1) {  // the tp shards' partial sums, one row for every tp group
+    std::string spec = job_.compress_tp;
+    for (const GradChange& c : tp_changes_)
+      if (c.from <= step + 1) spec = c.spec;
+    nlohmann::json e = {{"link", "tp shards"}, {"dir", "tp"}, {"spec", spec}};
+    uint64_t raw = 0, wire = 0;
+    double busy = 0;
+    if (summary.ok())
+      for (const LinkTotals& t : summary->links)
+        if (t.role == "tp") {
+          raw += t.raw_bytes;
+          wire += t.wire_bytes;
+          busy += t.seconds;
+        }
+    e["raw_bytes"] = raw;
+    e["wire_bytes"] = wire;
+    e["busy_seconds"] = busy;
+    if (busy > 0) e["measured_bps"] = 8.0 * double(wire) / busy;
+    links.push_back(std::move(e));
+  }
   nlohmann::json changes = nlohmann::json::array();
   for (const CodecChange& c : codecs_.changes())
     changes.push_back(
@@ -144,6 +169,8 @@ nlohmann::json PipelineCoordinator::status_json() {
                        {"dir", "grad"},
                        {"spec", c.spec},
                        {"from_step", c.from}});
+  for (const GradChange& c : tp_changes_)
+    changes.push_back({{"link", "tp shards"}, {"dir", "tp"}, {"spec", c.spec}, {"from_step", c.from}});
   auto part = job_.make_partition();  // valid: the job was validated at start
   return {{"job", job_.to_json()},
           {"step", step},
@@ -198,6 +225,24 @@ Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string
       .dump();
 }
 
+// The tp groups' codec, from the next step boundary: every group switches together.
+Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& spec, const std::string& link) {
+  if (topology_.tp() < 2)
+    return invalid_argument("set-codec --role tp: the job has one tensor shard per stage (--tp 1), so no partial sums "
+                            "cross a link");
+  if (!link.empty())
+    return invalid_argument("set-codec --role tp --link '" + link + "': every tp group's sums switch together; drop --link");
+  {
+    Status s = check_codec_spec(spec);
+    if (!s.ok()) return s.prepend("set-codec --role tp '" + spec + "'");
+  }
+  const int64_t from = codecs_.current_step() + 1;
+  tp_changes_.push_back({from, spec, -1});
+  coordinator_->broadcast(SetCodec{-1, -1, "tp", spec, from});
+  LH_LOG_INFO("coordinator: the tp shards' partial sums switch to {} at step {}", spec, from);
+  return nlohmann::json{{"role", "tp"}, {"link", "tp shards"}, {"spec", spec}, {"from_step", from}}.dump();
+}
+
 Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args) {
   if (command == "status") return status_json().dump();
   if (command != "set-codec")
@@ -212,6 +257,7 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   const int64_t newest = collector_->newest_step();
   if (newest + 1 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 1));
   if (text("role") == "grad") return set_grad_codec_locked(text("spec"), text("link"));
+  if (text("role") == "tp") return set_tp_codec_locked(text("spec"), text("link"));
   CodecChange change;
   if (j.contains("link")) {
     LH_ASSIGN_OR_RETURN(change, codecs_.request_change(text("link"), text("dir"), text("spec")));

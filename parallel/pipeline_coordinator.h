@@ -42,6 +42,7 @@ class PipelineCoordinator {
 
  private:
   Result<std::string> set_grad_codec_locked(const std::string& spec, const std::string& link);  // holds mu_
+  Result<std::string> set_tp_codec_locked(const std::string& spec, const std::string& link);    // holds mu_
   // "replicas" (pp = 1) or "s1 replicas": the status row of one stage's dp group.
   std::string group_label(int stage) const;
   PipelineCoordinator(PipelineJobConfig job, Topology topology, CodecSchedule schedule)
@@ -60,6 +61,7 @@ class PipelineCoordinator {
     int stage = -1;  // whose dp group; −1: every group
   };
   std::vector<GradChange> grad_changes_;  // ctl set-codec --role grad [--link …]
+  std::vector<GradChange> tp_changes_;    // ctl set-codec --role tp (every group: stage −1)
   std::optional<Status> failure_;
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<Coordinator> coordinator_;

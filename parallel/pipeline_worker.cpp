@@ -113,6 +113,8 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   LH_ASSIGN_OR_RETURN(std::vector<std::string> grad_specs, job->grad_specs());
   ro.compress_grad = grad_specs.at(size_t(topology.coord_of(plan.rank).stage));
   LH_ASSIGN_OR_RETURN(ro.sync, parse_sync(job->sync));
+  ro.compress_tp = job->compress_tp;
+  LH_ASSIGN_OR_RETURN(ro.tp_heads, job->tp_heads_split());
   ro.receive_timeout = options.receive_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
                       StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));
@@ -131,6 +133,15 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         break;
       }
       for (const SetCodec& m : events.take_codec_changes()) {
+        if (m.dir == "tp") {
+          const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
+          Status s = runner->schedule_tp_codec(m.spec, from);
+          if (!s.ok())
+            LH_LOG_WARN("set-codec ignored: {}", s.message());
+          else
+            LH_LOG_INFO("the tp shards' partial-sum codec becomes {} from step {}", m.spec, from);
+          continue;
+        }
         if (m.dir == "grad") {
           // A change naming a pair is for that stage's dp group only.
           if (m.src >= 0) {

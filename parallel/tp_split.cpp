@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "parallel/parse_number.h"
@@ -81,8 +82,10 @@ Result<std::vector<int>> tp_heads(const std::string& text, int tp, int heads) {
   std::vector<int> out;
   for (int t = 0; t < tp; ++t) {
     if ((int64_t(heads) * w[t]) % total != 0) {
-      return invalid_argument("--tp-split " + text + " gives shard " + std::to_string(t) + " " +
-                              std::to_string(double(heads) * w[t] / total) + " of the model's " +
+      char share[32];
+      std::snprintf(share, sizeof share, "%.3g", double(heads) * w[t] / total);
+      return invalid_argument("--tp-split " + text + " gives shard " + std::to_string(t) + " " + share +
+                              " of the model's " +
                               std::to_string(heads) + " heads; heads must divide: use --tp-split " +
                               tp_split_string(nearest_split(weights, heads)));
     }

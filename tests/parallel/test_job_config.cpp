@@ -55,7 +55,21 @@ TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
       {[](PipelineJobConfig& c) { c.compress_link = {"3-4:fwd=int8"}; }, "'3-4'"},
       {[](PipelineJobConfig& c) { c.compress_fwd = "int3"; }, "--compress-fwd"},
       {[](PipelineJobConfig& c) { c.train.steps = 0; }, "--steps"},
-      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "--tp must be 1"},
+      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "with --subspace-k: tensor parallelism does not"},
+      {[](PipelineJobConfig& c) { c.workers = 12, c.tp = 3, c.train.model.subspace_k = 0; },
+       "--tp 3 does not divide the model's 4 heads; give the shards whole heads with --tp-split 2:1:1"},
+      {[](PipelineJobConfig& c) { c.tp_split = "3:1"; }, "--tp-split 3:1 needs --tp > 1"},
+      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.compress_tp = "int3"; },
+       "--compress-tp 'int3'"},
+      {[](PipelineJobConfig& c) {
+         c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.microbatches = 8, c.train.batch = 1024,
+         c.train.model.layers = 1024, c.partition = "";
+       },
+       "use fewer --microbatches or more stages"},
+      {[](PipelineJobConfig& c) {
+         c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.compress_link = {"t0-t1=int8"};
+       },
+       "a tp group's sums use one codec, --compress-tp"},
   };
   for (const Case& k : cases) {
     PipelineJobConfig bad = four_stages();
@@ -131,12 +145,68 @@ TEST(PipelineJobConfig, SpeedPartitionIsSettledAtPlanning) {
   EXPECT_EQ(value_of(c.make_partition()).to_string(), "2,2,2,2");  // until planned
   EXPECT_EQ(value_of(c.planned_partition({3, 1, 1, 1})), "5,1,1,1");
   EXPECT_EQ(value_of(c.planned_partition({3, 0, 1, 1})), "2,2,2,2");  // a speed unknown: even
-  expect_error(c.planned_partition({1, 1}).status(), "2 speeds for 4 stages");
+  expect_error(c.planned_partition({1, 1}).status(), "2 speeds for 4 workers");
   EXPECT_EQ(value_of(PipelineJobConfig::from_json(c.to_json().dump())).partition, "speed");
   c.partition = "3,2,2,1";
   EXPECT_EQ(value_of(c.planned_partition({})), "3,2,2,1");
   c.partition.clear();
   EXPECT_EQ(value_of(c.planned_partition({})), "");
+}
+
+TEST(PipelineJobConfig, TensorShardSplitsAndTheirSpeedPlan) {
+  PipelineJobConfig c = four_stages();
+  c.train.model.subspace_k = 0;
+  c.train.model.heads = 4;
+  c.workers = 16;  // pp 4 × tp 2 × dp 2
+  c.tp = 2;
+  c.dp = 2;
+  c.compress_tp = "lowrank:rank=8+int8";
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(value_of(c.tp_heads_split()), (std::vector<int>{2, 2}));
+  c.tp_split = "3:1";
+  EXPECT_EQ(value_of(c.tp_heads_split()), (std::vector<int>{3, 1}));
+  const PipelineJobConfig back = value_of(PipelineJobConfig::from_json(c.to_json().dump()));
+  EXPECT_EQ(back.tp_split, "3:1");
+  EXPECT_EQ(back.compress_tp, "lowrank:rank=8+int8");
+  c.tp_split = "speed";
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(value_of(c.tp_heads_split()), (std::vector<int>{2, 2}));  // until planned
+  // Shard index 1's slowest worker is 3× slower than index 0's: it gets one head of four.
+  std::vector<double> speeds(16, 3.0);
+  for (int r = 1; r < 16; r += 2) speeds[r] = 2.0;
+  speeds[7] = 1.0;
+  EXPECT_EQ(value_of(c.planned_tp_split(speeds)), "3:1");
+  speeds[7] = 0;  // unknown: even
+  EXPECT_EQ(value_of(c.planned_tp_split(speeds)), "2:2");
+  expect_error(c.planned_tp_split({1, 1}).status(), "2 speeds for 16 workers");
+  // The stage partition by speed takes each stage's slowest worker.
+  c.partition = "speed";
+  std::vector<double> stage_speeds(16, 1.0);
+  for (int r = 0; r < 4; ++r) stage_speeds[r] = 3.0;  // stage 0's four workers
+  stage_speeds[2] = 2.0;
+  EXPECT_EQ(value_of(c.planned_partition(stage_speeds)), value_of(PipelineJobConfig(c).planned_partition(
+                                                                     {2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})));
+}
+
+TEST(TpSplit, EvenWeightedAndBySpeedWithFixesInTheErrors) {
+  EXPECT_EQ(value_of(tp_heads("", 2, 4)), (std::vector<int>{2, 2}));
+  EXPECT_EQ(value_of(tp_heads("3:1", 2, 8)), (std::vector<int>{6, 2}));
+  EXPECT_EQ(value_of(tp_heads("1:1:2", 3, 4)), (std::vector<int>{1, 1, 2}));
+  expect_error(tp_heads("3:2", 2, 4).status(), "gives shard 0 2.4 of the model's 4 heads; heads must divide: use "
+                                               "--tp-split 2:2");
+  expect_error(tp_heads("", 4, 6).status(), "--tp-split 2:2:1:1");
+  expect_error(tp_heads("", 8, 6).status(), "needs at least one head per shard");
+  expect_error(tp_heads("3:x", 2, 4).status(), "'x' is not a positive whole weight");
+  expect_error(tp_heads("3:0", 2, 4).status(), "'0' is not a positive whole weight");
+  expect_error(tp_heads("speed", 2, 4).status(), "settled by the coordinator");
+  EXPECT_EQ(value_of(tp_heads_by_speed({4, 1}, 5)), (std::vector<int>{4, 1}));
+  EXPECT_EQ(value_of(tp_heads_by_speed({100, 1}, 4)), (std::vector<int>{3, 1}));  // every shard keeps a head
+  EXPECT_EQ(value_of(tp_heads_by_speed({1, 1, 1}, 4)), (std::vector<int>{2, 1, 1}));
+  const TpShard s = tp_shard({3, 1}, 1);
+  EXPECT_EQ(s.head_begin, 3);
+  EXPECT_EQ(s.head_end, 4);
+  EXPECT_EQ(s.size, 2);
+  EXPECT_EQ(tp_split_string({6, 2}), "6:2");
 }
 
 TEST(PlanCodecs, RoundTripThroughLinkCodecs) {
