@@ -97,9 +97,21 @@ std::string wait_for_line(const std::string& path, const std::string& prefix, st
 }
 
 // The tiny model of the in-process pipeline tests: a few steps take seconds.
-std::vector<std::string> model_flags(int steps) {
-  return {"--layers", "4",       "--d-model",           "32",       "--heads", "2",      "--seq", "16", "--batch",
-          "8",        "--steps", std::to_string(steps), "--warmup", "1",       "--seed", "21"};
+// The test model; `heads` is the one flag tests change (tp splits need more heads than the default 2).
+std::vector<std::string> model_flags(int steps, int heads = 2) {
+  return {"--layers", "4",       "--d-model",           "32",       "--heads", std::to_string(heads), "--seq", "16",
+          "--batch",  "8",       "--steps", std::to_string(steps), "--warmup", "1", "--seed", "21"};
+}
+
+// `extra` with a "--heads N" pair taken out into *heads.
+std::vector<std::string> take_heads(std::vector<std::string> extra, int* heads) {
+  for (size_t i = 0; i + 1 < extra.size(); ++i)
+    if (extra[i] == "--heads") {
+      *heads = std::stoi(extra[i + 1]);
+      extra.erase(extra.begin() + i, extra.begin() + i + 2);
+      break;
+    }
+  return extra;
 }
 
 std::vector<std::string> launch_args(int workers, int steps, const std::string& metrics,
@@ -117,7 +129,9 @@ std::vector<std::string> launch_args(int workers, int steps, const std::string& 
                                 metrics,
                                 "--microbatches",
                                 "4"};
-  for (auto& f : model_flags(steps)) a.push_back(f);
+  int heads = 2;
+  extra = take_heads(std::move(extra), &heads);
+  for (auto& f : model_flags(steps, heads)) a.push_back(f);
   for (auto& f : extra) a.push_back(f);
   return a;
 }
@@ -151,8 +165,10 @@ void expect_launch_matches_train(int workers, const std::string& schedule, std::
   std::string train_metrics = temp_path("train.jsonl"), job_metrics = temp_path("job.jsonl");
   std::vector<std::string> train = {"--threads", "1", "--log-level", "warn",       "train",
                                     "--sample",  "0", "--metrics",   train_metrics};
-  for (auto& f : model_flags(steps)) train.push_back(f);
-  train.insert(train.end(), model_extra.begin(), model_extra.end());
+  int heads = 2;
+  std::vector<std::string> train_extra = take_heads(model_extra, &heads);
+  for (auto& f : model_flags(steps, heads)) train.push_back(f);
+  train.insert(train.end(), train_extra.begin(), train_extra.end());
   BinRun t = run(train);
   ASSERT_EQ(t.code, 0) << t.output;
   std::vector<std::string> extra = {"--schedule", schedule};
@@ -187,6 +203,16 @@ TEST_F(Launch, TwoReplicasReproduceTrain) {
 }
 TEST_F(Launch, TwoStagesTimesTwoReplicasReproduceTrain) {
   expect_launch_matches_train(4, "1f1b", {}, {"--dp", "2"});
+}
+// Tensor parallelism: each shard holds its heads of every block and the shards sum their partial results.
+TEST_F(Launch, TwoTensorShardsReproduceTrain) {
+  expect_launch_matches_train(2, "1f1b", {}, {"--tp", "2"});
+}
+TEST_F(Launch, UnevenTensorShardsReproduceTrain) {
+  expect_launch_matches_train(2, "1f1b", {"--heads", "4"}, {"--tp", "2", "--tp-split", "3:1"});
+}
+TEST_F(Launch, StagesTimesShardsTimesReplicasReproduceTrain) {  // 8 workers: pp 2 × tp 2 × dp 2
+  expect_launch_matches_train(8, "1f1b", {}, {"--tp", "2", "--dp", "2"});
 }
 // DiLoCo's outer step with H=1, outer_lr=1 and no momentum gives back the inner step's weights.
 TEST_F(Launch, DilocoWithAUnitOuterStepReproducesTrain) {
@@ -369,6 +395,49 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
   EXPECT_EQ(records->size(), size_t(2 * steps));
 }
 
+// `ctl set-codec --role tp` switches every tp group's partial sums at one step boundary.
+TEST_F(Launch, CtlSwitchesTheTpCodecMidRun) {
+  const int steps = 30;
+  std::string metrics = temp_path("ctl_tp.jsonl");
+  CtlJob job;
+  ASSERT_NO_FATAL_FAILURE(start_ctl_job(&job, 2, steps, metrics, {"--tp", "2", "--link", "2M,1ms"}, "ctl-tp", "ctl_tp"));
+  auto with = [&](std::vector<std::string> more) { return job.ctl(std::move(more)); };
+  BinRun bad_spec = run(with({"set-codec", "--role", "tp", "int9"}), 30s);
+  EXPECT_NE(bad_spec.code, 0);
+  EXPECT_NE(bad_spec.output.find("int9"), std::string::npos) << bad_spec.output;
+  BinRun bad_link = run(with({"set-codec", "--role", "tp", "--link", "t0-t1", "int8"}), 30s);
+  EXPECT_NE(bad_link.code, 0);
+  EXPECT_NE(bad_link.output.find("drop --link"), std::string::npos) << bad_link.output;
+  BinRun set = run(with({"--json", "set-codec", "--role", "tp", "int8"}), 30s);
+  ASSERT_EQ(set.code, 0) << set.output;
+  const int64_t from = nlohmann::json::parse(set.output)["from_step"].get<int64_t>();
+  BinRun status = run(with({"status"}), 30s);
+  EXPECT_NE(status.output.find("link tp shards tp -> int8 from step " + std::to_string(from)), std::string::npos)
+      << status.output;
+  EXPECT_NE(status.output.find("tp 2"), std::string::npos) << status.output;
+  ASSERT_EQ(wait_exit(job.launch, 300s), 0) << slurp(job.out);
+  ASSERT_LE(from, steps) << "the job ended before the switch";
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok());
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok());
+  int tp_links = 0;
+  for (const LinkTotals& t : sum->links)
+    if (t.role == "tp") {
+      ++tp_links;
+      EXPECT_EQ(t.codecs, (std::vector<std::string>{"none", "int8"}));
+    }
+  EXPECT_EQ(tp_links, 2);
+  // Both shards switched at the same step: the step's tp bytes drop about 4× from `from` on (evaluation steps send
+  // more, so compare training-only steps: those without a validation loss).
+  std::set<int64_t> eval_steps;
+  for (const WorkerStepMetrics& m : *records)
+    if (m.val_loss) eval_steps.insert(m.step);
+  const auto& wire = sum->wire_bytes_per_step.at(LinkKey{0, 1, "tp"});
+  for (const StepPoint& p : wire)
+    if (p.step >= from && !eval_steps.count(p.step)) EXPECT_LT(p.value * 3, wire.front().value) << "step " << p.step;
+}
+
 // `ctl set-codec --role grad --link s1d0-s1d1` switches only stage 1's replica group.
 TEST_F(Launch, CtlSwitchesOneReplicaGroupsCodec) {
   const int steps = 30;
@@ -482,6 +551,13 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "3", "--dp", "3", "--batch", "8"}, "--dp 3"},
       {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "int9"}, "--compress-grad"},
       {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "lowrank:rank=4"}, "'lowrank' cannot compress"},
+      {{"launch", "--tp", "3", "--heads", "4"}, "--tp 3 does not divide the model's 4 heads; give the shards whole "
+                                                "heads with --tp-split 2:1:1"},
+      {{"launch", "--tp", "2", "--tp-split", "3:1:1"}, "--tp-split 3:1:1 has 3 parts but --tp is 2"},
+      {{"launch", "--tp", "2", "--heads", "6", "--d-model", "96", "--tp-split", "3:1"}, "heads must divide: use --tp-split"},
+      {{"launch", "--tp", "2", "--compress-tp", "int9"}, "--compress-tp 'int9'"},
+      {{"launch", "--tp", "2", "--subspace-k", "8"}, "tensor parallelism does not support a subspace model"},
+      {{"launch", "--workers", "2", "--tp-split", "1:1"}, "--tp-split 1:1 needs --tp > 1"},
       {{"coordinator", "--workers", "2", "--listen", "udp://x"}, "--listen"},
       {{"worker", "--coordinator", "localhost"}, "--coordinator"},
       {{"worker", "--coordinator", "tcp://127.0.0.1:1", "--link", "x"}, "--link"},
