@@ -2,6 +2,7 @@
 // Used by `longhaul worker` and `longhaul launch`.
 #include "parallel/pipeline_worker.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -121,6 +122,15 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   LH_LOG_INFO("stage {} of {}: blocks [{}, {}){}{}", runner->span().stage, topology.pp(), runner->span().first_block,
               runner->span().end_block(), runner->span().has_embedding ? " + embedding" : "",
               runner->span().has_head ? " + head" : "");
+  {
+    // What tensor parallelism is for: the model state this worker holds (fp32 parameters, gradients and AdamW's
+    // two moments), and, at the end, its peak resident memory.
+    const int64_t n = runner->model().num_params();
+    const WorkerCoord me = topology.coord_of(plan.rank);
+    LH_LOG_INFO("rank {} (stage {}, tp shard {} with {} heads, replica {}): {} parameters; parameters, gradients and "
+                "optimizer state {:.2f} MB",
+                plan.rank, me.stage, me.tp, runner->model().local_heads(), me.dp, n, double(n) * 16 / 1e6);
+  }
   LH_RETURN_IF_ERROR(cc->ready(options.join_timeout));
 
   Status result = Status::Ok();
@@ -195,6 +205,9 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   // their last step, so every worker first waits for the others at the end barrier.
   if (result.ok()) result = cc->barrier(1, options.receive_timeout);
   cc->leave(result.ok() ? "done" : result.message());
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) == 0)
+    LH_LOG_INFO("rank {}: peak resident memory {:.1f} MB", plan.rank, double(usage.ru_maxrss) * 1024 / 1e6);
   return result;
 }
 

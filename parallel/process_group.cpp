@@ -58,6 +58,7 @@ struct ProcessGroup::Op {
   bool ring = false;
   Tensor user;  // the caller's tensor
   Tensor host;  // f32 [numel] on the CPU: a view of `user`, or a copy of it
+  int64_t numel = 0;
   bool copy_back = false;
   std::vector<int64_t> bounds;  // ring: chunk c is [bounds[c], bounds[c + 1])
   int hop = 0;                  // ring: the packet index the pending receive waits for
@@ -126,7 +127,7 @@ Tag ProcessGroup::tag(const Op& op, int packet) const {
 
 std::string ProcessGroup::op_name(const Op& op) const {
   return std::string(op.ring ? "ring" : "direct") + " all-reduce #" + std::to_string(op.seq) + " of step " +
-         std::to_string(step_) + " (" + std::to_string(op.host.numel()) + " values, " + op.opt.spec + ")";
+         std::to_string(step_) + " (" + std::to_string(op.numel) + " values, " + op.opt.spec + ")";
 }
 
 Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions& options) {
@@ -145,6 +146,7 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   op->opt = options;
   op->user = inout;
   const int64_t numel = inout.numel();
+  op->numel = numel;
   if (inout.is_cpu()) {
     op->host = inout.view({numel});
   } else {
@@ -289,10 +291,24 @@ Status ProcessGroup::advance(Op& o) {
   return finish(o);
 }
 
+// A finished op keeps only what wait_all and errors need: its buffers go at once, and its sends as they complete
+// (a step may run hundreds of tp all-reduces; their packets must not pile up until the next step).
+static void prune_sends(std::vector<Transfer>& tx) {
+  tx.erase(std::remove_if(tx.begin(), tx.end(), [](const Transfer& t) { return t.done() && t.status().ok(); }),
+           tx.end());
+}
+
 Status ProcessGroup::finish(Op& o) {
   if (o.copy_back) LH_RETURN_IF_ERROR(o.user.copy_from(o.host.view(o.user.shape())));
   o.finished = true;
   o.status = Status::Ok();
+  o.user = Tensor();
+  o.host = Tensor();
+  o.bounds.clear();
+  o.rx = Transfer();
+  o.rxs.clear();
+  o.own = Bytes();
+  prune_sends(o.tx);
   return Status::Ok();
 }
 
@@ -300,6 +316,7 @@ Status ProcessGroup::poll() {
   for (auto& op : ops_) {
     if (op->finished) {
       if (!op->status.ok()) return op->status;
+      prune_sends(op->tx);
       continue;
     }
     Status s = advance(*op);
