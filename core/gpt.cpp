@@ -389,7 +389,7 @@ Status Gpt::tp_sum(Tensor& scratch, int64_t n, int block, TpSite site) {
   if (!tp_reduce_)
     return internal_error("block " + std::to_string(block) + ": tensor shard " +
                                std::to_string(parts_.tp.index) + " has no all-reduce to sum its partial results with");
-  Tensor partial = scratch.slice(0, n);
+  Tensor partial = scratch.slice(0, n).view({n / cfg_.d_model, cfg_.d_model});  // [B·T, C]: rows are tokens
   return tp_reduce_(partial, block, site);
 }
 

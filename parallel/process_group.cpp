@@ -177,8 +177,9 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
     o.hop = 0;
     o.rx = plane_->recv(prev, tag(o, 0), o.chunk_raw(wrap(i - 1, n)));
   } else {
+    // Direct packets keep the caller's shape, so matrix codecs (lowrank) see rows and columns.
     compress::Packet p;
-    LH_RETURN_IF_ERROR(ch.encode(o.host, state(options, 0, kPhaseDirect, kEndTx), &p));
+    LH_RETURN_IF_ERROR(ch.encode(o.host.view(o.user.shape()), state(options, 0, kPhaseDirect, kEndTx), &p));
     o.own = std::move(p.bytes);
     o.rxs.resize(n);
     for (int j = 0; j < n; ++j) {
@@ -259,9 +260,9 @@ Status ProcessGroup::advance(Op& o) {
   for (const Transfer& t : o.rxs)
     if (t.valid() && !t.done()) return Status::Ok();
   const int n = size();
-  Tensor sum = o.host;  // overwritten below: the own contribution is already in the packet
+  const Shape shape = o.user.shape();
+  Tensor sum = o.host.view(shape);  // overwritten in place below: the own contribution is already in the packet
   Tensor part;
-  const Shape shape{o.host.numel()};
   for (int j = 0; j < n; ++j) {
     Bytes b;
     if (j == index_) {

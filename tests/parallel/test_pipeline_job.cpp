@@ -131,6 +131,41 @@ TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
   EXPECT_FALSE(coord->handle_ctl("reboot", "{}").ok());
 }
 
+// --tp-split speed: the coordinator gives the faster worker's shard index more heads (speeds as reported by
+// `worker --compute-speed`), and the uneven job still reproduces the trainer.
+TEST_F(PipelineJob, TensorShardsSplitByReportedSpeed) {
+  const int steps = 3;
+  PipelineJobConfig cfg = job(1, steps);
+  cfg.workers = 2;
+  cfg.tp = 2;
+  cfg.train.model.heads = 4;
+  cfg.tp_split = "speed";
+  auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
+  const double speeds[2] = {30, 10};
+  int ranks[2] = {-1, -1};
+  std::vector<Status> results(2);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 2; ++i)
+    workers.emplace_back([&, i] {
+      PipelineWorkerOptions w = worker_options(coord->endpoint());
+      w.compute_speed = speeds[i];
+      w.on_rank = [&ranks, i](int rank) { ranks[i] = rank; };
+      results[i] = run_pipeline_worker(w);
+    });
+  for (auto& t : workers) t.join();
+  for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(coord->wait(30s).ok());
+  auto js = nlohmann::json::parse(value_of(coord->handle_ctl("status", "{}")));
+  EXPECT_EQ(js["job"]["tp_split"], ranks[0] == 0 ? "3:1" : "1:3");  // heads per shard index
+  MetricsSummary sum = value_of(coord->summary());
+  ASSERT_EQ(sum.loss.size(), size_t(steps));
+  auto trainer = value_of(Trainer::create(cfg.train));
+  for (int step = 1; step <= steps; ++step) {
+    const float ref = value_of(trainer->step()).loss;
+    EXPECT_NEAR(sum.loss[step - 1].value, ref, 1e-5 * ref) << "step " << step;
+  }
+}
+
 TEST_F(PipelineJob, ASilentWorkerStopsTheJobNamingIt) {
   PipelineJobConfig cfg = job(2, 50);
   auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
