@@ -14,16 +14,37 @@ PipelineBoundary::PipelineBoundary(const Topology& topology, int rank, int stage
       next_(topology.next_stage_rank(rank)),
       plane_(&plane),
       codecs_(&codecs),
-      receive_timeout_(receive_timeout) {}
+      receive_timeout_(receive_timeout) {
+  tp_peers_ = topology.tp_group(rank);
+  shard_ = topology.coord_of(rank).tp;
+  fwd_rx_.assign(tp_peers_.size(), compress::StreamState(compress::Role::activation));
+  bwd_rx_.assign(tp_peers_.size(), compress::StreamState(compress::Role::activation_grad));
+}
 
-void PipelineBoundary::post_receives(int64_t step, int microbatches, uint64_t raw_bytes) {
+void PipelineBoundary::post_receives(int64_t step, int microbatches, int64_t rows, uint64_t raw_bytes) {
   sends_.clear();
+  step_ = step;
+  rows_ = rows;
+  raw_ = raw_bytes;
+  const int n = static_cast<int>(tp_peers_.size());
+  // Raw bytes of slice t: its share of the whole tensor's.
+  auto raw_of = [&](int t) { return sliced() ? uint64_t(double(raw_bytes) * (bound(t + 1) - bound(t)) / rows) : raw_bytes; };
   act_rx_.assign(size_t(microbatches), Transfer());
   grad_rx_.assign(size_t(microbatches), Transfer());
+  act_relay_.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
+  grad_relay_.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
+  const bool mine = !sliced() || bound(shard_ + 1) > bound(shard_);
   for (int mb = 0; mb < microbatches; ++mb) {
-    if (prev_) act_rx_[mb] = plane_->recv(*prev_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivation), raw_bytes);
-    if (next_)
-      grad_rx_[mb] = plane_->recv(*next_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad), raw_bytes);
+    const Tag act = make_tag(uint32_t(step), uint16_t(mb), Role::kActivation);
+    const Tag grad = make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad);
+    if (prev_ && mine) act_rx_[mb] = plane_->recv(*prev_, act, raw_of(shard_));
+    if (next_ && mine) grad_rx_[mb] = plane_->recv(*next_, grad, raw_of(shard_));
+    if (!sliced()) continue;
+    for (int u = 0; u < n; ++u) {
+      if (u == shard_ || bound(u + 1) == bound(u)) continue;
+      if (prev_) act_relay_[mb][u] = plane_->recv(tp_peers_[u], act, raw_of(u));
+      if (next_) grad_relay_[mb][u] = plane_->recv(tp_peers_[u], grad, raw_of(u));
+    }
   }
 }
 
@@ -43,32 +64,96 @@ Result<Tensor> PipelineBoundary::take(Transfer& t, const char* what, int mb, int
   return out;
 }
 
+Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer>& relayed, Role role,
+                                             const char* what, int mb, int peer,
+                                             std::vector<compress::StreamState>& states, const Shape& wire_shape,
+                                             Device device) {
+  const std::string where = std::string(what) + " of microbatch " + std::to_string(mb);
+  const int n = static_cast<int>(tp_peers_.size());
+  const int64_t rows = shape_numel(wire_shape) / wire_shape.back();
+  if (rows != rows_)
+    return internal_error("stage " + std::to_string(stage_) + ": the " + where + " has " + std::to_string(rows) +
+                          " tokens, the posted receives " + std::to_string(rows_));
+  Bytes mine;
+  if (bound(shard_ + 1) > bound(shard_)) {
+    Status s = own.wait(receive_timeout_);
+    if (!s.ok())
+      return s.prepend("stage " + std::to_string(stage_) + ": waiting for the " + where + " from rank " +
+                       std::to_string(peer));
+    mine = own.take();
+    // The other shards need this slice too: relay the bytes as they came (no decode, no re-encode).
+    for (int u = 0; u < n; ++u)
+      if (u != shard_)
+        sends_.push_back(plane_->send(tp_peers_[u], make_tag(uint32_t(step_), uint16_t(mb), role), mine,
+                                      uint64_t(double(raw_) * (bound(shard_ + 1) - bound(shard_)) / rows_)));
+  }
+  LH_ASSIGN_OR_RETURN(Tensor out, Tensor::create(wire_shape, DType::f32, device));
+  Tensor flat = out.view({rows, wire_shape.back()});
+  for (int u = 0; u < n; ++u) {
+    if (bound(u + 1) == bound(u)) continue;
+    Bytes packet;
+    if (u == shard_) {
+      packet = std::move(mine);
+    } else {
+      Status s = relayed[u].wait(receive_timeout_);
+      if (!s.ok())
+        return s.prepend("stage " + std::to_string(stage_) + ": waiting for slice " + std::to_string(u) + " of the " +
+                         where + " from rank " + std::to_string(tp_peers_[u]));
+      packet = relayed[u].take();
+    }
+    const Shape slice_shape{bound(u + 1) - bound(u), wire_shape.back()};
+    Tensor slice = flat.slice(bound(u), bound(u + 1));
+    compress::DecodeOptions opts;
+    opts.device = device;
+    opts.expect_shape = &slice_shape;
+    Status d = compress::decode_packet(packet.data(), packet.size(), states[u], &slice, opts);
+    if (!d.ok())
+      return d.prepend("stage " + std::to_string(stage_) + ": slice " + std::to_string(u) + " of the " + where +
+                       " does not decode");
+  }
+  return out;
+}
+
 Result<Tensor> PipelineBoundary::take_activation(int mb, const Shape& wire_shape, Device device) {
   LH_ASSERT(prev_ && size_t(mb) < act_rx_.size(), "take_activation without a posted receive");
-  return take(act_rx_[mb], "activation", mb, *prev_, fwd_rx_, wire_shape, device);
+  if (sliced())
+    return take_slices(act_rx_[mb], act_relay_[mb], Role::kActivation, "activation", mb, *prev_, fwd_rx_, wire_shape,
+                       device);
+  return take(act_rx_[mb], "activation", mb, *prev_, fwd_rx_[0], wire_shape, device);
 }
 
 Result<Tensor> PipelineBoundary::take_activation_grad(int mb, const Shape& wire_shape, Device device) {
   LH_ASSERT(next_ && size_t(mb) < grad_rx_.size(), "take_activation_grad without a posted receive");
-  return take(grad_rx_[mb], "activation gradient", mb, *next_, bwd_rx_, wire_shape, device);
+  if (sliced())
+    return take_slices(grad_rx_[mb], grad_relay_[mb], Role::kActivationGrad, "activation gradient", mb, *next_,
+                       bwd_rx_, wire_shape, device);
+  return take(grad_rx_[mb], "activation gradient", mb, *next_, bwd_rx_[0], wire_shape, device);
+}
+
+Status PipelineBoundary::send_slice(int peer, Role role, int64_t step, int mb, LinkDir dir, const Tensor& payload,
+                                    uint64_t raw_bytes, compress::StreamState& st) {
+  Tensor send = payload;
+  if (sliced()) {
+    const int64_t rows = payload.numel() / payload.dim(payload.ndim() - 1);
+    LH_ASSERT(rows == rows_, "a pipeline send of another size than the posted receives");
+    if (bound(shard_ + 1) == bound(shard_)) return Status::Ok();  // no tokens in this shard's slice
+    send = payload.view({rows, payload.dim(payload.ndim() - 1)}).slice(bound(shard_), bound(shard_ + 1));
+    raw_bytes = uint64_t(double(raw_bytes) * (bound(shard_ + 1) - bound(shard_)) / rows);
+  }
+  compress::Packet p;
+  LH_RETURN_IF_ERROR(chain_for(dir, step).encode(send, st, &p));
+  sends_.push_back(plane_->send(peer, make_tag(uint32_t(step), uint16_t(mb), role), std::move(p.bytes), raw_bytes));
+  return Status::Ok();
 }
 
 Status PipelineBoundary::send_activation(int64_t step, int mb, const Tensor& payload, uint64_t raw_bytes) {
   LH_ASSERT(next_.has_value(), "the last stage sends no activations");
-  compress::Packet p;
-  LH_RETURN_IF_ERROR(chain_for(LinkDir::kFwd, step).encode(payload, fwd_tx_, &p));
-  sends_.push_back(
-      plane_->send(*next_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivation), std::move(p.bytes), raw_bytes));
-  return Status::Ok();
+  return send_slice(*next_, Role::kActivation, step, mb, LinkDir::kFwd, payload, raw_bytes, fwd_tx_);
 }
 
 Status PipelineBoundary::send_activation_grad(int64_t step, int mb, const Tensor& payload, uint64_t raw_bytes) {
   LH_ASSERT(prev_.has_value(), "the first stage sends no activation gradients");
-  compress::Packet p;
-  LH_RETURN_IF_ERROR(chain_for(LinkDir::kBwd, step).encode(payload, bwd_tx_, &p));
-  sends_.push_back(plane_->send(*prev_, make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad),
-                                std::move(p.bytes), raw_bytes));
-  return Status::Ok();
+  return send_slice(*prev_, Role::kActivationGrad, step, mb, LinkDir::kBwd, payload, raw_bytes, bwd_tx_);
 }
 
 Status PipelineBoundary::wait_sends(int64_t step) {
@@ -98,6 +183,14 @@ std::string PipelineBoundary::spec_of(const LinkTraffic& t, int64_t step) const 
   const bool act = t.role == "act", grad = t.role == "act_grad";
   if (!act && !grad) return "";
   auto link = topology_->link_between(t.src, t.dst);
+  if (!link && sliced() && t.src >= 0 && t.dst >= 0 && t.src < topology_->workers() && t.dst < topology_->workers() &&
+      topology_->coord_of(t.src).stage == stage_ && topology_->coord_of(t.dst).stage == stage_) {
+    // A relayed slice between this stage's shards: the codec of the pipeline link it arrived on.
+    if (act && stage_ > 0) return codecs_->spec_at(PipelineLink{stage_ - 1, stage_}, LinkDir::kFwd, step);
+    if (grad && stage_ + 1 < topology_->pp())
+      return codecs_->spec_at(PipelineLink{stage_, stage_ + 1}, LinkDir::kBwd, step);
+    return "";
+  }
   if (!link) return "";
   return codecs_->spec_at(*link, act ? LinkDir::kFwd : LinkDir::kBwd, step);
 }

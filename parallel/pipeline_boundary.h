@@ -18,6 +18,11 @@
 
 namespace lh {
 
+// With tp > 1 a pipeline link carries each shard's slice of the tokens: shard t sends rows [b_t, b_{t+1}) of the
+// [B·T, W] activation (b_t = ⌊B·T·t/tp⌋) to shard t of the neighbouring stage, which relays the packet's bytes to
+// the other shards of its stage replica (same role, over the tp pairs); every shard decodes every slice, each with
+// that slice's stream state, into the whole tensor. So a pipeline link carries the activation once, not tp times,
+// and every shard still holds the same bits.
 class PipelineBoundary {
  public:
   PipelineBoundary() = default;
@@ -28,9 +33,10 @@ class PipelineBoundary {
   const std::optional<int>& prev() const { return prev_; }
   const std::optional<int>& next() const { return next_; }
 
-  // Posts every receive of `step` (activations from prev, gradients from next) for `microbatches`
-  // microbatches, so packets land while the stage computes; `raw_bytes` each for the meter.
-  void post_receives(int64_t step, int microbatches, uint64_t raw_bytes);
+  // Posts every receive of `step` (activations from prev, gradients from next, and with tp > 1 the slices the
+  // other shards relay) for `microbatches` microbatches of `rows` tokens, so packets land while the stage
+  // computes; `raw_bytes` a whole tensor for the meter.
+  void post_receives(int64_t step, int microbatches, int64_t rows, uint64_t raw_bytes);
   // Waits for microbatch `mb`'s activation (gradient) and decodes it, checking the wire shape.
   Result<Tensor> take_activation(int mb, const Shape& wire_shape, Device device);
   Result<Tensor> take_activation_grad(int mb, const Shape& wire_shape, Device device);
@@ -49,6 +55,15 @@ class PipelineBoundary {
  private:
   Result<Tensor> take(Transfer& t, const char* what, int mb, int peer, compress::StreamState& st,
                       const Shape& wire_shape, Device device);
+  // tp > 1: this shard's slice from `own` (relayed to the other shards), the others' from `relayed`, decoded with
+  // `states` (one per slice) into one [B, T, W] tensor.
+  Result<Tensor> take_slices(Transfer& own, std::vector<Transfer>& relayed, Role role, const char* what, int mb,
+                             int peer, std::vector<compress::StreamState>& states, const Shape& wire_shape,
+                             Device device);
+  Status send_slice(int peer, Role role, int64_t step, int mb, LinkDir dir, const Tensor& payload, uint64_t raw_bytes,
+                    compress::StreamState& st);
+  int64_t bound(int t) const { return rows_ * t / int64_t(tp_peers_.size()); }
+  bool sliced() const { return tp_peers_.size() > 1; }
 
   const Topology* topology_ = nullptr;
   int stage_ = 0;
@@ -58,9 +73,17 @@ class PipelineBoundary {
   std::chrono::milliseconds receive_timeout_{std::chrono::minutes(10)};
 
   std::vector<Transfer> act_rx_, grad_rx_, sends_;
+  // tp > 1: this stage replica's shards (rank per shard index), this one's index, and per microbatch the slices
+  // relayed by each of the others; the step and token count of the posted receives.
+  std::vector<int> tp_peers_;
+  int shard_ = 0;
+  std::vector<std::vector<Transfer>> act_relay_, grad_relay_;
+  int64_t step_ = 0, rows_ = 0;
+  uint64_t raw_ = 0;
   // Stream state of each link end this stage holds, and parsed chains by spec.
-  compress::StreamState fwd_tx_{compress::Role::activation}, fwd_rx_{compress::Role::activation};
-  compress::StreamState bwd_tx_{compress::Role::activation_grad}, bwd_rx_{compress::Role::activation_grad};
+  // Receiving ends: one state per slice (a single one without tp).
+  compress::StreamState fwd_tx_{compress::Role::activation}, bwd_tx_{compress::Role::activation_grad};
+  std::vector<compress::StreamState> fwd_rx_, bwd_rx_;
   std::map<std::string, compress::CodecChain> chains_;
 };
 

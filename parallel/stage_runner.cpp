@@ -297,7 +297,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     }
   }
   // Every receive is posted up front so packets land while this stage computes.
-  boundary_.post_receives(step, M, raw);
+  boundary_.post_receives(step, M, int64_t(mb_batch_) * train_.model.seq, raw);
   for (const Action& a : schedule_.actions(span_.stage)) {
     Status s = run_action(a, step);
     if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());

@@ -15,11 +15,11 @@
 namespace lh {
 namespace {
 
+// A fresh, empty directory (mkdtemp: a stale one of an earlier run with the same pid cannot leak in).
 std::string temp_dir() {
-  static int n = 0;
-  std::string d = ::testing::TempDir() + "lh_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  ::mkdir(d.c_str(), 0755);
-  return d;
+  std::string t = ::testing::TempDir() + "lh_ckpt_XXXXXX";
+  if (!::mkdtemp(t.data())) ADD_FAILURE() << "mkdtemp " << t;
+  return t;
 }
 
 Checkpoint sample_checkpoint() {

@@ -28,8 +28,11 @@ const char* bin() {
   return std::getenv("LH_BIN");
 }
 
+// A per-process path, removed first: a file left by an earlier run whose pid was the same must not leak in.
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + "lh_launch_" + std::to_string(getpid()) + "_" + name;
+  std::string p = ::testing::TempDir() + "lh_launch_" + std::to_string(getpid()) + "_" + name;
+  ::unlink(p.c_str());
+  return p;
 }
 
 std::string slurp(const std::string& path) {

@@ -550,6 +550,16 @@ TEST_F(StageRunnerTest, TensorShardsReproduceTheSingleProcessTrainer) {
         tp_bytes += t.wire_bytes;
       }
     EXPECT_GT(tp_bytes, 0u) << what;
+    // A pipeline link carries each activation once, in tp slices; the shards relay their slice to each other.
+    uint64_t pipeline_raw = 0, relayed_raw = 0;
+    for (const LinkTotals& t : sum.links) {
+      if (t.role != "act") continue;
+      const WorkerCoord a = topo.coord_of(t.src), b = topo.coord_of(t.dst);
+      (a.stage == b.stage ? relayed_raw : pipeline_raw) += t.raw_bytes;
+    }
+    const uint64_t activations = uint64_t(steps) * cfg.batch * cfg.model.seq * cfg.model.d_model * 4 * (c.S - 1);
+    EXPECT_EQ(pipeline_raw, activations) << what;
+    EXPECT_EQ(relayed_raw, activations * (c.tp - 1)) << what;
   }
 }
 
@@ -582,6 +592,7 @@ TEST_F(StageRunnerTest, CompressedPartialSumsKeepShardsIdenticalAndSendFewerByte
     g.tp = 2;
     g.M = 2;
     g.tp_codec = spec;
+    g.fwd = g.bwd = "int8";  // the pipeline's slices are compressed too; every shard decodes all of them alike
     g.steps = steps;
     PipelineRun run = run_grid(cfg, g);
     for (const Status& st : run.statuses) ASSERT_TRUE(st.ok()) << spec << ": " << st.to_string();
