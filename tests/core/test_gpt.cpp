@@ -3,13 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include "core/gpt.h"
 #include "core/ops.h"
 #include "core/rng.h"
+#include "tests/core/tp_threads.h"
 
 namespace lh {
 namespace {
@@ -246,38 +245,6 @@ TEST(Gpt, StagesInSequenceEqualTheWholeModel) {
   // Blocks outside a part are refused, not run on missing weights.
   EXPECT_EQ(s1->blocks_forward(0, 1, c1, recv1).status().code(), StatusCode::kInvalidArgument);
 }
-
-// Sums partial tensors across n threads in shard order, as a tp group's all-reduce does.
-class ThreadSum {
- public:
-  explicit ThreadSum(int n) : parts_(n) {}
-  Status operator()(int t, Tensor& x) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !reading_; });  // the previous sum is read by everyone
-    parts_[t] = x.to_vector();
-    if (++arrived_ == static_cast<int>(parts_.size())) {
-      reading_ = true;
-      cv_.notify_all();
-    }
-    cv_.wait(lock, [&] { return reading_; });
-    std::vector<float> sum(parts_[0].size(), 0.f);
-    for (const auto& p : parts_)
-      for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
-    std::copy(sum.begin(), sum.end(), x.data<float>());
-    if (--arrived_ == 0) {
-      reading_ = false;
-      cv_.notify_all();
-    }
-    return Status::Ok();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::vector<float>> parts_;
-  int arrived_ = 0;
-  bool reading_ = false;
-};
 
 double sum_sq(const std::vector<float>& v, int64_t begin, int64_t n) {
   double s = 0;

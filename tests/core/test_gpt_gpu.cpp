@@ -4,11 +4,13 @@
 
 #include <cmath>
 #include <fstream>
+#include <thread>
 
 #include "core/cuda_runtime.h"
 #include "core/gpt.h"
 #include "core/rng.h"
 #include "core/trainer.h"
+#include "tests/core/tp_threads.h"
 
 namespace lh {
 namespace {
@@ -106,6 +108,57 @@ TEST_F(GptGpu, TrainingRunFollowsTheCpuLosses) {
   auto text = (*tg)->sample(30, "the ", 0.f, 1);
   ASSERT_TRUE(text.ok()) << text.status().to_string();
   EXPECT_EQ(text->size(), 30u);
+}
+
+// Tensor shards (heads split 3:1) on the device: the same loss as the CPU shards and the same gradients, from the
+// same kernels; the partial sums go through ThreadSum (a host round trip, as ProcessGroup does for CUDA tensors).
+TEST_F(GptGpu, TensorShardsMatchCpu) {
+  GptConfig cfg;
+  cfg.vocab = 32;
+  cfg.seq = 8;
+  cfg.layers = 2;
+  cfg.d_model = 16;
+  cfg.heads = 4;
+  const int B = 3, T = cfg.seq;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  Rng rng(5);
+  for (int i = 0; i < B * T; ++i) {
+    tok[i] = static_cast<int32_t>(rng.below(cfg.vocab));
+    tgt[i] = static_cast<int32_t>(rng.below(cfg.vocab));
+  }
+  std::vector<std::vector<float>> grads[2];
+  float losses[2][2] = {};
+  for (Device dev : {Device::cpu, Device::cuda}) {
+    const int d = dev == Device::cuda;
+    std::vector<Gpt> shards;
+    for (const TpShard& sh : {TpShard{0, 2, 0, 3}, TpShard{1, 2, 3, 4}}) {
+      GptParts p;
+      p.tp = sh;
+      auto m = Gpt::create(cfg, dev, 9, p);
+      ASSERT_TRUE(m.ok()) << m.status().to_string();
+      shards.push_back(std::move(*m));
+    }
+    ThreadSum group(2);
+    Status st[2];
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+      shards[t].set_tp_all_reduce([&group, t](Tensor& x, int, TpSite) { return group(t, x); });
+      threads.emplace_back([&, t] {
+        ActivationCache cache;
+        auto l = shards[t].forward(cache, tok.data(), tgt.data(), B, T);
+        st[t] = l.ok() ? shards[t].backward(cache) : l.status();
+        if (l.ok()) losses[d][t] = *l;
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < 2; ++t) ASSERT_TRUE(st[t].ok()) << device_name(dev) << ": " << st[t].to_string();
+    for (Gpt& m : shards)
+      for (ParamGroup* g : m.param_groups()) grads[d].push_back(g->grads.to_vector());
+  }
+  EXPECT_EQ(losses[1][0], losses[1][1]);  // the shards hold the same activations on the device too
+  EXPECT_NEAR(losses[1][0], losses[0][0], 1e-4f * std::fabs(losses[0][0]));
+  ASSERT_EQ(grads[1].size(), grads[0].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) expect_close(grads[1][i], grads[0][i], 2e-5f, 2e-3f, "group grad");
 }
 
 }  // namespace
