@@ -20,7 +20,7 @@ struct WorkerFlags {
   std::string link;
   std::string ucx_tls;
   double compute_speed = 0;
-  double join_timeout_s = 60, receive_timeout_s = 600;
+  double join_timeout_s = 600, receive_timeout_s = 600;
 };
 
 void run_worker(const WorkerFlags& f) {

@@ -91,8 +91,10 @@ void ControlClient::on_tick() {
   bool beat = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!joined_ && !join_reply_) return;  // nothing to keep alive yet
-    if (!shutdown_ && now - last_heard_ > timeout_) {
+    if (!join_sent_) return;  // nothing to keep alive yet
+    // The coordinator's own heartbeat interval comes with the Plan; until then, its silence is judged by join()'s
+    // timeout (the join window), not by this client's default.
+    if (!shutdown_ && joined_ && now - last_heard_ > timeout_) {
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
       LH_LOG_ERROR("control: coordinator silent for {} ms; treating it as lost", silent);
       shutdown_ = true;
@@ -111,8 +113,9 @@ void ControlClient::on_tick() {
 Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (joined_ || join_reply_) return invalid_argument("join() called twice");
+    if (joined_ || join_reply_ || join_sent_) return invalid_argument("join() called twice");
     last_heard_ = std::chrono::steady_clock::now();
+    join_sent_ = true;
   }
   send(Join{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address});
   std::unique_lock<std::mutex> lock(mu_);

@@ -79,6 +79,7 @@ class ControlClient {
   std::set<uint64_t> released_barriers_;
   std::deque<ControlMessage> events_;
   bool shutdown_ = false, joined_ = false;
+  bool join_sent_ = false;  // heartbeats run from the Join on, so a worker waiting minutes for the others stays alive
   std::chrono::steady_clock::time_point last_heard_{}, last_beat_{};
   std::chrono::milliseconds interval_{500}, timeout_{5000};
   uint64_t seq_ = 0;

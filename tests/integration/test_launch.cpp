@@ -211,6 +211,9 @@ TEST_F(Launch, TwoStagesTimesTwoReplicasReproduceTrain) {
 TEST_F(Launch, TwoTensorShardsReproduceTrain) {
   expect_launch_matches_train(2, "1f1b", {}, {"--tp", "2"});
 }
+TEST_F(Launch, FourTensorShardsReproduceTrain) {
+  expect_launch_matches_train(4, "1f1b", {"--heads", "4"}, {"--tp", "4"});
+}
 TEST_F(Launch, UnevenTensorShardsReproduceTrain) {
   expect_launch_matches_train(2, "1f1b", {"--heads", "4"}, {"--tp", "2", "--tp-split", "3:1"});
 }
@@ -284,6 +287,48 @@ TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
   ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
   EXPECT_NE(slurp(out).find("link traffic"), std::string::npos) << slurp(out);
   EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
+}
+
+// As across machines, started by hand: a worker that joins seconds after another (longer than the heartbeat
+// timeout) keeps the first one alive by heartbeating while it waits for the plan, and a worker paused mid-run for
+// less than the timeout (SIGSTOP, SIGCONT) carries on. The job completes.
+TEST_F(Launch, WorkersJoiningApartAndAPausedWorkerFinishTheJob) {
+  const int steps = 20;
+  std::string metrics = temp_path("apart.jsonl"), out = temp_path("apart.txt"), token = temp_path("apart_token");
+  std::ofstream(token) << "far-apart\n";
+  std::vector<std::string> args = {"--log-level", "warn",    "coordinator",         "--listen", "tcp://127.0.0.1:*",
+                                   "--workers",   "2",       "--heartbeat-timeout", "3",        "--token-file",
+                                   token,         "--metrics", metrics};
+  for (auto& f : model_flags(steps)) args.push_back(f);
+  pid_t coord = spawn(args, out);
+  std::string ep = wait_for_line(out, "listening on ", 60s);
+  ep = ep.substr(0, ep.find_first_of("; "));
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  auto worker = [&](int i) {
+    return spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file", token,
+                  "--ucx-tls", "tcp", "--link", "4M,1ms"},
+                 temp_path("apart_worker" + std::to_string(i) + ".txt"));
+  };
+  std::vector<pid_t> workers = {worker(0)};
+  std::this_thread::sleep_for(6s);  // twice the heartbeat timeout
+  workers.push_back(worker(1));
+  // Once a step is done, pause one worker for half the timeout.
+  int64_t step = -1;
+  for (int i = 0; i < 600 && step < 1; ++i) {
+    BinRun s = run({"ctl", "--coordinator", ep, "--token-file", token, "--json", "status"}, 30s);
+    ASSERT_EQ(s.code, 0) << s.output;
+    step = nlohmann::json::parse(s.output)["step"].get<int64_t>();
+    if (step < 1) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_GE(step, 1) << slurp(out);
+  ASSERT_EQ(::kill(workers[1], SIGSTOP), 0);
+  std::this_thread::sleep_for(1500ms);
+  ASSERT_EQ(::kill(workers[1], SIGCONT), 0);
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(wait_exit(workers[size_t(i)], 120s), 0) << slurp(temp_path("apart_worker" + std::to_string(i) + ".txt"));
+  ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
+  EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
+  EXPECT_LT(step, steps) << "the pause came after the last step";
 }
 
 // A launch job steered through `ctl`: started over slow links, with its coordinator's endpoint found in its output.
