@@ -200,11 +200,14 @@ Status PipelineJobConfig::validate() const {
     if (!s.ok()) return s.prepend("--compress-tp '" + compress_tp + "'");
     // Each step's tp all-reduces are named by a 12-bit sequence in the tag (docs/grid.md §2).
     for (int st = 0; st < part.stages(); ++st) {
-      const int64_t ops = int64_t(kTpSitesPerBlock) * part.stage(st).num_blocks * microbatches;
+      const int blocks = part.stage(st).num_blocks;
+      const int64_t ops = int64_t(kTpSitesPerBlock) * blocks * microbatches +
+                          int64_t(kTpSitesPerBlock / 2) * blocks * train.eval_batches;  // training, then evaluation
       if (ops >= 4095)
-        return invalid_argument("--tp with " + std::to_string(part.stage(st).num_blocks) + " blocks on stage " +
-                                std::to_string(st) + " and --microbatches " + std::to_string(microbatches) +
-                                " needs " + std::to_string(ops) +
+        return invalid_argument("--tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(st) +
+                                ", --microbatches " + std::to_string(microbatches) + " and " +
+                                std::to_string(train.eval_batches) + " evaluation batches needs " +
+                                std::to_string(ops) +
                                 " all-reduces per step; at most 4094 fit: use fewer --microbatches or more stages");
     }
   }
