@@ -31,10 +31,10 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
   o.metrics_path = f.job.metrics;
   auto coord = PipelineCoordinator::start(job, o);
   if (!coord.ok()) fail("--listen " + f.listen + ": " + coord.status().to_string());
-  std::printf("longhaul coordinator: %s, %d workers (pp %d × tp %d × dp %d), %lld steps, schedule %s, %d microbatches\n",
-              job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp,
-              static_cast<long long>(job.train.steps),
-              schedule_kind_name(job.schedule), job.microbatches);
+  std::printf(
+      "longhaul coordinator: %s, %d workers (pp %d × tp %d × dp %d), %lld steps, schedule %s, %d microbatches\n",
+      job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp, static_cast<long long>(job.train.steps),
+      schedule_kind_name(job.schedule), job.microbatches);
   std::printf("listening on %s%s; start each worker with:\n  longhaul worker --coordinator tcp://<this host>:%s%s\n",
               (*coord)->endpoint().c_str(), token.empty() ? " (no token: anyone who reaches the port may join)" : "",
               (*coord)->endpoint().substr((*coord)->endpoint().rfind(':') + 1).c_str(),

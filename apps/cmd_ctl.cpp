@@ -1,5 +1,5 @@
-// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC`: talk to a running
-// job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
+// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC`: talk to a
+// running job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -104,8 +104,8 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
       if (f->json)
         std::printf("%s\n", j.dump().c_str());
       else
-        std::printf("partial sums of the tp shards switch to %s from step %lld\n", j.value("spec", std::string()).c_str(),
-                    static_cast<long long>(j.value("from_step", int64_t(0))));
+        std::printf("partial sums of the tp shards switch to %s from step %lld\n",
+                    j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
       return;
     }
     if (f->role == "grad") {

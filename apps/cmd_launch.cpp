@@ -187,10 +187,11 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   auto coord = PipelineCoordinator::start(job, o);
   if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
   const std::string ep = (*coord)->endpoint();
-  std::printf("longhaul launch: %s, %d workers (pp %d × tp %d × dp %d, %d thread%s each), %lld steps, schedule %s, %d "
-              "microbatches\n",
-              job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp, threads, threads == 1 ? "" : "s",
-              static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
+  std::printf(
+      "longhaul launch: %s, %d workers (pp %d × tp %d × dp %d, %d thread%s each), %lld steps, schedule %s, %d "
+      "microbatches\n",
+      job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp, threads, threads == 1 ? "" : "s",
+      static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
   std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job.compress_fwd.c_str(), job.compress_bwd.c_str(),
               job.compress_link.empty() ? "" : " (with per-link overrides)",
               !f.link.empty()    ? ("shaped " + parse_link_shape(f.link)->to_string()).c_str()

@@ -136,8 +136,8 @@ constexpr uint64_t kInitStream = 0x1A17000ull;  // + group index: embedding 0, b
 
 // This shard's part of a whole block's values: Q, K and V rows and MLP rows of its heads' units, columns of
 // the two output projections; replicated slices whole. `local` is the shard's layout of the same block.
-std::vector<float> shard_block(const std::vector<float>& whole, const ParamGroup& full, const ParamGroup& local,
-                               int C, int hs, int h0, int h1) {
+std::vector<float> shard_block(const std::vector<float>& whole, const ParamGroup& full, const ParamGroup& local, int C,
+                               int hs, int h0, int h1) {
   std::vector<float> out(local.numel);
   auto rows = [&](int slice, int64_t r0, int64_t r1, int64_t width, int64_t& dst) {
     const float* src = whole.data() + full.slices[slice].offset + r0 * width;
@@ -214,10 +214,9 @@ Result<Gpt> Gpt::create(const GptConfig& cfg, Device device, uint64_t seed, GptP
   if (tp.head_end < 0) tp.head_end = cfg.heads;
   if (tp.size < 1 || tp.index < 0 || tp.index >= tp.size || tp.head_begin < 0 || tp.head_begin >= tp.head_end ||
       tp.head_end > cfg.heads)
-    return invalid_argument("model parts: tensor shard " + std::to_string(tp.index) + " of " +
-                            std::to_string(tp.size) + " with heads [" + std::to_string(tp.head_begin) + ", " +
-                            std::to_string(tp.head_end) + ") is not a shard of " + std::to_string(cfg.heads) +
-                            " heads");
+    return invalid_argument("model parts: tensor shard " + std::to_string(tp.index) + " of " + std::to_string(tp.size) +
+                            " with heads [" + std::to_string(tp.head_begin) + ", " + std::to_string(tp.head_end) +
+                            ") is not a shard of " + std::to_string(cfg.heads) + " heads");
   if (!tp.sharded() && (tp.head_begin != 0 || tp.head_end != cfg.heads))
     return invalid_argument("model parts: a model without tensor parallelism holds every head");
   if (tp.sharded() && cfg.subspace_k > 0)
@@ -235,7 +234,8 @@ Result<Gpt> Gpt::create(const GptConfig& cfg, Device device, uint64_t seed, GptP
   };
 
   m.embed_.name = "embedding";
-  layout(m.embed_, {replicated(mat("wte", {V, K > 0 ? K : C}, std)), replicated(mat("wpe", {T, K > 0 ? K : C}, 0.01f))});
+  layout(m.embed_,
+         {replicated(mat("wte", {V, K > 0 ? K : C}, std)), replicated(mat("wpe", {T, K > 0 ? K : C}, 0.01f))});
   // A block's layout for `heads` of its heads (Cs = heads·hs wide): the whole block, or one shard's part.
   auto block_layout = [&](ParamGroup& g, int l, int heads) {
     const int out = m.subspace_block(l) ? K : C;  // width of the two output projections before U
@@ -387,8 +387,8 @@ Status Gpt::embed_backward(ActivationCache& c, const Tensor& dout) {
 Status Gpt::tp_sum(Tensor& scratch, int64_t n, int block, TpSite site) {
   if (!parts_.tp.sharded()) return Status::Ok();
   if (!tp_reduce_)
-    return internal_error("block " + std::to_string(block) + ": tensor shard " +
-                               std::to_string(parts_.tp.index) + " has no all-reduce to sum its partial results with");
+    return internal_error("block " + std::to_string(block) + ": tensor shard " + std::to_string(parts_.tp.index) +
+                          " has no all-reduce to sum its partial results with");
   Tensor partial = scratch.slice(0, n).view({n / cfg_.d_model, cfg_.d_model});  // [B·T, C]: rows are tokens
   return tp_reduce_(partial, block, site);
 }

@@ -201,7 +201,7 @@ class Gpt {
   Status block_forward(int l, ActivationCache& c, const Tensor& in);
   Status block_backward(int l, ActivationCache& c, float* d);
   Status subspace_check(const Tensor& t, int width, const char* what) const;
-  Status tp_sum(Tensor& scratch, int64_t n, int block, TpSite site);  // a no-op unless sharded
+  Status tp_sum(Tensor& scratch, int64_t n, int block, TpSite site);               // a no-op unless sharded
   Status gather_fixed(const int32_t* tokens, Device tokens_device, int B, int T);  // F[tok] into s_tmp_
   // y[BT,C] = U · (x W_kᵀ + b_k) stored as z = x W_kᵀ + b_k [BT,K] and y = z Uᵀ.
   bool subspace_block(int l) const { return cfg_.subspace_k > 0 && l < cfg_.layers - 1; }

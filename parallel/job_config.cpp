@@ -173,8 +173,9 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
     if (sel->kind == "cross")
       return invalid_argument(where + ": a cross pair carries no codec (pipeline and replica links do)");
     if (sel->kind == "tp")
-      return invalid_argument(where + ": a tp group's sums use one codec, --compress-tp; per-link tp codecs are not "
-                                      "supported");
+      return invalid_argument(where +
+                              ": a tp group's sums use one codec, --compress-tp; per-link tp codecs are not "
+                              "supported");
     if (e.substr(0, eq).find(':') != std::string::npos)
       return invalid_argument(where + ": a replica group's all-reduce uses one codec both ways; drop the :fwd/:bwd");
     const std::string spec = e.substr(eq + 1);
@@ -194,7 +195,8 @@ Status PipelineJobConfig::validate() const {
   LH_RETURN_IF_ERROR(tp_heads_split().status());
   if (tp > 1) {
     if (train.model.subspace_k > 0)
-      return invalid_argument("--tp " + std::to_string(tp) + " with --subspace-k: tensor parallelism does not "
+      return invalid_argument("--tp " + std::to_string(tp) +
+                              " with --subspace-k: tensor parallelism does not "
                               "support a subspace model; use --subspace-k 0 or --tp 1");
     Status s = check_codec_spec(compress_tp);
     if (!s.ok()) return s.prepend("--compress-tp '" + compress_tp + "'");
@@ -204,11 +206,10 @@ Status PipelineJobConfig::validate() const {
       const int64_t ops = int64_t(kTpSitesPerBlock) * blocks * microbatches +
                           int64_t(kTpSitesPerBlock / 2) * blocks * train.eval_batches;  // training, then evaluation
       if (ops >= 4095)
-        return invalid_argument("--tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(st) +
-                                ", --microbatches " + std::to_string(microbatches) + " and " +
-                                std::to_string(train.eval_batches) + " evaluation batches needs " +
-                                std::to_string(ops) +
-                                " all-reduces per step; at most 4094 fit: use fewer --microbatches or more stages");
+        return invalid_argument(
+            "--tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(st) + ", --microbatches " +
+            std::to_string(microbatches) + " and " + std::to_string(train.eval_batches) + " evaluation batches needs " +
+            std::to_string(ops) + " all-reduces per step; at most 4094 fit: use fewer --microbatches or more stages");
     }
   }
   if (microbatches < 1)

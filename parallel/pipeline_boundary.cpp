@@ -28,7 +28,9 @@ void PipelineBoundary::post_receives(int64_t step, int microbatches, int64_t row
   raw_ = raw_bytes;
   const int n = static_cast<int>(tp_peers_.size());
   // Raw bytes of slice t: its share of the whole tensor's.
-  auto raw_of = [&](int t) { return sliced() ? uint64_t(double(raw_bytes) * (bound(t + 1) - bound(t)) / rows) : raw_bytes; };
+  auto raw_of = [&](int t) {
+    return sliced() ? uint64_t(double(raw_bytes) * (bound(t + 1) - bound(t)) / rows) : raw_bytes;
+  };
   act_rx_.assign(size_t(microbatches), Transfer());
   grad_rx_.assign(size_t(microbatches), Transfer());
   act_relay_.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
@@ -64,10 +66,9 @@ Result<Tensor> PipelineBoundary::take(Transfer& t, const char* what, int mb, int
   return out;
 }
 
-Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer>& relayed, Role role,
-                                             const char* what, int mb, int peer,
-                                             std::vector<compress::StreamState>& states, const Shape& wire_shape,
-                                             Device device) {
+Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer>& relayed, Role role, const char* what,
+                                             int mb, int peer, std::vector<compress::StreamState>& states,
+                                             const Shape& wire_shape, Device device) {
   const std::string where = std::string(what) + " of microbatch " + std::to_string(mb);
   const int n = static_cast<int>(tp_peers_.size());
   const int64_t rows = shape_numel(wire_shape) / wire_shape.back();
@@ -125,8 +126,8 @@ Result<Tensor> PipelineBoundary::take_activation(int mb, const Shape& wire_shape
 Result<Tensor> PipelineBoundary::take_activation_grad(int mb, const Shape& wire_shape, Device device) {
   LH_ASSERT(next_ && size_t(mb) < grad_rx_.size(), "take_activation_grad without a posted receive");
   if (sliced())
-    return take_slices(grad_rx_[mb], grad_relay_[mb], Role::kActivationGrad, "activation gradient", mb, *next_,
-                       bwd_rx_, wire_shape, device);
+    return take_slices(grad_rx_[mb], grad_relay_[mb], Role::kActivationGrad, "activation gradient", mb, *next_, bwd_rx_,
+                       wire_shape, device);
   return take(grad_rx_[mb], "activation gradient", mb, *next_, bwd_rx_[0], wire_shape, device);
 }
 

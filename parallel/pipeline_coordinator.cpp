@@ -228,10 +228,12 @@ Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string
 // The tp groups' codec, from the next step boundary: every group switches together.
 Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& spec, const std::string& link) {
   if (topology_.tp() < 2)
-    return invalid_argument("set-codec --role tp: the job has one tensor shard per stage (--tp 1), so no partial sums "
-                            "cross a link");
+    return invalid_argument(
+        "set-codec --role tp: the job has one tensor shard per stage (--tp 1), so no partial sums "
+        "cross a link");
   if (!link.empty())
-    return invalid_argument("set-codec --role tp --link '" + link + "': every tp group's sums switch together; drop --link");
+    return invalid_argument("set-codec --role tp --link '" + link +
+                            "': every tp group's sums switch together; drop --link");
   {
     Status s = check_codec_spec(spec);
     if (!s.ok()) return s.prepend("set-codec --role tp '" + spec + "'");

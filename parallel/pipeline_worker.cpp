@@ -127,9 +127,10 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
     // two moments), and, at the end, its peak resident memory.
     const int64_t n = runner->model().num_params();
     const WorkerCoord me = topology.coord_of(plan.rank);
-    LH_LOG_INFO("rank {} (stage {}, tp shard {} with {} heads, replica {}): {} parameters; parameters, gradients and "
-                "optimizer state {:.2f} MB",
-                plan.rank, me.stage, me.tp, runner->model().local_heads(), me.dp, n, double(n) * 16 / 1e6);
+    LH_LOG_INFO(
+        "rank {} (stage {}, tp shard {} with {} heads, replica {}): {} parameters; parameters, gradients and "
+        "optimizer state {:.2f} MB",
+        plan.rank, me.stage, me.tp, runner->model().local_heads(), me.dp, n, double(n) * 16 / 1e6);
   }
   LH_RETURN_IF_ERROR(cc->ready(options.join_timeout));
 

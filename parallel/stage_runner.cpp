@@ -62,12 +62,11 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
     const int64_t per_step = int64_t(kTpSitesPerBlock) * blocks * options.microbatches +
                              int64_t(kTpSitesPerBlock / 2) * blocks * train.eval_batches;
     if (per_step >= kNormSlot)
-      return invalid_argument("stage runner: --tp with " + std::to_string(blocks) + " blocks on stage " +
-                              std::to_string(coord.stage) + ", " + std::to_string(options.microbatches) +
-                              " microbatches and " + std::to_string(train.eval_batches) + " evaluation batches needs " +
-                              std::to_string(per_step) + " all-reduces per step; at most " +
-                              std::to_string(kNormSlot - 1) +
-                              " fit a step's tags: use fewer --microbatches or more stages");
+      return invalid_argument(
+          "stage runner: --tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(coord.stage) +
+          ", " + std::to_string(options.microbatches) + " microbatches and " + std::to_string(train.eval_batches) +
+          " evaluation batches needs " + std::to_string(per_step) + " all-reduces per step; at most " +
+          std::to_string(kNormSlot - 1) + " fit a step's tags: use fewer --microbatches or more stages");
   }
   std::unique_ptr<StageRunner> r(new StageRunner());
   r->train_ = train;

@@ -74,7 +74,8 @@ Result<std::vector<int>> tp_heads(const std::string& text, int tp, int heads) {
   for (const std::string& p : parts) {
     auto v = parse_int(p, "--tp-split weight");
     if (!v.ok() || *v < 1 || *v > 1000000)
-      return invalid_argument("--tp-split " + text + ": '" + p + "' is not a positive whole weight (W0:W1:…, e.g. 3:1)");
+      return invalid_argument("--tp-split " + text + ": '" + p +
+                              "' is not a positive whole weight (W0:W1:…, e.g. 3:1)");
     w.push_back(*v);
     weights.push_back(double(*v));
     total += *v;
@@ -85,8 +86,8 @@ Result<std::vector<int>> tp_heads(const std::string& text, int tp, int heads) {
       char share[32];
       std::snprintf(share, sizeof share, "%.3g", double(heads) * w[t] / total);
       return invalid_argument("--tp-split " + text + " gives shard " + std::to_string(t) + " " + share +
-                              " of the model's " +
-                              std::to_string(heads) + " heads; heads must divide: use --tp-split " +
+                              " of the model's " + std::to_string(heads) +
+                              " heads; heads must divide: use --tp-split " +
                               tp_split_string(nearest_split(weights, heads)));
     }
     out.push_back(static_cast<int>(int64_t(heads) * w[t] / total));

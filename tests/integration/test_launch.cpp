@@ -102,8 +102,9 @@ std::string wait_for_line(const std::string& path, const std::string& prefix, st
 // The tiny model of the in-process pipeline tests: a few steps take seconds.
 // The test model; `heads` is the one flag tests change (tp splits need more heads than the default 2).
 std::vector<std::string> model_flags(int steps, int heads = 2) {
-  return {"--layers", "4",       "--d-model",           "32",       "--heads", std::to_string(heads), "--seq", "16",
-          "--batch",  "8",       "--steps", std::to_string(steps), "--warmup", "1", "--seed", "21"};
+  return {"--layers", "4",  "--d-model", "32", "--heads", std::to_string(heads),
+          "--seq",    "16", "--batch",   "8",  "--steps", std::to_string(steps),
+          "--warmup", "1",  "--seed",    "21"};
 }
 
 // `extra` with a "--heads N" pair taken out into *heads.
@@ -296,9 +297,9 @@ TEST_F(Launch, WorkersJoiningApartAndAPausedWorkerFinishTheJob) {
   const int steps = 20;
   std::string metrics = temp_path("apart.jsonl"), out = temp_path("apart.txt"), token = temp_path("apart_token");
   std::ofstream(token) << "far-apart\n";
-  std::vector<std::string> args = {"--log-level", "warn",    "coordinator",         "--listen", "tcp://127.0.0.1:*",
-                                   "--workers",   "2",       "--heartbeat-timeout", "3",        "--token-file",
-                                   token,         "--metrics", metrics};
+  std::vector<std::string> args = {
+      "--log-level",         "warn", "coordinator",  "--listen", "tcp://127.0.0.1:*", "--workers", "2",
+      "--heartbeat-timeout", "3",    "--token-file", token,      "--metrics",         metrics};
   for (auto& f : model_flags(steps)) args.push_back(f);
   pid_t coord = spawn(args, out);
   std::string ep = wait_for_line(out, "listening on ", 60s);
@@ -450,7 +451,8 @@ TEST_F(Launch, CtlSwitchesTheTpCodecMidRun) {
   const int steps = 30;
   std::string metrics = temp_path("ctl_tp.jsonl");
   CtlJob job;
-  ASSERT_NO_FATAL_FAILURE(start_ctl_job(&job, 2, steps, metrics, {"--tp", "2", "--link", "2M,1ms"}, "ctl-tp", "ctl_tp"));
+  ASSERT_NO_FATAL_FAILURE(
+      start_ctl_job(&job, 2, steps, metrics, {"--tp", "2", "--link", "2M,1ms"}, "ctl-tp", "ctl_tp"));
   auto with = [&](std::vector<std::string> more) { return job.ctl(std::move(more)); };
   BinRun bad_spec = run(with({"set-codec", "--role", "tp", "int9"}), 30s);
   EXPECT_NE(bad_spec.code, 0);
@@ -603,10 +605,12 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "3", "--dp", "3", "--batch", "8"}, "--dp 3"},
       {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "int9"}, "--compress-grad"},
       {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "lowrank:rank=4"}, "'lowrank' cannot compress"},
-      {{"launch", "--tp", "3", "--heads", "4"}, "--tp 3 does not divide the model's 4 heads; give the shards whole "
-                                                "heads with --tp-split 2:1:1"},
+      {{"launch", "--tp", "3", "--heads", "4"},
+       "--tp 3 does not divide the model's 4 heads; give the shards whole "
+       "heads with --tp-split 2:1:1"},
       {{"launch", "--tp", "2", "--tp-split", "3:1:1"}, "--tp-split 3:1:1 has 3 parts but --tp is 2"},
-      {{"launch", "--tp", "2", "--heads", "6", "--d-model", "96", "--tp-split", "3:1"}, "heads must divide: use --tp-split"},
+      {{"launch", "--tp", "2", "--heads", "6", "--d-model", "96", "--tp-split", "3:1"},
+       "heads must divide: use --tp-split"},
       {{"launch", "--tp", "2", "--compress-tp", "int9"}, "--compress-tp 'int9'"},
       {{"launch", "--tp", "2", "--subspace-k", "8"}, "tensor parallelism does not support a subspace model"},
       {{"launch", "--workers", "2", "--tp-split", "1:1"}, "--tp-split 1:1 needs --tp > 1"},

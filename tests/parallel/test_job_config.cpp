@@ -184,16 +184,17 @@ TEST(PipelineJobConfig, TensorShardSplitsAndTheirSpeedPlan) {
   std::vector<double> stage_speeds(16, 1.0);
   for (int r = 0; r < 4; ++r) stage_speeds[r] = 3.0;  // stage 0's four workers
   stage_speeds[2] = 2.0;
-  EXPECT_EQ(value_of(c.planned_partition(stage_speeds)), value_of(PipelineJobConfig(c).planned_partition(
-                                                                     {2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})));
+  EXPECT_EQ(value_of(c.planned_partition(stage_speeds)),
+            value_of(PipelineJobConfig(c).planned_partition({2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})));
 }
 
 TEST(TpSplit, EvenWeightedAndBySpeedWithFixesInTheErrors) {
   EXPECT_EQ(value_of(tp_heads("", 2, 4)), (std::vector<int>{2, 2}));
   EXPECT_EQ(value_of(tp_heads("3:1", 2, 8)), (std::vector<int>{6, 2}));
   EXPECT_EQ(value_of(tp_heads("1:1:2", 3, 4)), (std::vector<int>{1, 1, 2}));
-  expect_error(tp_heads("3:2", 2, 4).status(), "gives shard 0 2.4 of the model's 4 heads; heads must divide: use "
-                                               "--tp-split 2:2");
+  expect_error(tp_heads("3:2", 2, 4).status(),
+               "gives shard 0 2.4 of the model's 4 heads; heads must divide: use "
+               "--tp-split 2:2");
   expect_error(tp_heads("", 4, 6).status(), "--tp-split 2:2:1:1");
   expect_error(tp_heads("", 8, 6).status(), "needs at least one head per shard");
   expect_error(tp_heads("3:x", 2, 4).status(), "'x' is not a positive whole weight");

@@ -3,7 +3,6 @@
 // set-codec switches both ends of a link at one step, and a silent worker stops the job with its name.
 // Label `parallel`.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cmath>

@@ -13,8 +13,8 @@
 #include "core/rng.h"
 #include "parallel/metrics_summary.h"
 #include "parallel/stage_runner.h"
-#include "parallel/tp_split.h"
 #include "parallel/subspace_boundary.h"
+#include "parallel/tp_split.h"
 #include "tests/parallel/local_data_plane.h"
 #include "tests/parallel/result_value.h"
 
@@ -512,8 +512,8 @@ TEST_F(StageRunnerTest, TensorShardsReproduceTheSingleProcessTrainer) {
     int S, tp, dp;
     std::vector<int> heads;
   };
-  for (const Case& c : {Case{1, 2, 1, {}}, Case{1, 4, 1, {}}, Case{1, 2, 1, {3, 1}}, Case{2, 2, 1, {}},
-                        Case{2, 2, 2, {}}}) {
+  for (const Case& c :
+       {Case{1, 2, 1, {}}, Case{1, 4, 1, {}}, Case{1, 2, 1, {3, 1}}, Case{2, 2, 1, {}}, Case{2, 2, 2, {}}}) {
     GridSpec g;
     g.S = c.S;
     g.tp = c.tp;
