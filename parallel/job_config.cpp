@@ -96,23 +96,38 @@ Result<Partition> PipelineJobConfig::make_partition() const {
   return p;
 }
 
+namespace {
+
+// The slowest of `speeds` (one per worker of t, in rank order) at each value of index_of(coord) — a stage, a shard
+// index — for the speed plans; `flag` names the plan in the count error.
+Result<std::vector<double>> slowest_at_each(const Topology& t, const std::vector<double>& speeds,
+                                            int (*index_of)(const WorkerCoord&), const std::string& flag) {
+  if (static_cast<int>(speeds.size()) != t.workers())
+    return invalid_argument(flag + ": " + std::to_string(speeds.size()) + " speeds for " + std::to_string(t.workers()) +
+                            " workers");
+  std::vector<double> slowest;
+  for (int r = 0; r < t.workers(); ++r) {
+    const size_t i = size_t(index_of(t.coord_of(r)));
+    if (slowest.size() <= i) slowest.resize(i + 1, std::numeric_limits<double>::infinity());
+    slowest[i] = std::min(slowest[i], speeds[r]);
+  }
+  return slowest;
+}
+
+}  // namespace
+
 Result<std::string> PipelineJobConfig::planned_partition(const std::vector<double>& speeds) const {
   if (partition != "speed") {
     LH_ASSIGN_OR_RETURN(Partition p, make_partition());
     return partition.empty() ? std::string() : p.to_string();
   }
-  LH_ASSIGN_OR_RETURN(Topology t, topology());
-  if (static_cast<int>(speeds.size()) != t.workers())
-    return invalid_argument("--partition speed: " + std::to_string(speeds.size()) + " speeds for " +
-                            std::to_string(t.workers()) + " workers");
   // A stage is as fast as its slowest worker (its shards and replicas wait for each other).
-  std::vector<double> stage_speed(size_t(pp), std::numeric_limits<double>::infinity());
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  LH_ASSIGN_OR_RETURN(std::vector<double> stage_speed,
+                      slowest_at_each(
+                          t, speeds, [](const WorkerCoord& c) { return c.stage; }, "--partition speed"));
   bool known = true;
-  for (int r = 0; r < t.workers(); ++r) {
-    known &= speeds[r] > 0 && std::isfinite(speeds[r]);
-    double& s = stage_speed[size_t(t.coord_of(r).stage)];
-    s = std::min(s, speeds[r]);
-  }
+  for (double v : speeds) known &= v > 0 && std::isfinite(v);
   LH_ASSIGN_OR_RETURN(Partition p, known ? Partition::proportional(train.model.layers, stage_speed)
                                          : Partition::even(train.model.layers, pp));
   return p.to_string();
@@ -124,16 +139,11 @@ Result<std::vector<int>> PipelineJobConfig::tp_heads_split() const {
 
 Result<std::string> PipelineJobConfig::planned_tp_split(const std::vector<double>& speeds) const {
   if (tp_split != "speed") return tp_split;
-  LH_ASSIGN_OR_RETURN(Topology t, topology());
-  if (static_cast<int>(speeds.size()) != t.workers())
-    return invalid_argument("--tp-split speed: " + std::to_string(speeds.size()) + " speeds for " +
-                            std::to_string(t.workers()) + " workers");
   // Shard t's heads run on every stage and replica at index t: the slowest of them sets its pace.
-  std::vector<double> shard_speed(size_t(tp), std::numeric_limits<double>::infinity());
-  for (int r = 0; r < t.workers(); ++r) {
-    double& s = shard_speed[size_t(t.coord_of(r).tp)];
-    s = std::min(s, speeds[r]);
-  }
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  LH_ASSIGN_OR_RETURN(std::vector<double> shard_speed,
+                      slowest_at_each(
+                          t, speeds, [](const WorkerCoord& c) { return c.tp; }, "--tp-split speed"));
   LH_ASSIGN_OR_RETURN(std::vector<int> heads, tp_heads_by_speed(shard_speed, train.model.heads));
   return tp_split_string(heads);
 }
@@ -203,8 +213,7 @@ Status PipelineJobConfig::validate() const {
     // Each step's tp all-reduces are named by a 12-bit sequence in the tag (docs/grid.md §2).
     for (int st = 0; st < part.stages(); ++st) {
       const int blocks = part.stage(st).num_blocks;
-      const int64_t ops = int64_t(kTpSitesPerBlock) * blocks * microbatches +
-                          int64_t(kTpSitesPerBlock / 2) * blocks * train.eval_batches;  // training, then evaluation
+      const int64_t ops = tp_all_reduces_per_step(blocks, microbatches, train.eval_batches);
       if (ops >= 4095)
         return invalid_argument(
             "--tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(st) + ", --microbatches " +

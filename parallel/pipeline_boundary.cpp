@@ -27,10 +27,6 @@ void PipelineBoundary::post_receives(int64_t step, int microbatches, int64_t row
   rows_ = rows;
   raw_ = raw_bytes;
   const int n = static_cast<int>(tp_peers_.size());
-  // Raw bytes of slice t: its share of the whole tensor's.
-  auto raw_of = [&](int t) {
-    return sliced() ? uint64_t(double(raw_bytes) * (bound(t + 1) - bound(t)) / rows) : raw_bytes;
-  };
   act_rx_.assign(size_t(microbatches), Transfer());
   grad_rx_.assign(size_t(microbatches), Transfer());
   act_relay_.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
@@ -39,13 +35,13 @@ void PipelineBoundary::post_receives(int64_t step, int microbatches, int64_t row
   for (int mb = 0; mb < microbatches; ++mb) {
     const Tag act = make_tag(uint32_t(step), uint16_t(mb), Role::kActivation);
     const Tag grad = make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad);
-    if (prev_ && mine) act_rx_[mb] = plane_->recv(*prev_, act, raw_of(shard_));
-    if (next_ && mine) grad_rx_[mb] = plane_->recv(*next_, grad, raw_of(shard_));
+    if (prev_ && mine) act_rx_[mb] = plane_->recv(*prev_, act, slice_raw(raw_bytes, shard_));
+    if (next_ && mine) grad_rx_[mb] = plane_->recv(*next_, grad, slice_raw(raw_bytes, shard_));
     if (!sliced()) continue;
     for (int u = 0; u < n; ++u) {
       if (u == shard_ || bound(u + 1) == bound(u)) continue;
-      if (prev_) act_relay_[mb][u] = plane_->recv(tp_peers_[u], act, raw_of(u));
-      if (next_) grad_relay_[mb][u] = plane_->recv(tp_peers_[u], grad, raw_of(u));
+      if (prev_) act_relay_[mb][u] = plane_->recv(tp_peers_[u], act, slice_raw(raw_bytes, u));
+      if (next_) grad_relay_[mb][u] = plane_->recv(tp_peers_[u], grad, slice_raw(raw_bytes, u));
     }
   }
 }
@@ -85,8 +81,8 @@ Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer
     // The other shards need this slice too: relay the bytes as they came (no decode, no re-encode).
     for (int u = 0; u < n; ++u)
       if (u != shard_)
-        sends_.push_back(plane_->send(tp_peers_[u], make_tag(uint32_t(step_), uint16_t(mb), role), mine,
-                                      uint64_t(double(raw_) * (bound(shard_ + 1) - bound(shard_)) / rows_)));
+        sends_.push_back(
+            plane_->send(tp_peers_[u], make_tag(uint32_t(step_), uint16_t(mb), role), mine, slice_raw(raw_, shard_)));
   }
   LH_ASSIGN_OR_RETURN(Tensor out, Tensor::create(wire_shape, DType::f32, device));
   Tensor flat = out.view({rows, wire_shape.back()});
@@ -139,7 +135,7 @@ Status PipelineBoundary::send_slice(int peer, Role role, int64_t step, int mb, L
     LH_ASSERT(rows == rows_, "a pipeline send of another size than the posted receives");
     if (bound(shard_ + 1) == bound(shard_)) return Status::Ok();  // no tokens in this shard's slice
     send = payload.view({rows, payload.dim(payload.ndim() - 1)}).slice(bound(shard_), bound(shard_ + 1));
-    raw_bytes = uint64_t(double(raw_bytes) * (bound(shard_ + 1) - bound(shard_)) / rows);
+    raw_bytes = slice_raw(raw_bytes, shard_);
   }
   compress::Packet p;
   LH_RETURN_IF_ERROR(chain_for(dir, step).encode(send, st, &p));

@@ -63,6 +63,10 @@ class PipelineBoundary {
   Status send_slice(int peer, Role role, int64_t step, int mb, LinkDir dir, const Tensor& payload, uint64_t raw_bytes,
                     compress::StreamState& st);
   int64_t bound(int t) const { return rows_ * t / int64_t(tp_peers_.size()); }
+  // The meter's raw bytes of slice t, its share of a whole tensor's `whole` (all of it without tp).
+  uint64_t slice_raw(uint64_t whole, int t) const {
+    return sliced() ? uint64_t(double(whole) * (bound(t + 1) - bound(t)) / rows_) : whole;
+  }
   bool sliced() const { return tp_peers_.size() > 1; }
 
   const Topology* topology_ = nullptr;

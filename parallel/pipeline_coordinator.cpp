@@ -2,6 +2,8 @@
 // Used by `longhaul coordinator` and `longhaul launch`.
 #include "parallel/pipeline_coordinator.h"
 
+#include <functional>
+
 #include "core/log.h"
 #include "parallel/link_name.h"
 
@@ -117,39 +119,13 @@ nlohmann::json PipelineCoordinator::status_json() {
         e["measured_bps"] = 8.0 * e.value("wire_bytes", uint64_t(0)) / e.value("busy_seconds", 0.0);
       links.push_back(std::move(e));
     }
-  if (topology_.dp() > 1) {          // the replicas' gradient traffic, one row per stage's dp group
-    auto specs = job_.grad_specs();  // valid: the job was validated at start
-    for (int s = 0; s < topology_.pp(); ++s) {
-      std::string spec = specs.ok() ? (*specs)[size_t(s)] : job_.compress_grad;
-      for (const GradChange& c : grad_changes_)
-        if (c.from <= step + 1 && (c.stage < 0 || c.stage == s)) spec = c.spec;
-      nlohmann::json e = {{"link", group_label(s)}, {"dir", "grad"}, {"spec", spec}};
-      uint64_t raw = 0, wire = 0;
-      double busy = 0;
-      if (summary.ok())
-        for (const LinkTotals& t : summary->links)
-          if (t.role == "grad" && t.src >= 0 && t.src < topology_.workers() && topology_.coord_of(t.src).stage == s) {
-            raw += t.raw_bytes;
-            wire += t.wire_bytes;
-            busy += t.seconds;
-          }
-      e["raw_bytes"] = raw;
-      e["wire_bytes"] = wire;
-      e["busy_seconds"] = busy;
-      if (busy > 0) e["measured_bps"] = 8.0 * double(wire) / busy;
-      links.push_back(std::move(e));
-    }
-  }
-  if (topology_.tp() > 1) {  // the tp shards' partial sums, one row for every tp group
-    std::string spec = job_.compress_tp;
-    for (const GradChange& c : tp_changes_)
-      if (c.from <= step + 1) spec = c.spec;
-    nlohmann::json e = {{"link", "tp shards"}, {"dir", "tp"}, {"spec", spec}};
+  // A group row's traffic: every metered pair `counts` takes, summed.
+  auto add_traffic = [&](nlohmann::json& e, const std::function<bool(const LinkTotals&)>& counts) {
     uint64_t raw = 0, wire = 0;
     double busy = 0;
     if (summary.ok())
       for (const LinkTotals& t : summary->links)
-        if (t.role == "tp") {
+        if (counts(t)) {
           raw += t.raw_bytes;
           wire += t.wire_bytes;
           busy += t.seconds;
@@ -158,6 +134,26 @@ nlohmann::json PipelineCoordinator::status_json() {
     e["wire_bytes"] = wire;
     e["busy_seconds"] = busy;
     if (busy > 0) e["measured_bps"] = 8.0 * double(wire) / busy;
+  };
+  if (topology_.dp() > 1) {          // the replicas' gradient traffic, one row per stage's dp group
+    auto specs = job_.grad_specs();  // valid: the job was validated at start
+    for (int s = 0; s < topology_.pp(); ++s) {
+      std::string spec = specs.ok() ? (*specs)[size_t(s)] : job_.compress_grad;
+      for (const GradChange& c : grad_changes_)
+        if (c.from <= step + 1 && (c.stage < 0 || c.stage == s)) spec = c.spec;
+      nlohmann::json e = {{"link", group_label(s)}, {"dir", "grad"}, {"spec", spec}};
+      add_traffic(e, [&](const LinkTotals& t) {
+        return t.role == "grad" && t.src >= 0 && t.src < topology_.workers() && topology_.coord_of(t.src).stage == s;
+      });
+      links.push_back(std::move(e));
+    }
+  }
+  if (topology_.tp() > 1) {  // the tp shards' partial sums, one row for every tp group
+    std::string spec = job_.compress_tp;
+    for (const GradChange& c : tp_changes_)
+      if (c.from <= step + 1) spec = c.spec;
+    nlohmann::json e = {{"link", "tp shards"}, {"dir", "tp"}, {"spec", spec}};
+    add_traffic(e, [](const LinkTotals& t) { return t.role == "tp"; });
     links.push_back(std::move(e));
   }
   nlohmann::json changes = nlohmann::json::array();

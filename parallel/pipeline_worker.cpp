@@ -144,18 +144,9 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         break;
       }
       for (const SetCodec& m : events.take_codec_changes()) {
-        if (m.dir == "tp") {
-          const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
-          Status s = runner->schedule_tp_codec(m.spec, from);
-          if (!s.ok())
-            LH_LOG_WARN("set-codec ignored: {}", s.message());
-          else
-            LH_LOG_INFO("the tp shards' partial-sum codec becomes {} from step {}", m.spec, from);
-          continue;
-        }
-        if (m.dir == "grad") {
-          // A change naming a pair is for that stage's dp group only.
-          if (m.src >= 0) {
+        if (m.dir == "grad" || m.dir == "tp") {
+          // A grad change naming a pair is for that stage's dp group only; tp changes are for every group.
+          if (m.dir == "grad" && m.src >= 0) {
             auto c = topology.checked_coord_of(m.src);
             if (!c.ok()) {
               LH_LOG_WARN("set-codec ignored: {}", c.status().message());
@@ -164,11 +155,13 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
             if (c->stage != topology.coord_of(plan.rank).stage) continue;
           }
           const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
-          Status s = runner->schedule_grad_codec(m.spec, from);
+          const bool tp = m.dir == "tp";
+          Status s = tp ? runner->schedule_tp_codec(m.spec, from) : runner->schedule_grad_codec(m.spec, from);
           if (!s.ok())
             LH_LOG_WARN("set-codec ignored: {}", s.message());
           else
-            LH_LOG_INFO("the replicas' gradient codec becomes {} from step {}", m.spec, from);
+            LH_LOG_INFO("the {} codec becomes {} from step {}", tp ? "tp shards' partial-sum" : "replicas' gradient",
+                        m.spec, from);
           continue;
         }
         auto change = codec_change_of(m, topology, codecs);

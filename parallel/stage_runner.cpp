@@ -56,11 +56,8 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
                               std::to_string(train.model.heads) + " heads each");
   }
   if (topology.tp() > 1) {
-    // Every tp all-reduce of a step — training's four per block and microbatch, then evaluation's two per block and
-    // batch — is named by its sequence number in the tag's 12-bit slot.
     const int blocks = partition.stage(coord.stage).num_blocks;
-    const int64_t per_step = int64_t(kTpSitesPerBlock) * blocks * options.microbatches +
-                             int64_t(kTpSitesPerBlock / 2) * blocks * train.eval_batches;
+    const int64_t per_step = tp_all_reduces_per_step(blocks, options.microbatches, train.eval_batches);
     if (per_step >= kNormSlot)
       return invalid_argument(
           "stage runner: --tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(coord.stage) +

@@ -23,6 +23,12 @@ Result<std::vector<int>> tp_heads_by_speed(const std::vector<double>& speeds, in
 // "3:1": the split as --tp-split writes it.
 std::string tp_split_string(const std::vector<int>& heads_per_shard);
 
+// The tp all-reduces one step of a stage runs — training's four per block and microbatch, then evaluation's two
+// per block and batch — each named by its sequence number in the tag's 12-bit slot.
+inline int64_t tp_all_reduces_per_step(int blocks, int microbatches, int eval_batches) {
+  return int64_t(kTpSitesPerBlock) * blocks * microbatches + int64_t(kTpSitesPerBlock / 2) * blocks * eval_batches;
+}
+
 // Shard t's heads [Σ_{u<t} h_u, Σ_{u≤t} h_u) of the split.
 TpShard tp_shard(const std::vector<int>& heads_per_shard, int t);
 
