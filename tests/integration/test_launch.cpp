@@ -396,6 +396,17 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   EXPECT_NE(slurp(job.out).find("int8"), std::string::npos);  // the summary table's codec column
 }
 
+// How many links of `role` the summary has; each is expected to have used `codecs`, in that order.
+int links_that_used(const MetricsSummary& sum, const std::string& role, const std::vector<std::string>& codecs) {
+  int links = 0;
+  for (const LinkTotals& t : sum.links)
+    if (t.role == role) {
+      ++links;
+      EXPECT_EQ(t.codecs, codecs) << role << " " << t.src << "→" << t.dst;
+    }
+  return links;
+}
+
 // `ctl set-codec --role grad` switches the replicas' gradient codec live, at one step on every replica.
 TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
   const int steps = 40;
@@ -425,13 +436,7 @@ TEST_F(Launch, CtlSwitchesTheGradientCodecMidRun) {
   ASSERT_TRUE(records.ok());
   auto sum = summarize_step_metrics(*records);
   ASSERT_TRUE(sum.ok());
-  int grad_links = 0;
-  for (const LinkTotals& t : sum->links)
-    if (t.role == "grad") {
-      ++grad_links;
-      EXPECT_EQ(t.codecs, (std::vector<std::string>{"none", "int8"}));
-    }
-  EXPECT_EQ(grad_links, 2);
+  EXPECT_EQ(links_that_used(*sum, "grad", {"none", "int8"}), 2);
   // Both replicas switched at the same step: the step's gradient bytes drop about 4× from `from` on.
   const auto& wire = sum->wire_bytes_per_step.at(LinkKey{0, 1, "grad"});
   for (const StepPoint& p : wire) {
@@ -473,13 +478,7 @@ TEST_F(Launch, CtlSwitchesTheTpCodecMidRun) {
   ASSERT_TRUE(records.ok());
   auto sum = summarize_step_metrics(*records);
   ASSERT_TRUE(sum.ok());
-  int tp_links = 0;
-  for (const LinkTotals& t : sum->links)
-    if (t.role == "tp") {
-      ++tp_links;
-      EXPECT_EQ(t.codecs, (std::vector<std::string>{"none", "int8"}));
-    }
-  EXPECT_EQ(tp_links, 2);
+  EXPECT_EQ(links_that_used(*sum, "tp", {"none", "int8"}), 2);
   // Both shards switched at the same step: the step's tp bytes drop about 4× from `from` on (evaluation steps send
   // more, so compare training-only steps: those without a validation loss).
   std::set<int64_t> eval_steps;
