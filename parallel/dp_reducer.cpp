@@ -35,6 +35,7 @@ Status check_grad_codec_spec(const std::string& spec) {
 
 std::string SyncConfig::to_string() const {
   if (kind == Kind::kEveryStep) return "every-step";
+  if (kind == Kind::kDelayed) return "delayed:D=" + std::to_string(D);
   auto num = [](double v) {
     std::string t = std::to_string(v);
     while (t.size() > 1 && t.back() == '0') t.pop_back();
@@ -46,12 +47,13 @@ std::string SyncConfig::to_string() const {
 
 Result<SyncConfig> parse_sync(const std::string& text) {
   SyncConfig c;
-  const std::string grammar = "expected every-step or diloco[:H=N,outer_lr=X,outer_momentum=M]";
+  const std::string grammar = "expected every-step, delayed[:D=N] or diloco[:H=N,outer_lr=X,outer_momentum=M]";
   if (text == "every-step") return c;
   const size_t colon = text.find(':');
   const std::string kind = text.substr(0, colon);
-  if (kind != "diloco") return invalid_argument("--sync '" + text + "': unknown kind '" + kind + "'; " + grammar);
-  c.kind = SyncConfig::Kind::kDiloco;
+  if (kind != "diloco" && kind != "delayed")
+    return invalid_argument("--sync '" + text + "': unknown kind '" + kind + "'; " + grammar);
+  c.kind = kind == "diloco" ? SyncConfig::Kind::kDiloco : SyncConfig::Kind::kDelayed;
   if (colon == std::string::npos) return c;
   const std::string rest = text.substr(colon + 1);
   size_t pos = 0;
@@ -62,7 +64,15 @@ Result<SyncConfig> parse_sync(const std::string& text) {
     if (eq == std::string::npos)
       return invalid_argument("--sync '" + text + "': '" + item + "' is not KEY=VALUE; " + grammar);
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "H") {
+    if (c.delayed() != (key == "D"))
+      return invalid_argument("--sync '" + text + "': " + kind + " has no key '" + key + "'; " + grammar);
+    if (key == "D") {
+      auto d = parse_int(value, "D");
+      if (!d.ok() || *d < 1 || *d > kMaxSyncDelay)
+        return invalid_argument("--sync '" + text + "': D must be an integer in 1.." + std::to_string(kMaxSyncDelay) +
+                                " (steps between a gradient and its update), got '" + value + "'");
+      c.D = *d;
+    } else if (key == "H") {
       auto h = parse_int(value, "H");
       if (!h.ok() || *h < 1)
         return invalid_argument("--sync '" + text + "': H must be an integer >= 1 (local steps between syncs), got '" +
@@ -93,6 +103,10 @@ Status check_grad_codec_spec(const std::string& spec, const SyncConfig& sync) {
     return invalid_argument("'" + spec +
                             "': PowerSGD runs with --sync every-step; DiLoCo's pseudo-gradients take a codec chain "
                             "(e.g. int4)");
+  if (sync.delayed() && is_powersgd_spec(spec))
+    return invalid_argument("'" + spec +
+                            "': PowerSGD runs with --sync every-step; its warm start and error feedback need each "
+                            "step's result before the next step starts, which --sync delayed does not wait for");
   return Status::Ok();
 }
 
@@ -148,6 +162,9 @@ struct ReducerState {
 
 Result<std::string> DpReducer::save_state() const {
   if (!powersgd_step_.empty()) return invalid_argument("dp reducer state: save it between steps");
+  if (!in_flight_.empty())
+    return invalid_argument("dp reducer state: " + std::to_string(in_flight_.size()) +
+                            " steps' gradients are still being averaged (--sync delayed); save after the last step");
   ReducerState st;
   st.spec = spec_;
   st.streams = group_->stream_states();
@@ -193,7 +210,43 @@ Status DpReducer::load_state(const std::string& bytes) {
 }
 
 Status DpReducer::begin_step(int64_t step) {
-  return group_->begin_step(step);
+  LH_RETURN_IF_ERROR(group_->begin_step(step, sync_.delayed()));
+  if (sync_.delayed()) {
+    if (static_cast<int>(in_flight_.size()) > sync_.D)
+      return invalid_argument("dp reducer: " + std::to_string(in_flight_.size()) + " steps in flight at step " +
+                              std::to_string(step) + "; --sync " + sync_.to_string() + " allows " +
+                              std::to_string(sync_.D));
+    in_flight_.push_back(InFlight{step, {}});
+  }
+  return Status::Ok();
+}
+
+Status DpReducer::start_delayed(const SyncConfig& sync) {
+  if (!sync.delayed()) return invalid_argument("dp reducer: start_delayed needs --sync delayed");
+  {
+    Status s = check_grad_codec_spec(spec_, sync);
+    if (!s.ok()) return s.prepend("--compress-grad");
+  }
+  sync_ = sync;
+  return Status::Ok();
+}
+
+std::vector<int64_t> DpReducer::steps_in_flight() const {
+  std::vector<int64_t> out;
+  for (const InFlight& f : in_flight_) out.push_back(f.step);
+  return out;
+}
+
+Status DpReducer::finish_step(int64_t step) {
+  if (in_flight_.empty() || in_flight_.front().step != step)
+    return invalid_argument("dp reducer: step " + std::to_string(step) + " is not the oldest step in flight");
+  for (InFlight::Bucket& b : in_flight_.front().buckets) {
+    Status s = group_->wait(b.op);
+    if (!s.ok()) return s.prepend("averaging the gradients of " + b.group->name + " from step " + std::to_string(step));
+    LH_RETURN_IF_ERROR(b.group->grads.copy_from(b.grads.view(b.group->grads.shape())));
+  }
+  in_flight_.erase(in_flight_.begin());
+  return Status::Ok();
 }
 
 Status DpReducer::bucket_ready(ParamGroup& group, int bucket) {
@@ -203,6 +256,15 @@ Status DpReducer::bucket_ready(ParamGroup& group, int bucket) {
   o.average = true;
   o.stream = bucket;
   o.spec = spec_;
+  if (sync_.delayed()) {
+    // The group's gradients are zeroed and refilled by the next step while this average runs: average a copy.
+    LH_ASSIGN_OR_RETURN(Tensor copy, group.grads.to(Device::cpu));
+    o.algo = CollectiveAlgo::kMesh;
+    auto id = group_->start_all_reduce(copy, o);
+    if (!id.ok()) return Status(id.status()).prepend("averaging the gradients of " + group.name);
+    in_flight_.back().buckets.push_back({&group, copy, *id});
+    return group_->poll();
+  }
   auto id = group_->start_all_reduce(group.grads, o);
   if (!id.ok()) return Status(id.status()).prepend("averaging the gradients of " + group.name);
   return group_->poll();

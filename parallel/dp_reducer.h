@@ -23,20 +23,31 @@ namespace lh {
 // buckets are flat vectors and every replica must decode the same bytes to the same values.
 Status check_grad_codec_spec(const std::string& spec);
 
-// How replicas keep their weights together: --sync every-step (average the gradients every step) or
-// --sync diloco:H=50,outer_lr=0.7,outer_momentum=0.9 (DiLoCo: H local AdamW steps, then average the
-// pseudo-gradient θ_sync − θ and take an outer Nesterov-momentum SGD step from θ_sync).
+// How replicas keep their weights together:
+// - --sync every-step: average the gradients every step, before its optimizer step;
+// - --sync delayed:D=1: average them every step too, but apply each step's average D steps later, so the exchange
+//   runs under the next D steps' compute (Pipe-SGD's bounded staleness; every replica applies the same averages, so
+//   the replicas stay bit-equal). Step t's update uses the gradient of step t − D, taken at weights D updates old;
+//   the first D steps update nothing and the last step applies every average still in flight, so a run of N steps
+//   takes N updates, each with the learning rate of the step its gradient came from;
+// - --sync diloco:H=50,outer_lr=0.7,outer_momentum=0.9 (DiLoCo: H local AdamW steps, then average the
+//   pseudo-gradient θ_sync − θ and take an outer Nesterov-momentum SGD step from θ_sync).
 struct SyncConfig {
-  enum class Kind { kEveryStep, kDiloco } kind = Kind::kEveryStep;
+  enum class Kind { kEveryStep, kDelayed, kDiloco } kind = Kind::kEveryStep;
+  int D = 1;  // delayed: steps between a gradient and its update
   int H = 50;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   bool diloco() const { return kind == Kind::kDiloco; }
-  std::string to_string() const;  // canonical: "every-step" or "diloco:H=50,outer_lr=0.7,outer_momentum=0.9"
+  bool delayed() const { return kind == Kind::kDelayed; }
+  // canonical: "every-step", "delayed:D=1" or "diloco:H=50,outer_lr=0.7,outer_momentum=0.9"
+  std::string to_string() const;
 };
-// Errors name the bad part: an unknown kind or key, an H that is not an integer ≥ 1, a learning rate
+// Errors name the bad part: an unknown kind or key, an H or D that is not an integer in range, a learning rate
 // that is not > 0, a momentum outside [0, 1).
 Result<SyncConfig> parse_sync(const std::string& text);
+// D above this is refused: each step in flight holds a copy of the stage's gradients.
+constexpr int kMaxSyncDelay = 8;
 
 // check_grad_codec_spec, and that the spec suits `sync`: PowerSGD averages every step (DiLoCo's pseudo-gradients
 // take a codec chain). The one place that rule lives: flags, live switches, the reducer and resumes call it.
@@ -48,7 +59,8 @@ class DpReducer {
   static Result<std::unique_ptr<DpReducer>> create(DataPlane& plane, const Topology& topology, int rank,
                                                    std::string spec, std::chrono::milliseconds timeout);
 
-  // A new step: every bucket of the last one must have been finished.
+  // A new step: every bucket of the last one must have been finished (with --sync delayed, the last D steps'
+  // may still be in flight).
   Status begin_step(int64_t step);
   // Backward has produced the final gradient of `group` for this step: start averaging it. `bucket` is a
   // stable id for the group (its codec stream states, e.g. error feedback, follow it from step to step).
@@ -57,6 +69,17 @@ class DpReducer {
   Status poll() { return group_->poll(); }
   // Waits for every started bucket: afterwards each replica holds the same averaged gradients.
   Status finish();
+
+  // --sync delayed (call before the first step): bucket_ready copies the gradients and averages the copy in the
+  // background, a mesh all-reduce (bytes per pair link 2/dp of a bucket: the latency is hidden, bytes decide);
+  // finish_step puts a finished step's averages back. Refuses PowerSGD, whose warm start and error feedback chain
+  // each step on the one before.
+  Status start_delayed(const SyncConfig& sync);
+  // The steps whose gradients are being averaged, oldest first.
+  std::vector<int64_t> steps_in_flight() const;
+  // Waits for the oldest step in flight (it must be `step`) and writes its averaged gradients into the groups'
+  // gradients, which the caller then hands to the optimizer.
+  Status finish_step(int64_t step);
 
   // DiLoCo's outer step (call it after the inner optimizer step of every H-th step): averages the
   // pseudo-gradients Δ = θ_sync − θ of every group over the replicas (--compress-grad, one stream per
@@ -100,6 +123,17 @@ class DpReducer {
   CollectiveOptions powersgd_options(const PowerSgdBucket& state, int bucket, int part) const;
   Status powersgd_finish();
   std::vector<std::vector<float>> anchor_, momentum_;  // DiLoCo: θ_sync and the outer momentum, per group
+  // --sync delayed: per step in flight, each bucket's copy of the gradients being averaged.
+  struct InFlight {
+    int64_t step = 0;
+    struct Bucket {
+      ParamGroup* group = nullptr;
+      Tensor grads;  // host copy, averaged in place
+      int op = -1;
+    };
+    std::vector<Bucket> buckets;
+  };
+  std::vector<InFlight> in_flight_;
 };
 
 }  // namespace lh

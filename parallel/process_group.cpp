@@ -9,7 +9,7 @@
 namespace lh {
 namespace {
 
-constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2;
+constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2, kPhaseMeshScatter = 3, kPhaseMeshGather = 4;
 constexpr int kEndTx = 0, kEndRx = 1;
 // Below this many packet bytes a WAN all-reduce is bound by latency (256 KiB is 100 ms at 20 Mbit/s, about two
 // hops of a long link): one hop (direct) beats 2(n−1) hops (ring) although each rank sends n−1 packets.
@@ -46,16 +46,20 @@ const char* collective_algo_name(CollectiveAlgo a) {
       return "ring";
     case CollectiveAlgo::kDirect:
       return "direct";
+    case CollectiveAlgo::kMesh:
+      return "mesh";
   }
   return "?";
 }
 
 struct ProcessGroup::Op {
   int id = 0;
+  int64_t step = 0;  // the step it was started in: its packets' tags carry it
   int seq = 0;
   CollectiveOptions opt;
   const compress::CodecChain* chain = nullptr;  // opt.spec parsed, owned by the group
   bool ring = false;
+  bool mesh = false;
   Tensor user;  // the caller's tensor
   Tensor host;  // f32 [numel] on the CPU: a view of `user`, or a copy of it
   int64_t numel = 0;
@@ -63,8 +67,11 @@ struct ProcessGroup::Op {
   std::vector<int64_t> bounds;  // ring: chunk c is [bounds[c], bounds[c + 1])
   int hop = 0;                  // ring: the packet index the pending receive waits for
   Transfer rx;                  // ring: the pending receive
-  std::vector<Transfer> rxs;    // direct: one per member (none for this rank)
-  Bytes own;                    // direct: this rank's packet
+  std::vector<Transfer> rxs;    // direct: one per member (none for this rank); mesh: their parts of our chunk
+  std::vector<Transfer> gathers;  // mesh: each owner's reduced chunk (none for this rank)
+  bool scattered = false;         // mesh: our chunk is reduced and sent
+  int gathered = 0;               // mesh: other owners' chunks decoded
+  Bytes own;                      // direct: this rank's packet
   std::vector<Transfer> tx;
   bool finished = false;
   Status status;
@@ -99,10 +106,16 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(DataPlane& plane, std
   return g;
 }
 
-Status ProcessGroup::begin_step(int64_t step) {
-  for (const auto& op : ops_)
-    if (!op->finished) return invalid_argument(name_ + ": " + op_name(*op) + " is still running at a new step");
-  ops_.clear();
+Status ProcessGroup::begin_step(int64_t step, bool keep_running) {
+  if (step <= step_) return invalid_argument(name_ + ": step " + std::to_string(step) + " follows step " +
+                                             std::to_string(step_) + "; steps only go forward");
+  for (const auto& op : ops_) {
+    if (op->finished && !op->status.ok()) return op->status;
+    if (!op->finished && !keep_running)
+      return invalid_argument(name_ + ": " + op_name(*op) + " is still running at a new step");
+  }
+  ops_.erase(std::remove_if(ops_.begin(), ops_.end(), [](const std::unique_ptr<Op>& op) { return op->finished; }),
+             ops_.end());
   step_ = step;
   sequence_ = 0;
   return Status::Ok();
@@ -122,12 +135,12 @@ Result<const compress::CodecChain*> ProcessGroup::chain(const std::string& spec)
 }
 
 Tag ProcessGroup::tag(const Op& op, int packet) const {
-  return make_tag(uint32_t(step_), uint16_t(op.seq), op.opt.role, uint8_t(packet));
+  return make_tag(uint32_t(op.step), uint16_t(op.seq), op.opt.role, uint8_t(packet));
 }
 
 std::string ProcessGroup::op_name(const Op& op) const {
-  return std::string(op.ring ? "ring" : "direct") + " all-reduce #" + std::to_string(op.seq) + " of step " +
-         std::to_string(step_) + " (" + std::to_string(op.numel) + " values, " + op.opt.spec + ")";
+  return std::string(op.ring ? "ring" : op.mesh ? "mesh" : "direct") + " all-reduce #" + std::to_string(op.seq) +
+         " of step " + std::to_string(op.step) + " (" + std::to_string(op.numel) + " values, " + op.opt.spec + ")";
 }
 
 Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions& options) {
@@ -142,6 +155,7 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   auto op = std::make_unique<Op>();
   op->chain = &ch;
   op->id = next_id_++;
+  op->step = step_;
   op->seq = sequence_++;
   op->opt = options;
   op->user = inout;
@@ -159,9 +173,10 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   if (algo == CollectiveAlgo::kAuto) {
     auto packet = ch.packet_bytes({numel});
     const int64_t bytes = packet.ok() ? int64_t(*packet) : numel * 4;
-    algo = (n <= 2 || bytes < kDirectBelowBytes) ? CollectiveAlgo::kDirect : CollectiveAlgo::kRing;
+    algo = (n <= 2 || bytes < kDirectBelowBytes) ? CollectiveAlgo::kDirect : CollectiveAlgo::kMesh;
   }
   op->ring = algo == CollectiveAlgo::kRing && numel >= n;
+  op->mesh = algo == CollectiveAlgo::kMesh && n > 2 && numel >= n;
   Op& o = *op;
   ops_.push_back(std::move(op));
   if (n == 1) {
@@ -176,6 +191,19 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
     o.tx.push_back(plane_->send(next, tag(o, 0), std::move(p.bytes), o.chunk_raw(i)));
     o.hop = 0;
     o.rx = plane_->recv(prev, tag(o, 0), o.chunk_raw(wrap(i - 1, n)));
+  } else if (o.mesh) {
+    // Chunk j of our tensor goes to its owner j (packet 0); owner j's reduced chunk comes back (packet 1).
+    for (int c = 0; c <= n; ++c) o.bounds.push_back(numel * c / n);
+    o.rxs.resize(n);
+    o.gathers.resize(n);
+    for (int j = 0; j < n; ++j) {
+      if (j == i) continue;
+      compress::Packet p;
+      LH_RETURN_IF_ERROR(ch.encode(o.chunk(j), state(options, j, kPhaseMeshScatter, kEndTx), &p));
+      o.tx.push_back(plane_->send(members_[j], tag(o, 0), std::move(p.bytes), o.chunk_raw(j)));
+      o.rxs[j] = plane_->recv(members_[j], tag(o, 0), o.chunk_raw(i));
+      o.gathers[j] = plane_->recv(members_[j], tag(o, 1), o.chunk_raw(j));
+    }
   } else {
     // Direct packets keep the caller's shape, so matrix codecs (lowrank) see rows and columns.
     compress::Packet p;
@@ -257,6 +285,30 @@ Status ProcessGroup::advance(Op& o) {
     }
     return Status::Ok();
   }
+  if (o.mesh) {
+    const int n = size();
+    if (!o.scattered) {
+      bool all = true;
+      for (const Transfer& t : o.rxs) all = all && (!t.valid() || t.done());
+      if (all) LH_RETURN_IF_ERROR(reduce_own_chunk(o));
+    }
+    for (int j = 0; j < n; ++j) {
+      Transfer& t = o.gathers[j];
+      if (!t.valid() || !t.done()) continue;
+      Status s = t.status();
+      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
+      const Bytes b = t.take();
+      t = Transfer();
+      const Shape shape{o.bounds[j + 1] - o.bounds[j]};
+      compress::DecodeOptions d;
+      d.expect_shape = &shape;
+      Tensor mine = o.chunk(j);
+      s = compress::decode_packet(b.data(), b.size(), state(o.opt, j, kPhaseMeshGather, kEndRx), &mine, d);
+      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
+      ++o.gathered;
+    }
+    return o.scattered && o.gathered == n - 1 ? finish(o) : Status::Ok();
+  }
   for (const Transfer& t : o.rxs)
     if (t.valid() && !t.done()) return Status::Ok();
   const int n = size();
@@ -292,6 +344,46 @@ Status ProcessGroup::advance(Op& o) {
   return finish(o);
 }
 
+// The owner's half of a mesh all-reduce: the other members' parts of chunk `index_` are in; sum them with our own in
+// member order, encode the result once, take its decoded value ourselves (so every member holds the same bits) and
+// send the same bytes to everyone.
+Status ProcessGroup::reduce_own_chunk(Op& o) {
+  const int n = size(), i = index_;
+  const Shape shape{o.bounds[i + 1] - o.bounds[i]};
+  Tensor mine = o.chunk(i);
+  const int64_t m = mine.numel();
+  std::vector<float> sum(m, 0.0f);
+  Tensor part;
+  for (int j = 0; j < n; ++j) {
+    const float* src = mine.data<float>();
+    if (j != i) {
+      Status s = o.rxs[j].status();
+      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", part from rank " + std::to_string(members_[j]));
+      const Bytes b = o.rxs[j].take();
+      compress::DecodeOptions d;
+      d.expect_shape = &shape;
+      s = compress::decode_packet(b.data(), b.size(), state(o.opt, j, kPhaseMeshScatter, kEndRx), &part, d);
+      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", part from rank " + std::to_string(members_[j]));
+      src = part.data<float>();
+    }
+    for (int64_t k = 0; k < m; ++k) sum[k] += src[k];
+  }
+  const float scale = o.opt.average ? 1.0f / float(n) : 1.0f;
+  float* dst = mine.data<float>();
+  for (int64_t k = 0; k < m; ++k) dst[k] = sum[k] * scale;
+  compress::Packet p;
+  LH_RETURN_IF_ERROR(o.chain->encode(mine, state(o.opt, i, kPhaseMeshGather, kEndTx), &p));
+  compress::DecodeOptions d;
+  d.expect_shape = &shape;
+  LH_RETURN_IF_ERROR(compress::decode_packet(p.bytes.data(), p.bytes.size(),
+                                             state(o.opt, i, kPhaseMeshGather, kEndRx), &mine, d));
+  for (int j = 0; j < n; ++j)
+    if (j != i) o.tx.push_back(plane_->send(members_[j], tag(o, 1), p.bytes, o.chunk_raw(i)));
+  o.rxs.clear();
+  o.scattered = true;
+  return Status::Ok();
+}
+
 // A finished op keeps only what wait_all and errors need: its buffers go at once, and its sends as they complete
 // (a step may run hundreds of tp all-reduces; their packets must not pile up until the next step).
 static void prune_sends(std::vector<Transfer>& tx) {
@@ -308,19 +400,23 @@ Status ProcessGroup::finish(Op& o) {
   o.bounds.clear();
   o.rx = Transfer();
   o.rxs.clear();
+  o.gathers.clear();
   o.own = Bytes();
   prune_sends(o.tx);
   return Status::Ok();
 }
 
 Status ProcessGroup::poll() {
+  std::set<int> busy;  // streams with an earlier op still running: later ops on them wait their turn
   for (auto& op : ops_) {
     if (op->finished) {
       if (!op->status.ok()) return op->status;
       prune_sends(op->tx);
       continue;
     }
+    if (busy.count(op->opt.stream)) continue;
     Status s = advance(*op);
+    if (!op->finished) busy.insert(op->opt.stream);
     if (!s.ok()) {
       op->finished = true;
       op->status = s;
@@ -334,14 +430,15 @@ Status ProcessGroup::wait(int id) {
   Op* o = nullptr;
   for (auto& op : ops_)
     if (op->id == id) o = op.get();
-  if (!o) return invalid_argument(name_ + ": no collective #" + std::to_string(id) + " in this step");
+  if (!o) {
+    // Ops finished in an earlier step are dropped at the next begin_step, which refuses to drop a failed one.
+    if (id >= 0 && id < next_id_) return Status::Ok();
+    return invalid_argument(name_ + ": no collective #" + std::to_string(id));
+  }
   while (true) {
     LH_RETURN_IF_ERROR(poll());
     if (o->finished) return o->status;
-    Transfer pending = o->rx;
-    if (!o->ring)
-      for (const Transfer& t : o->rxs)
-        if (t.valid() && !t.done()) pending = t;
+    Transfer pending = pending_transfer(*o);
     if (!pending.valid()) continue;
     Status s = pending.wait(timeout_);
     if (!pending.done()) {
@@ -352,6 +449,22 @@ Status ProcessGroup::wait(int id) {
     }
     (void)s;  // the transfer's own status is read by advance()
   }
+}
+
+Transfer ProcessGroup::pending_transfer(const Op& op) const {
+  const Op* o = &op;
+  for (const auto& earlier : ops_) {  // the first running op on this stream goes first
+    if (earlier.get() == &op) break;
+    if (!earlier->finished && earlier->opt.stream == op.opt.stream) {
+      o = earlier.get();
+      break;
+    }
+  }
+  if (o->ring) return o->rx;
+  for (const std::vector<Transfer>* list : {&o->rxs, &o->gathers})
+    for (const Transfer& t : *list)
+      if (t.valid() && !t.done()) return t;
+  return Transfer();
 }
 
 Status ProcessGroup::wait_all() {

@@ -19,9 +19,13 @@
 namespace lh {
 
 enum class CollectiveAlgo : uint8_t {
-  kAuto,    // direct for 2 members or a compressed tensor under 256 KiB (latency-bound on a WAN), else ring
-  kRing,    // bytes per rank 2(n−1)/n of the tensor; 2(n−1) hops of latency
+  kAuto,    // direct for 2 members or a compressed tensor under 256 KiB (latency-bound on a WAN), else mesh
+  kRing,    // bytes per rank 2(n−1)/n of the tensor, all on one link; 2(n−1) hops of latency
   kDirect,  // every rank sends its whole (compressed) tensor to every other; 1 hop of latency
+  // Reduce-scatter to chunk owners, then all-gather from them, each phase one hop over every pair: bytes per rank
+  // 2(n−1)/n of the tensor as in a ring (the same on a shared uplink), but only 2/n of it on each pair's link and
+  // 2 hops of latency instead of 2(n−1). Direct for 2 members (it would send as much) or fewer values than members.
+  kMesh,
 };
 const char* collective_algo_name(CollectiveAlgo a);
 
@@ -58,8 +62,10 @@ class ProcessGroup {
   const std::vector<int>& members() const { return members_; }
   const std::string& name() const { return name_; }
 
-  // Starts a step: the op sequence restarts at 0. Every op of the previous step must be finished.
-  Status begin_step(int64_t step);
+  // Starts a step: the op sequence restarts at 0. Every op of earlier steps must be finished, unless
+  // `keep_running`: then they go on beside this step's (each op's packets carry the step it was started in).
+  // Ops that share a codec stream are advanced in the order they were started, so stream states see them in order.
+  Status begin_step(int64_t step, bool keep_running = false);
 
   // Starts an all-reduce (sum, or mean with options.average) of `inout` in place: f32, contiguous, on
   // any device (a CUDA tensor is reduced through a host copy). `inout` must stay alive and untouched
@@ -88,6 +94,9 @@ class ProcessGroup {
   Status advance(Op& op);  // processes every arrived packet of op
   Status on_packet(Op& op, Bytes packet);
   Status finish(Op& op);
+  Status reduce_own_chunk(Op& op);  // mesh: the owner sums its chunk's contributions and sends the result to all
+  // The receive that `op` (or an earlier op on its stream, which it waits behind) needs next; invalid if none.
+  Transfer pending_transfer(const Op& op) const;
   compress::StreamState& state(const CollectiveOptions& opt, int chunk, int phase, int end);
   // The parsed chain of `spec`, parsed once per spec and kept (map entries stay put, so ops hold the pointer).
   Result<const compress::CodecChain*> chain(const std::string& spec);

@@ -82,9 +82,10 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
   if (r->stages_ > 1 || topology.tp() > 1)
     r->grad_norm_ = std::make_unique<AllPairsGradNorm>(r->topology_, rank, plane, options.receive_timeout);
-  if (r->replicas_ > 1 || options.sync.diloco()) {
+  if (r->replicas_ > 1 || options.sync.diloco() || options.sync.delayed()) {
     LH_ASSIGN_OR_RETURN(r->reducer_,
                         DpReducer::create(plane, r->topology_, rank, options.compress_grad, options.receive_timeout));
+    if (options.sync.delayed()) LH_RETURN_IF_ERROR(r->reducer_->start_delayed(options.sync));
   }
   LH_ASSIGN_OR_RETURN(r->schedule_, PipelineSchedule::build(options.schedule, r->stages_, options.microbatches));
   GptParts parts;
@@ -138,7 +139,15 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
       if (span_.has_embedding) {
         LH_ASSIGN_OR_RETURN(x, model_.embed_forward(c, tokens_ + size_t(mb) * B * T, Device::cpu, B, T));
       }
-      LH_ASSIGN_OR_RETURN(outputs_[mb], model_.blocks_forward(span_.first_block, span_.end_block(), c, x));
+      if (!polls_reducer()) {
+        LH_ASSIGN_OR_RETURN(outputs_[mb], model_.blocks_forward(span_.first_block, span_.end_block(), c, x));
+      } else {  // block by block, letting the gradient averages in flight move on between blocks
+        for (int l = span_.first_block; l < span_.end_block(); ++l) {
+          LH_ASSIGN_OR_RETURN(x, model_.blocks_forward(l, l + 1, c, x));
+          LH_RETURN_IF_ERROR(reducer_->poll());
+        }
+        outputs_[mb] = x;
+      }
       if (span_.has_head) {
         LH_ASSIGN_OR_RETURN(float loss,
                             model_.head_forward(c, outputs_[mb], targets_ + size_t(mb) * B * T, Device::cpu));
@@ -192,12 +201,16 @@ Status StageRunner::backward(int mb) {
     LH_RETURN_IF_ERROR(model_.head_backward(c, 1.0f / float(options_.microbatches), d));
     if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.head(), bucket_of(model_.head())));
   }
-  if (!hand_over) {
+  if (!hand_over && !polls_reducer()) {
     LH_RETURN_IF_ERROR(model_.blocks_backward(span_.first_block, span_.end_block(), c, d));
   } else {
     for (int l = span_.end_block() - 1; l >= span_.first_block; --l) {
       LH_RETURN_IF_ERROR(model_.blocks_backward(l, l + 1, c, d));
-      LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.block(l), bucket_of(model_.block(l))));
+      if (hand_over) {
+        LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.block(l), bucket_of(model_.block(l))));
+      } else {
+        LH_RETURN_IF_ERROR(reducer_->poll());
+      }
     }
   }
   if (span_.has_embedding) {
@@ -302,11 +315,42 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());
   }
   LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
-  if (reducer_) {
-    Status s = reducer_->finish();
-    if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
+  StageStepResult r;
+  r.step = step;
+  if (options_.sync.delayed()) {
+    // Step t applies the average of step t − D; the last step applies every one still in flight.
+    for (int64_t from : reducer_->steps_in_flight()) {
+      if (from > step - options_.sync.D && step < train_.steps) break;
+      Status s = reducer_->finish_step(from);
+      if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
+      LH_ASSIGN_OR_RETURN(r.grad_norm, apply_update(from));
+      r.lr = lr_at(train_, from);
+    }
+  } else {
+    if (reducer_) {
+      Status s = reducer_->finish();
+      if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
+    }
+    LH_ASSIGN_OR_RETURN(r.grad_norm, apply_update(step));
+    r.lr = lr_at(train_, step);
+  }
+  if (options_.sync.diloco() && step % options_.sync.H == 0) {
+    std::vector<int> buckets;
+    for (const ParamGroup* g : model_.param_groups()) buckets.push_back(bucket_of(*g));
+    Status s = reducer_->outer_step(model_.param_groups(), buckets);
+    if (!s.ok()) return s.prepend("step " + std::to_string(step));
   }
 
+  // Each replica reports the loss on its own slice; the job's loss is their mean (the metrics summary takes it), so
+  // no round trip between replicas is spent on a number only people read.
+  if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M);
+  r.tokens = int64_t(train_.batch) * train_.model.seq;
+  r.seconds = seconds_since(t0);
+  last_ = r;
+  return r;
+}
+
+Result<float> StageRunner::apply_update(int64_t step) {
   // Clip by the norm of the whole model's gradient, as the single-process trainer does. Parameters every tp shard
   // holds whole count on shard 0 only.
   std::vector<ParamGroup*> groups = model_.param_groups();
@@ -334,24 +378,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   acfg.lr = lr_at(train_, step);
   acfg.weight_decay = train_.weight_decay;
   LH_RETURN_IF_ERROR(opt_.step(model_.exec(), groups, acfg, /*clip=*/0.f, step).status());
-  if (options_.sync.diloco() && step % options_.sync.H == 0) {
-    std::vector<int> buckets;
-    for (const ParamGroup* g : groups) buckets.push_back(bucket_of(*g));
-    Status s = reducer_->outer_step(groups, buckets);
-    if (!s.ok()) return s.prepend("step " + std::to_string(step));
-  }
-
-  StageStepResult r;
-  r.step = step;
-  // Each replica reports the loss on its own slice; the job's loss is their mean (the metrics summary takes it), so
-  // no round trip between replicas is spent on a number only people read.
-  if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M);
-  r.grad_norm = norm;
-  r.lr = acfg.lr;
-  r.tokens = int64_t(train_.batch) * train_.model.seq;
-  r.seconds = seconds_since(t0);
-  last_ = r;
-  return r;
+  return norm;
 }
 
 WorkerStepMetrics StageRunner::take_step_metrics() {

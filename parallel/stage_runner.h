@@ -35,7 +35,7 @@ struct StageRunnerOptions {
   ScheduleKind schedule = ScheduleKind::k1F1B;
   // The weight-gradient codec of the dp all-reduce (dp > 1): --compress-grad.
   std::string compress_grad = "none";
-  // How replicas stay together (--sync): every-step gradient averaging, or DiLoCo.
+  // How replicas stay together (--sync): every-step gradient averaging, delayed averaging, or DiLoCo.
   SyncConfig sync;
   // The codec of the tp group's partial sums (tp > 1): --compress-tp.
   std::string compress_tp = "none";
@@ -106,6 +106,11 @@ class StageRunner {
   StageRunner() = default;
   Status run_action(const Action& a, int64_t step);  // compute and the boundary's sends and receives
   Status backward(int mb);                           // with dp, the last one hands each bucket to the reducer
+  // Clips the gradients in the groups by the whole model's norm and takes the optimizer step with the learning
+  // rate of `step` (the step the gradients are from); returns the norm before clipping.
+  Result<float> apply_update(int64_t step);
+  // Whether compute stops between blocks to let the reducer's averages move (--sync delayed: they run under it).
+  bool polls_reducer() const { return reducer_ && options_.sync.delayed(); }
   // The mean over the dp group of a value every replica computed on its slice (the value itself for dp = 1).
   Result<double> replica_mean(double value);
   // The stable id of one of this stage's parameter groups for the reducer's codec streams: embedding 0,

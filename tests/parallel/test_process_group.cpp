@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "core/rng.h"
@@ -26,8 +27,11 @@ std::vector<float> input_of(int r, int step, int64_t n) {
 }
 
 // Runs `body(group, rank)` on every member's thread; returns each member's status.
+// `sent`, when given, gets each member's wire bytes sent per destination rank.
 std::vector<Status> run_members(int n, const std::function<Status(ProcessGroup&, int)>& body,
-                                std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+                                std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                                std::vector<std::map<int, uint64_t>>* sent = nullptr) {
+  if (sent) sent->assign(n, {});
   auto fabric = std::make_shared<LocalFabric>();
   std::vector<Status> out(n);
   std::vector<std::thread> threads;
@@ -39,6 +43,10 @@ std::vector<Status> run_members(int n, const std::function<Status(ProcessGroup&,
       for (int i = 0; i < n; ++i) members.push_back(i);
       auto g = ProcessGroup::create(plane, members, "test group", timeout);
       out[r] = g.ok() ? body(**g, r) : g.status();
+      const nlohmann::json metered = plane.meter()->to_json();
+      if (sent)
+        for (const auto& l : metered["links"])
+          if (l["dir"] == "send") (*sent)[r][l["dst"].get<int>()] += l["wire_bytes"].get<uint64_t>();
     });
   for (auto& t : threads) t.join();
   return out;
@@ -54,6 +62,8 @@ TEST(ProcessGroupTest, AllReduceWithoutACodecIsTheSumOnEveryMember) {
   for (Case c : {Case{2, 1001, CollectiveAlgo::kRing}, Case{3, 1001, CollectiveAlgo::kRing},
                  Case{4, 4096, CollectiveAlgo::kRing}, Case{4, 3, CollectiveAlgo::kRing},  // fewer values than members
                  Case{3, 777, CollectiveAlgo::kDirect}, Case{1, 10, CollectiveAlgo::kAuto},
+                 Case{3, 1001, CollectiveAlgo::kMesh}, Case{4, 4099, CollectiveAlgo::kMesh},
+                 Case{2, 500, CollectiveAlgo::kMesh}, Case{4, 3, CollectiveAlgo::kMesh},  // these two go direct
                  Case{4, 100000, CollectiveAlgo::kAuto}}) {
     for (bool average : {false, true}) {
       std::vector<std::vector<float>> results(c.n);
@@ -88,7 +98,7 @@ TEST(ProcessGroupTest, AllReduceWithoutACodecIsTheSumOnEveryMember) {
 TEST(ProcessGroupTest, CompressedHopsStayCloseAndIdenticalOnEveryMember) {
   const int64_t numel = 50000;
   for (const std::string spec : {"int8", "bf16", "ef+int4", "ef+topk:ratio=0.1+int8"})
-    for (CollectiveAlgo algo : {CollectiveAlgo::kRing, CollectiveAlgo::kDirect}) {
+    for (CollectiveAlgo algo : {CollectiveAlgo::kRing, CollectiveAlgo::kDirect, CollectiveAlgo::kMesh}) {
       const int n = 4;
       std::vector<std::vector<float>> results(n);
       std::vector<uint64_t> wire(n), raw(n);
@@ -118,7 +128,8 @@ TEST(ProcessGroupTest, CompressedHopsStayCloseAndIdenticalOnEveryMember) {
         err += (results[0][k] - want) * (results[0][k] - want);
         norm += want * want;
       }
-      const double bound = spec == "ef+int4" ? 0.25 : 0.03;  // relative L2 error after 3 encodes (ring) or 1
+      // relative L2 error after 3 encodes (ring), 2 (mesh) or 1 (direct)
+      const double bound = spec == "ef+int4" ? 0.25 : 0.03;
       EXPECT_LT(std::sqrt(err / norm), bound) << what;
     }
 }
@@ -202,6 +213,88 @@ TEST(ProcessGroupTest, SeveralOpsAndF64ReductionsShareAStep) {
   EXPECT_NEAR(b[0][13], want, 1e-5);
 }
 
+TEST(ProcessGroupTest, MeshSendsTwoNthsOfTheTensorOnEachPairLink) {
+  // Per ordered pair, a mesh all-reduce carries one chunk each way per phase: 2/n of the tensor, where direct
+  // carries all of it and a ring carries 2(n−1)/n of it on the one link to the next member.
+  const int n = 4;
+  const int64_t numel = 40000;
+  const double tensor = double(numel) * 4;  // `none`: fp32 plus a small header per packet
+  for (CollectiveAlgo algo : {CollectiveAlgo::kMesh, CollectiveAlgo::kDirect, CollectiveAlgo::kRing}) {
+    std::vector<std::map<int, uint64_t>> sent;
+    auto st = run_members(
+        n,
+        [&](ProcessGroup& g, int r) -> Status {
+          LH_RETURN_IF_ERROR(g.begin_step(1));
+          Tensor t = Tensor::from_vector(input_of(r, 1, numel), {numel});
+          CollectiveOptions o;
+          o.algo = algo;
+          LH_RETURN_IF_ERROR(g.start_all_reduce(t, o).status());
+          return g.wait_all();
+        },
+        std::chrono::seconds(30), &sent);
+    for (const Status& s : st) ASSERT_TRUE(s.ok()) << s.to_string();
+    const std::string what = collective_algo_name(algo);
+    for (int r = 0; r < n; ++r) {
+      double total = 0, busiest = 0;
+      for (const auto& [dst, bytes] : sent[r]) {
+        total += double(bytes);
+        busiest = std::max(busiest, double(bytes));
+      }
+      const double want_total = algo == CollectiveAlgo::kDirect ? n - 1 : 2.0 * (n - 1) / n;
+      const double want_busiest = algo == CollectiveAlgo::kMesh ? 2.0 / n : algo == CollectiveAlgo::kDirect ? 1 : 1.5;
+      EXPECT_NEAR(total / tensor, want_total, 0.01) << what << " member " << r;
+      EXPECT_NEAR(busiest / tensor, want_busiest, 0.01) << what << " member " << r;
+      EXPECT_EQ(sent[r].size(), algo == CollectiveAlgo::kRing ? 1u : size_t(n - 1)) << what << " member " << r;
+    }
+  }
+}
+
+TEST(ProcessGroupTest, OpsOfOneStepRunOnBesideTheNextStepsOps) {
+  // --sync delayed: step 1's all-reduce is started, step 2 begins and starts its own on the same stream, and both
+  // finish with the right sums; ops on one stream are advanced in the order they started.
+  const int n = 4;
+  const int64_t numel = 3001;
+  for (const std::string spec : {"none", "ef+int4"}) {
+    std::vector<std::vector<float>> first(n), second(n);
+    auto st = run_members(n, [&](ProcessGroup& g, int r) -> Status {
+      LH_RETURN_IF_ERROR(g.begin_step(1));
+      Tensor a = Tensor::from_vector(input_of(r, 1, numel), {numel});
+      CollectiveOptions o;
+      o.algo = CollectiveAlgo::kMesh;
+      o.spec = spec;
+      LH_ASSIGN_OR_RETURN(int ia, g.start_all_reduce(a, o));
+      // Without keep_running the new step is refused while step 1's op runs (unless it already finished).
+      LH_RETURN_IF_ERROR(g.begin_step(2, /*keep_running=*/true));
+      Tensor b = Tensor::from_vector(input_of(r, 2, numel), {numel});
+      LH_ASSIGN_OR_RETURN(int ib, g.start_all_reduce(b, o));
+      LH_RETURN_IF_ERROR(g.wait(ib));  // waits behind step 1's op on the same stream
+      LH_RETURN_IF_ERROR(g.wait(ia));
+      LH_RETURN_IF_ERROR(g.wait_all());
+      first[r] = a.to_vector();
+      second[r] = b.to_vector();
+      return Status::Ok();
+    });
+    for (const Status& s : st) ASSERT_TRUE(s.ok()) << spec << ": " << s.to_string();
+    for (int r = 1; r < n; ++r) {
+      EXPECT_EQ(first[r], first[0]) << spec;
+      EXPECT_EQ(second[r], second[0]) << spec;
+    }
+    // `none`: the exact sums; ef+int4: within its error (relative L2; the second carries the first's residual).
+    for (int step : {1, 2}) {
+      const std::vector<float>& got = step == 1 ? first[0] : second[0];
+      double err = 0, norm = 0;
+      for (int64_t k = 0; k < numel; ++k) {
+        double want = 0;
+        for (int r = 0; r < n; ++r) want += input_of(r, step, numel)[k];
+        if (spec == "none") ASSERT_NEAR(got[k], want, 1e-5 * (1 + std::fabs(want))) << "step " << step << " value " << k;
+        err += (got[k] - want) * (got[k] - want);
+        norm += want * want;
+      }
+      EXPECT_LT(std::sqrt(err / norm), spec == "none" ? 1e-6 : 0.3) << spec << " step " << step;
+    }
+  }
+}
+
 TEST(ProcessGroupTest, ADeadPeerFailsTheOpNamingIt) {
   auto fabric = std::make_shared<LocalFabric>();
   LocalDataPlane plane(fabric, 0, 3);
@@ -261,6 +354,8 @@ TEST(ProcessGroupTest, RefusesBadGroupsAndTensors) {
   Tensor x = Tensor::zeros({4});
   ASSERT_TRUE(g->start_all_reduce(x, CollectiveOptions{}).ok());
   expect(g->begin_step(2), "still running");
+  // Steps only go forward: packets are told apart by the step they were started in.
+  expect(g->begin_step(1, /*keep_running=*/true), "steps only go forward");
 }
 
 }  // namespace
