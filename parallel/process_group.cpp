@@ -9,7 +9,8 @@
 namespace lh {
 namespace {
 
-constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2, kPhaseMeshScatter = 3, kPhaseMeshGather = 4;
+constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2, kPhaseMeshScatter = 3,
+              kPhaseMeshGather = 4;
 constexpr int kEndTx = 0, kEndRx = 1;
 // Below this many packet bytes a WAN all-reduce is bound by latency (256 KiB is 100 ms at 20 Mbit/s, about two
 // hops of a long link): one hop (direct) beats 2(n−1) hops (ring) although each rank sends n−1 packets.
@@ -64,10 +65,10 @@ struct ProcessGroup::Op {
   Tensor host;  // f32 [numel] on the CPU: a view of `user`, or a copy of it
   int64_t numel = 0;
   bool copy_back = false;
-  std::vector<int64_t> bounds;  // ring: chunk c is [bounds[c], bounds[c + 1])
-  int hop = 0;                  // ring: the packet index the pending receive waits for
-  Transfer rx;                  // ring: the pending receive
-  std::vector<Transfer> rxs;    // direct: one per member (none for this rank); mesh: their parts of our chunk
+  std::vector<int64_t> bounds;    // ring: chunk c is [bounds[c], bounds[c + 1])
+  int hop = 0;                    // ring: the packet index the pending receive waits for
+  Transfer rx;                    // ring: the pending receive
+  std::vector<Transfer> rxs;      // direct: one per member (none for this rank); mesh: their parts of our chunk
   std::vector<Transfer> gathers;  // mesh: each owner's reduced chunk (none for this rank)
   bool scattered = false;         // mesh: our chunk is reduced and sent
   int gathered = 0;               // mesh: other owners' chunks decoded
@@ -107,8 +108,9 @@ Result<std::unique_ptr<ProcessGroup>> ProcessGroup::create(DataPlane& plane, std
 }
 
 Status ProcessGroup::begin_step(int64_t step, bool keep_running) {
-  if (step <= step_) return invalid_argument(name_ + ": step " + std::to_string(step) + " follows step " +
-                                             std::to_string(step_) + "; steps only go forward");
+  if (step <= step_)
+    return invalid_argument(name_ + ": step " + std::to_string(step) + " follows step " + std::to_string(step_) +
+                            "; steps only go forward");
   for (const auto& op : ops_) {
     if (op->finished && !op->status.ok()) return op->status;
     if (!op->finished && !keep_running)
@@ -139,8 +141,11 @@ Tag ProcessGroup::tag(const Op& op, int packet) const {
 }
 
 std::string ProcessGroup::op_name(const Op& op) const {
-  return std::string(op.ring ? "ring" : op.mesh ? "mesh" : "direct") + " all-reduce #" + std::to_string(op.seq) +
-         " of step " + std::to_string(op.step) + " (" + std::to_string(op.numel) + " values, " + op.opt.spec + ")";
+  return std::string(op.ring   ? "ring"
+                     : op.mesh ? "mesh"
+                               : "direct") +
+         " all-reduce #" + std::to_string(op.seq) + " of step " + std::to_string(op.step) + " (" +
+         std::to_string(op.numel) + " values, " + op.opt.spec + ")";
 }
 
 Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions& options) {
@@ -296,7 +301,8 @@ Status ProcessGroup::advance(Op& o) {
       Transfer& t = o.gathers[j];
       if (!t.valid() || !t.done()) continue;
       Status s = t.status();
-      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
+      if (!s.ok())
+        return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
       const Bytes b = t.take();
       t = Transfer();
       const Shape shape{o.bounds[j + 1] - o.bounds[j]};
@@ -304,7 +310,8 @@ Status ProcessGroup::advance(Op& o) {
       d.expect_shape = &shape;
       Tensor mine = o.chunk(j);
       s = compress::decode_packet(b.data(), b.size(), state(o.opt, j, kPhaseMeshGather, kEndRx), &mine, d);
-      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
+      if (!s.ok())
+        return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
       ++o.gathered;
     }
     return o.scattered && o.gathered == n - 1 ? finish(o) : Status::Ok();
@@ -375,8 +382,8 @@ Status ProcessGroup::reduce_own_chunk(Op& o) {
   LH_RETURN_IF_ERROR(o.chain->encode(mine, state(o.opt, i, kPhaseMeshGather, kEndTx), &p));
   compress::DecodeOptions d;
   d.expect_shape = &shape;
-  LH_RETURN_IF_ERROR(compress::decode_packet(p.bytes.data(), p.bytes.size(),
-                                             state(o.opt, i, kPhaseMeshGather, kEndRx), &mine, d));
+  LH_RETURN_IF_ERROR(
+      compress::decode_packet(p.bytes.data(), p.bytes.size(), state(o.opt, i, kPhaseMeshGather, kEndRx), &mine, d));
   for (int j = 0; j < n; ++j)
     if (j != i) o.tx.push_back(plane_->send(members_[j], tag(o, 1), p.bytes, o.chunk_raw(i)));
   o.rxs.clear();

@@ -30,6 +30,8 @@ DEFAULT_CODECS=(
   "ef+int4|--compress-grad ef+int4"
   "ef+topk:0.01+int4|--compress-grad ef+topk:ratio=0.01+int4"
   "powersgd:rank=4|--compress-grad powersgd:rank=4"
+  "ef+int4 delayed D=1|--compress-grad ef+int4 --sync delayed:D=1"
+  "ef+int4 delayed D=2|--compress-grad ef+int4 --sync delayed:D=2"
   "diloco H=50+int4|--compress-grad int4 --sync diloco:H=50,outer_lr=0.7,outer_momentum=0.9"
 )
 if [ -n "${CODECS:-}" ]; then IFS=';' read -r -a RUNS <<<"$CODECS"; else RUNS=("${DEFAULT_CODECS[@]}"); fi

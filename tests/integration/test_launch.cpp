@@ -226,6 +226,28 @@ TEST_F(Launch, DilocoWithAUnitOuterStepReproducesTrain) {
   expect_launch_matches_train(2, "1f1b", {}, {"--sync", "diloco:H=1,outer_lr=1,outer_momentum=0"});
 }
 
+// --sync delayed through the binary: two replicas and a two-stage pipeline take the same delayed updates (the
+// replicas' averages are the whole batch's gradient), and they differ from every-step updates from step 2 on.
+TEST_F(Launch, DelayedAveragingAgreesAcrossGrids) {
+  const int steps = 4;
+  std::string replicas = temp_path("delayed_dp.jsonl"), stages = temp_path("delayed_pp.jsonl"),
+              every = temp_path("every_dp.jsonl");
+  BinRun a = run(launch_args(2, steps, replicas, {"--dp", "2", "--sync", "delayed:D=1"}));
+  ASSERT_EQ(a.code, 0) << a.output;
+  BinRun b = run(launch_args(2, steps, stages, {"--sync", "delayed:D=1"}));
+  ASSERT_EQ(b.code, 0) << b.output;
+  BinRun c = run(launch_args(2, steps, every, {"--dp", "2"}));
+  ASSERT_EQ(c.code, 0) << c.output;
+  auto la = losses_of(replicas), lb = losses_of(stages), lc = losses_of(every);
+  ASSERT_EQ(la.size(), size_t(steps)) << a.output;
+  ASSERT_EQ(lb.size(), size_t(steps)) << b.output;
+  ASSERT_EQ(lc.size(), size_t(steps)) << c.output;
+  for (auto& [step, loss] : lb) EXPECT_NEAR(la[step], loss, 1e-5 * std::abs(loss)) << "step " << step;
+  // Step 1 starts from the same weights; step 2 of the delayed run still has them, every-step's has one update.
+  EXPECT_NEAR(la[1], lc[1], 1e-5 * std::abs(lc[1]));
+  EXPECT_GT(std::abs(la[2] - lc[2]), 1e-4);
+}
+
 // The end-of-job table shows the replicas' gradient traffic with its codec, compressed.
 TEST_F(Launch, CompressedGradientsAreMeteredAsGrad) {
   std::string metrics = temp_path("grad.jsonl");
@@ -600,6 +622,9 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--dp", "0"}, "--dp"},
       {{"launch", "--workers", "2", "--dp", "2", "--sync", "sometimes"}, "--sync 'sometimes': unknown kind"},
       {{"launch", "--workers", "2", "--dp", "2", "--sync", "diloco:H=0"}, "H must be an integer >= 1"},
+      {{"launch", "--workers", "2", "--dp", "2", "--sync", "delayed:D=0"}, "D must be an integer in 1..8"},
+      {{"launch", "--workers", "2", "--dp", "2", "--sync", "delayed", "--compress-grad", "powersgd:rank=4"},
+       "--sync delayed does not wait for"},
       {{"launch", "--workers", "3", "--pp", "2", "--dp", "2"}, "--workers 3 must equal"},
       {{"launch", "--workers", "3", "--dp", "3", "--batch", "8"}, "--dp 3"},
       {{"launch", "--workers", "2", "--dp", "2", "--compress-grad", "int9"}, "--compress-grad"},

@@ -491,8 +491,10 @@ TEST_F(StageRunnerTest, DelayedCompressedAveragingSendsHalfTheBytesOverTheMesh) 
     return r;
   };
   std::vector<std::vector<float>> params;
-  auto [raw_direct, wire_direct] = grad_bytes(value_of(summarize_step_metrics(run("every-step", "none", &params).metrics)));
-  auto [raw_mesh, wire_mesh] = grad_bytes(value_of(summarize_step_metrics(run("delayed:D=1", "none", &params).metrics)));
+  auto [raw_direct, wire_direct] =
+      grad_bytes(value_of(summarize_step_metrics(run("every-step", "none", &params).metrics)));
+  auto [raw_mesh, wire_mesh] =
+      grad_bytes(value_of(summarize_step_metrics(run("delayed:D=1", "none", &params).metrics)));
   ASSERT_GT(wire_direct, 0u);
   EXPECT_NEAR(double(wire_mesh) / double(wire_direct), 0.5, 0.02);
   PipelineRun c = run("delayed:D=1", "ef+int4", &params);
