@@ -58,8 +58,9 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--sync", f.job.sync,
-                  "how replicas stay together: every-step, delayed:D=1 (each step's average applied D steps "
-                  "later, the exchange under the next steps' compute), or diloco:H=50,outer_lr=0.7,outer_momentum=0.9")
+                  "how replicas stay together: every-step, delayed:D=1[,predict=off] (each step's average applied D "
+                  "steps later, the exchange under the next steps' compute), or "
+                  "diloco:H=50,outer_lr=0.7,outer_momentum=0.9")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")

@@ -35,7 +35,7 @@ Status check_grad_codec_spec(const std::string& spec) {
 
 std::string SyncConfig::to_string() const {
   if (kind == Kind::kEveryStep) return "every-step";
-  if (kind == Kind::kDelayed) return "delayed:D=" + std::to_string(D);
+  if (kind == Kind::kDelayed) return "delayed:D=" + std::to_string(D) + (predict ? "" : ",predict=off");
   auto num = [](double v) {
     std::string t = std::to_string(v);
     while (t.size() > 1 && t.back() == '0') t.pop_back();
@@ -47,7 +47,8 @@ std::string SyncConfig::to_string() const {
 
 Result<SyncConfig> parse_sync(const std::string& text) {
   SyncConfig c;
-  const std::string grammar = "expected every-step, delayed[:D=N] or diloco[:H=N,outer_lr=X,outer_momentum=M]";
+  const std::string grammar =
+      "expected every-step, delayed[:D=N,predict=on|off] or diloco[:H=N,outer_lr=X,outer_momentum=M]";
   if (text == "every-step") return c;
   const size_t colon = text.find(':');
   const std::string kind = text.substr(0, colon);
@@ -64,9 +65,13 @@ Result<SyncConfig> parse_sync(const std::string& text) {
     if (eq == std::string::npos)
       return invalid_argument("--sync '" + text + "': '" + item + "' is not KEY=VALUE; " + grammar);
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (c.delayed() != (key == "D"))
+    if (c.delayed() != (key == "D" || key == "predict"))
       return invalid_argument("--sync '" + text + "': " + kind + " has no key '" + key + "'; " + grammar);
-    if (key == "D") {
+    if (key == "predict") {
+      if (value != "on" && value != "off")
+        return invalid_argument("--sync '" + text + "': predict is on or off, got '" + value + "'");
+      c.predict = value == "on";
+    } else if (key == "D") {
       auto d = parse_int(value, "D");
       if (!d.ok() || *d < 1 || *d > kMaxSyncDelay)
         return invalid_argument("--sync '" + text + "': D must be an integer in 1.." + std::to_string(kMaxSyncDelay) +

@@ -296,6 +296,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     tp_changes_.erase(tp_changes_.begin());
   }
   LH_RETURN_IF_ERROR(model_.zero_grad());
+  LH_RETURN_IF_ERROR(predict_weights());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;
   if (subspace_) {
@@ -318,14 +319,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   StageStepResult r;
   r.step = step;
   if (options_.sync.delayed()) {
-    // Step t applies the average of step t − D; the last step applies every one still in flight.
-    for (int64_t from : reducer_->steps_in_flight()) {
-      if (from > step - options_.sync.D && step < train_.steps) break;
-      Status s = reducer_->finish_step(from);
-      if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
-      LH_ASSIGN_OR_RETURN(r.grad_norm, apply_update(from));
-      r.lr = lr_at(train_, from);
-    }
+    LH_RETURN_IF_ERROR(apply_delayed_updates(step, &r));
   } else {
     if (reducer_) {
       Status s = reducer_->finish();
@@ -348,37 +342,6 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   r.seconds = seconds_since(t0);
   last_ = r;
   return r;
-}
-
-Result<float> StageRunner::apply_update(int64_t step) {
-  // Clip by the norm of the whole model's gradient, as the single-process trainer does. Parameters every tp shard
-  // holds whole count on shard 0 only.
-  std::vector<ParamGroup*> groups = model_.param_groups();
-  double local_sq = 0;
-  for (ParamGroup* g : groups) {
-    if (shard_ == 0) {
-      local_sq += sum_squares(model_.exec(), g->grads.data<float>(), g->numel);
-      continue;
-    }
-    for (int i = 0; i < static_cast<int>(g->slices.size()); ++i)
-      if (!g->slices[i].tp_replicated) local_sq += sum_squares(model_.exec(), g->grad(i), g->slices[i].numel());
-  }
-  double total_sq = local_sq;
-  if (grad_norm_) {
-    LH_ASSIGN_OR_RETURN(total_sq, grad_norm_->total_sq(step, local_sq));
-  }
-  const float norm = static_cast<float>(std::sqrt(total_sq));
-  if (!std::isfinite(norm))
-    return out_of_range("gradient norm is " + std::to_string(norm) + " at step " + std::to_string(step) +
-                        "; the run diverged (try a lower --lr)");
-  if (train_.grad_clip > 0 && norm > train_.grad_clip)
-    for (ParamGroup* g : groups)
-      scale_inplace(model_.exec(), g->grads.data<float>(), train_.grad_clip / norm, g->numel);
-  AdamWConfig acfg;
-  acfg.lr = lr_at(train_, step);
-  acfg.weight_decay = train_.weight_decay;
-  LH_RETURN_IF_ERROR(opt_.step(model_.exec(), groups, acfg, /*clip=*/0.f, step).status());
-  return norm;
 }
 
 WorkerStepMetrics StageRunner::take_step_metrics() {

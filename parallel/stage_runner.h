@@ -2,7 +2,8 @@
 // (plus embedding on the first stage, head and loss on the last), executes its PipelineSchedule
 // list each step with codecs on every link and the DataPlane's non-blocking sends and receives,
 // and takes the optimizer step with the gradient norm of the whole model. Used by `longhaul worker`.
-// Its links live in PipelineBoundary, the norm in GradNormSource; evaluate() is in stage_runner_eval.cpp.
+// Its links live in PipelineBoundary, the norm in GradNormSource; evaluate() is in stage_runner_eval.cpp, the
+// optimizer updates (and --sync delayed's) in stage_runner_update.cpp.
 #pragma once
 
 #include <chrono>
@@ -111,6 +112,11 @@ class StageRunner {
   Result<float> apply_update(int64_t step);
   // Whether compute stops between blocks to let the reducer's averages move (--sync delayed: they run under it).
   bool polls_reducer() const { return reducer_ && options_.sync.delayed(); }
+  // --sync delayed: the step's optimizer updates (the averages due, or every one in flight during the warmup and at
+  // the last step), and the weight prediction around a step's compute.
+  Status apply_delayed_updates(int64_t step, StageStepResult* r);
+  Status predict_weights();
+  Status restore_weights();
   // The mean over the dp group of a value every replica computed on its slice (the value itself for dp = 1).
   Result<double> replica_mean(double value);
   // The stable id of one of this stage's parameter groups for the reducer's codec streams: embedding 0,
@@ -140,6 +146,10 @@ class StageRunner {
   std::string tp_spec_ = "none";
   std::map<int64_t, std::string> tp_changes_;  // from step → spec, not yet applied
   bool evaluating_ = false;                    // tp sums of evaluation use their own codec streams
+  // --sync delayed with predict: the weights themselves while the step computes at predicted ones, and the change
+  // the last optimizer update made, per parameter group (host copies: two more copies of the stage's weights).
+  std::vector<std::vector<float>> real_params_, last_update_;
+  bool predicted_ = false;
   Gpt model_;
   AdamW opt_;
 

@@ -389,10 +389,12 @@ TEST_F(StageRunnerTest, DilocoReplicasTrainApartAndMeetAtEverySync) {
   EXPECT_EQ(sync_steps, 2);
 }
 
-// The single-process model trained with delayed updates, written out step by step: the gradient of step t (taken
-// at the weights of that moment) is applied at step t + D with the learning rate of step t, and the last step
-// applies every gradient still pending. Returns the loss per step; `val_loss` after the last.
-std::vector<float> reference_delayed_losses(const TrainConfig& cfg, int steps, int D, float* val_loss) {
+// The single-process model trained with delayed updates, written out step by step: the gradient of step t is
+// applied at step t + D with the learning rate of step t; during the warmup and at the last step every pending
+// gradient is applied. With `predict`, step t's gradient is taken at the weights plus the last update times the
+// number of updates pending, and the update goes to the weights themselves. Returns the loss per step; `val_loss`
+// after the last.
+std::vector<float> reference_delayed_losses(const TrainConfig& cfg, int steps, int D, bool predict, float* val_loss) {
   TextDataset data = value_of(TextDataset::from_file(cfg.data, cfg.model.seq));
   Gpt model = value_of(Gpt::create(cfg.model, Device::cpu, cfg.seed, GptParts{}));
   AdamW opt;
@@ -402,29 +404,50 @@ std::vector<float> reference_delayed_losses(const TrainConfig& cfg, int steps, i
   std::vector<int32_t> tok, tgt;
   std::vector<std::pair<int, std::vector<std::vector<float>>>> pending;  // (step, grads per group)
   std::vector<float> losses;
-  auto apply = [&](int from) {
-    auto& [step, grads] = pending.front();
-    EXPECT_EQ(step, from);
-    std::vector<ParamGroup*> groups = model.param_groups();
+  std::vector<ParamGroup*> groups = model.param_groups();
+  auto weights = [&] {
+    std::vector<std::vector<float>> w;
+    for (ParamGroup* g : groups) w.push_back(g->params.to_vector());
+    return w;
+  };
+  auto set_weights = [&](const std::vector<std::vector<float>>& w) {
+    for (size_t i = 0; i < groups.size(); ++i)
+      EXPECT_TRUE(groups[i]->params.copy_from(Tensor::from_vector(w[i], groups[i]->params.shape())).ok());
+  };
+  std::vector<std::vector<float>> last_update;
+  auto apply = [&] {
+    auto& [from, grads] = pending.front();
     for (size_t i = 0; i < groups.size(); ++i)
       EXPECT_TRUE(groups[i]->grads.copy_from(Tensor::from_vector(grads[i], groups[i]->grads.shape())).ok());
     AdamWConfig a;
     a.lr = lr_at(cfg, from);
     a.weight_decay = cfg.weight_decay;
+    const auto before = weights();
     EXPECT_TRUE(opt.step(model.exec(), groups, a, cfg.grad_clip, from).ok());
+    last_update = weights();
+    for (size_t i = 0; i < groups.size(); ++i)
+      for (size_t k = 0; k < before[i].size(); ++k) last_update[i][k] -= before[i][k];
     pending.erase(pending.begin());
   };
   for (int t = 1; t <= steps; ++t) {
     sampler.next(&tok, &tgt);
     EXPECT_TRUE(model.zero_grad().ok());
+    const auto real = weights();
+    if (predict && !pending.empty()) {
+      auto w = real;
+      for (size_t i = 0; i < w.size(); ++i)
+        for (size_t k = 0; k < w[i].size(); ++k) w[i][k] += float(pending.size()) * last_update[i][k];
+      set_weights(w);
+    }
     losses.push_back(value_of(model.forward(cache, tok.data(), tgt.data(), cfg.batch, cfg.model.seq)));
     EXPECT_TRUE(model.backward(cache).ok());
+    set_weights(real);
     std::vector<std::vector<float>> grads;
-    for (ParamGroup* g : model.param_groups()) grads.push_back(g->grads.to_vector());
+    for (ParamGroup* g : groups) grads.push_back(g->grads.to_vector());
     pending.emplace_back(t, std::move(grads));
-    if (t > D) apply(t - D);
+    const bool all = t <= cfg.warmup || t == steps;
+    while (!pending.empty() && (all || pending.front().first <= t - D)) apply();
   }
-  while (!pending.empty()) apply(pending.front().first);
   BatchSampler val(&data, Split::val, cfg.batch, cfg.model.seq, cfg.seed);
   double total = 0;
   for (int i = 0; i < cfg.eval_batches; ++i) {
@@ -437,40 +460,46 @@ std::vector<float> reference_delayed_losses(const TrainConfig& cfg, int steps, i
 
 TEST_F(StageRunnerTest, DelayedAveragingAppliesEachStepsGradientDStepsLater) {
   TrainConfig cfg = tiny_config();
-  const int steps = 5;
+  const int steps = 6;
   cfg.steps = steps;
-  for (int D : {1, 2}) {
+  cfg.warmup = 2;  // steps 1 and 2 apply their own averages
+  for (auto [D, predict] : {std::pair{1, false}, std::pair{1, true}, std::pair{2, true}}) {
     float ref_val = 0;
-    const std::vector<float> ref = reference_delayed_losses(cfg, steps, D, &ref_val);
-    // The first D + 1 steps see the initial weights; after that the weights move.
-    for (int i = 1; i <= D; ++i) EXPECT_NE(ref[i], ref[0]);  // (different batches)
+    const std::vector<float> ref = reference_delayed_losses(cfg, steps, D, predict, &ref_val);
     for (auto [S, dp] : {std::pair{1, 1}, std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 4}}) {
       GridSpec g;
       g.S = S;
       g.dp = dp;
       g.M = 2;
       g.steps = steps;
-      g.sync = value_of(parse_sync("delayed:D=" + std::to_string(D)));
+      g.sync = value_of(parse_sync("delayed:D=" + std::to_string(D) + (predict ? "" : ",predict=off")));
       std::vector<std::vector<float>> params;
       PipelineRun run = run_grid(cfg, g, &params);
-      const std::string what = "D=" + std::to_string(D) + " pp " + std::to_string(S) + " dp " + std::to_string(dp);
+      const std::string what = "D=" + std::to_string(D) + (predict ? " predict" : "") + " pp " + std::to_string(S) +
+                               " dp " + std::to_string(dp);
       for (size_t r = 0; r < run.statuses.size(); ++r)
         ASSERT_TRUE(run.statuses[r].ok()) << what << " rank " << r << ": " << run.statuses[r].to_string();
       ASSERT_EQ(run.losses.size(), size_t(steps)) << what;
       for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * ref[i]) << what << " step " << i + 1;
       ASSERT_TRUE(run.val_loss.has_value()) << what;
       EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << what;
-      // Nothing is applied during the first D steps: their norms are reported as 0; later ones are real.
-      for (int i = 0; i < steps; ++i) EXPECT_EQ(run.grad_norms[i] == 0, i < D) << what << " step " << i + 1;
+      // After the warmup, the first D steps apply nothing: their norms are reported as 0; the others are real.
+      for (int t = 1; t <= steps; ++t)
+        EXPECT_EQ(run.grad_norms[t - 1] == 0, t > cfg.warmup && t <= cfg.warmup + D) << what << " step " << t;
       Topology topo = value_of(Topology::create(S * dp, S, 1, dp));
       for (int r = 0; r < S * dp; ++r)
         EXPECT_EQ(params[r], params[topo.rank_of({topo.coord_of(r).stage, 0, 0})]) << what << " rank " << r;
     }
   }
-  // A synchronous run differs from step 2 on: the test above can tell delayed from every-step updates.
+  // The references differ from each other and from every-step training after the warmup, so the test above can tell
+  // them apart.
   const std::vector<float> sync = reference_losses(cfg, steps);
   float unused = 0;
-  EXPECT_GT(std::fabs(sync[2] - reference_delayed_losses(cfg, steps, 1, &unused)[2]), 1e-4);
+  const std::vector<float> plain = reference_delayed_losses(cfg, steps, 1, false, &unused),
+                           predicted = reference_delayed_losses(cfg, steps, 1, true, &unused);
+  for (int i = 0; i <= cfg.warmup; ++i) EXPECT_NEAR(plain[i], sync[i], 1e-5 * sync[i]) << "step " << i + 1;
+  EXPECT_GT(std::fabs(sync[3] - plain[3]), 1e-4);
+  EXPECT_GT(std::fabs(predicted[4] - plain[4]), 1e-4);
 }
 
 TEST_F(StageRunnerTest, DelayedCompressedAveragingSendsHalfTheBytesOverTheMesh) {
@@ -502,7 +531,7 @@ TEST_F(StageRunnerTest, DelayedCompressedAveragingSendsHalfTheBytesOverTheMesh) 
   EXPECT_LT(wire_c * 6, wire_mesh);
   for (int r = 1; r < 4; ++r) EXPECT_EQ(params[r], params[0]) << "replica " << r;
   float ref_val = 0;
-  reference_delayed_losses(cfg, 4, 1, &ref_val);
+  reference_delayed_losses(cfg, 4, 1, true, &ref_val);
   ASSERT_TRUE(c.val_loss.has_value());
   EXPECT_NEAR(*c.val_loss, ref_val, 0.05 * ref_val);
 }
@@ -520,7 +549,9 @@ TEST(SyncConfigTest, ParsesAndNamesBadParts) {
   SyncConfig l = value_of(parse_sync("delayed"));
   EXPECT_TRUE(l.delayed());
   EXPECT_EQ(l.D, 1);
+  EXPECT_TRUE(l.predict);
   EXPECT_EQ(value_of(parse_sync("delayed:D=3")).to_string(), "delayed:D=3");
+  EXPECT_EQ(value_of(parse_sync("delayed:predict=off,D=2")).to_string(), "delayed:D=2,predict=off");
   EXPECT_FALSE(check_grad_codec_spec("powersgd:rank=4", l).ok());
   EXPECT_TRUE(check_grad_codec_spec("ef+int4", l).ok());
   for (auto [text, says] : std::vector<std::pair<std::string, std::string>>{
@@ -535,6 +566,7 @@ TEST(SyncConfigTest, ParsesAndNamesBadParts) {
            {"delayed:D=0", "D must be an integer in 1..8"},
            {"delayed:D=9", "D must be an integer in 1..8"},
            {"delayed:H=2", "delayed has no key 'H'"},
+           {"delayed:predict=yes", "predict is on or off"},
            {"diloco:D=2", "diloco has no key 'D'"},
        }) {
     auto r = parse_sync(text);
