@@ -13,7 +13,8 @@ constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2, kP
               kPhaseMeshGather = 4;
 constexpr int kEndTx = 0, kEndRx = 1;
 // Below this many packet bytes a WAN all-reduce is bound by latency (256 KiB is 100 ms at 20 Mbit/s, about two
-// hops of a long link): one hop (direct) beats 2(n−1) hops (ring) although each rank sends n−1 packets.
+// hops of a long link): one hop (direct) beats the mesh's two although each pair link carries the whole packet
+// instead of 2/n of it (at 50 ms and 20 Mbit/s the two break even near 250 KiB for n = 4).
 constexpr int64_t kDirectBelowBytes = 256 * 1024;
 // Tag fields the collectives use: the op's sequence number goes in the microbatch slot, the packet's index
 // within the op (between one ordered pair of members) in the shard slot.
