@@ -260,7 +260,7 @@ Status StageRunner::schedule_grad_codec(const std::string& spec, int64_t from_st
   if (from_step <= last_.step)
     return invalid_argument("set-codec --role grad: step " + std::to_string(from_step) + " has already begun");
   {
-    Status s = check_grad_codec_spec(spec);
+    Status s = check_grad_codec_spec(spec, options_.sync);
     if (!s.ok()) return s.prepend("set-codec --role grad '" + spec + "'");
   }
   grad_changes_[from_step] = spec;

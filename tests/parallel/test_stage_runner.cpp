@@ -652,6 +652,19 @@ TEST_F(StageRunnerTest, RefusesBadSetups) {
   big.batch = 512;
   expect(StageRunner::create(big, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
          "use fewer --microbatches or more stages");
+  // A live gradient-codec switch is checked against the job's --sync, as the flags are: PowerSGD cannot follow
+  // delayed averaging, so the switch is refused when it is asked for, not at the step it would apply.
+  opts = StageRunnerOptions{};
+  opts.microbatches = 2;
+  opts.sync = value_of(parse_sync("delayed:D=1"));
+  LocalDataPlane solo(fabric, 0, 1);
+  Topology one = value_of(Topology::pipeline(1));
+  CodecSchedule one_codecs(one, value_of(CodecPlan::create(one, "none", "none", {})));
+  auto runner = value_of(StageRunner::create(cfg, one, value_of(Partition::even(4, 1)), 0, opts, solo, one_codecs));
+  Status s = runner->schedule_grad_codec("powersgd:rank=4", 2);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--sync delayed does not wait for"), std::string::npos) << s.message();
+  EXPECT_TRUE(runner->schedule_grad_codec("int8", 2).ok());
 }
 
 // A tp grid on threads: tiny_config with 4 heads.
