@@ -231,13 +231,8 @@ Status ProcessGroup::on_packet(Op& o, Bytes packet) {
   const compress::CodecChain& ch = *o.chain;
   const int h = o.hop;
   auto decode_into = [&](const Bytes& b, int c, int phase, Tensor* out) -> Status {
-    const Shape shape{o.bounds[c + 1] - o.bounds[c]};
-    compress::DecodeOptions d;
-    d.expect_shape = &shape;
-    Status s = compress::decode_packet(b.data(), b.size(), state(o.opt, c, phase, kEndRx), out, d);
-    return s.ok() ? s
-                  : s.prepend(name_ + ": " + op_name(o) + ", packet " + std::to_string(h) + " from rank " +
-                              std::to_string(prev));
+    return decode(o, b, Shape{o.bounds[c + 1] - o.bounds[c]}, c, phase, out,
+                  "packet " + std::to_string(h) + " from rank " + std::to_string(prev));
   };
   if (h < n - 1) {  // reduce-scatter: add our contribution to the partial sum of chunk c
     const int c = wrap(i - h - 1, n);
@@ -301,18 +296,13 @@ Status ProcessGroup::advance(Op& o) {
     for (int j = 0; j < n; ++j) {
       Transfer& t = o.gathers[j];
       if (!t.valid() || !t.done()) continue;
+      const std::string what = "reduced chunk from rank " + std::to_string(members_[j]);
       Status s = t.status();
-      if (!s.ok())
-        return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
+      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", " + what);
       const Bytes b = t.take();
       t = Transfer();
-      const Shape shape{o.bounds[j + 1] - o.bounds[j]};
-      compress::DecodeOptions d;
-      d.expect_shape = &shape;
       Tensor mine = o.chunk(j);
-      s = compress::decode_packet(b.data(), b.size(), state(o.opt, j, kPhaseMeshGather, kEndRx), &mine, d);
-      if (!s.ok())
-        return s.prepend(name_ + ": " + op_name(o) + ", reduced chunk from rank " + std::to_string(members_[j]));
+      LH_RETURN_IF_ERROR(decode(o, b, mine.shape(), j, kPhaseMeshGather, &mine, what));
       ++o.gathered;
     }
     return o.scattered && o.gathered == n - 1 ? finish(o) : Status::Ok();
@@ -332,11 +322,8 @@ Status ProcessGroup::advance(Op& o) {
       if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", from rank " + std::to_string(members_[j]));
       b = o.rxs[j].take();
     }
-    compress::DecodeOptions d;
-    d.expect_shape = &shape;
-    Tensor* out = j == 0 ? &sum : &part;
-    Status s = compress::decode_packet(b.data(), b.size(), state(o.opt, j, kPhaseDirect, kEndRx), out, d);
-    if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", from rank " + std::to_string(members_[j]));
+    LH_RETURN_IF_ERROR(
+        decode(o, b, shape, j, kPhaseDirect, j == 0 ? &sum : &part, "from rank " + std::to_string(members_[j])));
     if (j > 0) {
       float* dst = sum.data<float>();
       const float* src = part.data<float>();
@@ -365,13 +352,10 @@ Status ProcessGroup::reduce_own_chunk(Op& o) {
   for (int j = 0; j < n; ++j) {
     const float* src = mine.data<float>();
     if (j != i) {
+      const std::string what = "part from rank " + std::to_string(members_[j]);
       Status s = o.rxs[j].status();
-      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", part from rank " + std::to_string(members_[j]));
-      const Bytes b = o.rxs[j].take();
-      compress::DecodeOptions d;
-      d.expect_shape = &shape;
-      s = compress::decode_packet(b.data(), b.size(), state(o.opt, j, kPhaseMeshScatter, kEndRx), &part, d);
-      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", part from rank " + std::to_string(members_[j]));
+      if (!s.ok()) return s.prepend(name_ + ": " + op_name(o) + ", " + what);
+      LH_RETURN_IF_ERROR(decode(o, o.rxs[j].take(), shape, j, kPhaseMeshScatter, &part, what));
       src = part.data<float>();
     }
     for (int64_t k = 0; k < m; ++k) sum[k] += src[k];
@@ -381,15 +365,20 @@ Status ProcessGroup::reduce_own_chunk(Op& o) {
   for (int64_t k = 0; k < m; ++k) dst[k] = sum[k] * scale;
   compress::Packet p;
   LH_RETURN_IF_ERROR(o.chain->encode(mine, state(o.opt, i, kPhaseMeshGather, kEndTx), &p));
-  compress::DecodeOptions d;
-  d.expect_shape = &shape;
-  LH_RETURN_IF_ERROR(
-      compress::decode_packet(p.bytes.data(), p.bytes.size(), state(o.opt, i, kPhaseMeshGather, kEndRx), &mine, d));
+  LH_RETURN_IF_ERROR(decode(o, p.bytes, shape, i, kPhaseMeshGather, &mine, "its own reduced chunk"));
   for (int j = 0; j < n; ++j)
     if (j != i) o.tx.push_back(plane_->send(members_[j], tag(o, 1), p.bytes, o.chunk_raw(i)));
   o.rxs.clear();
   o.scattered = true;
   return Status::Ok();
+}
+
+Status ProcessGroup::decode(Op& o, const Bytes& packet, const Shape& shape, int chunk, int phase, Tensor* out,
+                            const std::string& what) {
+  compress::DecodeOptions d;
+  d.expect_shape = &shape;
+  Status s = compress::decode_packet(packet.data(), packet.size(), state(o.opt, chunk, phase, kEndRx), out, d);
+  return s.ok() ? s : s.prepend(name_ + ": " + op_name(o) + ", " + what);
 }
 
 // A finished op keeps only what wait_all and errors need: its buffers go at once, and its sends as they complete

@@ -94,7 +94,11 @@ class ProcessGroup {
   Status advance(Op& op);  // processes every arrived packet of op
   Status on_packet(Op& op, Bytes packet);
   Status finish(Op& op);
-  Status reduce_own_chunk(Op& op);  // mesh: the owner sums its chunk's contributions and sends the result to all
+  Status reduce_own_chunk(Op& op);
+  // Decodes a packet of `op` that must hold `shape`, with the op's receive state for (chunk, phase); an error names
+  // the group, the op and `what` (e.g. "from rank 3").
+  Status decode(Op& op, const Bytes& packet, const Shape& shape, int chunk, int phase, Tensor* out,
+                const std::string& what);  // mesh: the owner sums its chunk's contributions and sends the result to all
   // The receive that `op` (or an earlier op on its stream, which it waits behind) needs next; invalid if none.
   Transfer pending_transfer(const Op& op) const;
   compress::StreamState& state(const CollectiveOptions& opt, int chunk, int phase, int end);

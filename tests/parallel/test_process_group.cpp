@@ -286,8 +286,9 @@ TEST(ProcessGroupTest, OpsOfOneStepRunOnBesideTheNextStepsOps) {
       for (int64_t k = 0; k < numel; ++k) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += input_of(r, step, numel)[k];
-        if (spec == "none")
+        if (spec == "none") {
           ASSERT_NEAR(got[k], want, 1e-5 * (1 + std::fabs(want))) << "step " << step << " value " << k;
+        }
         err += (got[k] - want) * (got[k] - want);
         norm += want * want;
       }
