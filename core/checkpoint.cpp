@@ -80,16 +80,21 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   put_u64(header + 16, payload.size());
   put_u64(header + 24, XXH64(payload.data(), payload.size(), 0));
 
+  std::string bytes(reinterpret_cast<const char*>(header), sizeof(header));
+  bytes += payload;
+  return write_file_atomically(path, bytes);
+}
+
+Status write_file_atomically(const std::string& path, const std::string& bytes) {
   // The temp file lives beside the target so rename() stays within one filesystem and is atomic.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("cannot create checkpoint temp file '" + tmp + "': " + errno_text());
-  Status s = write_all(fd, header, sizeof(header), tmp);
-  if (s.ok()) s = write_all(fd, payload.data(), payload.size(), tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = io_error("fsync of checkpoint '" + tmp + "': " + errno_text());
-  if (::close(fd) != 0 && s.ok()) s = io_error("closing checkpoint '" + tmp + "': " + errno_text());
+  if (fd < 0) return io_error("cannot create temp file '" + tmp + "': " + errno_text());
+  Status s = write_all(fd, bytes.data(), bytes.size(), tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = io_error("fsync of '" + tmp + "': " + errno_text());
+  if (::close(fd) != 0 && s.ok()) s = io_error("closing '" + tmp + "': " + errno_text());
   if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
-    s = io_error("renaming checkpoint '" + tmp + "' to '" + path + "': " + errno_text());
+    s = io_error("renaming '" + tmp + "' to '" + path + "': " + errno_text());
   if (!s.ok()) {
     ::unlink(tmp.c_str());
     return s;
@@ -103,19 +108,33 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   return Status::Ok();
 }
 
+Result<std::string> read_whole_file(const std::string& path, uint64_t max_bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return not_found("'" + path + "': " + errno_text());
+  if (S_ISDIR(st.st_mode)) return invalid_argument("'" + path + "' is a directory");
+  if (uint64_t(st.st_size) > max_bytes)
+    return corrupt("'" + path + "' holds " + std::to_string(st.st_size) + " bytes, more than the " +
+                   std::to_string(max_bytes) + " expected");
+  FILE* fp = std::fopen(path.c_str(), "rb");
+  if (!fp) return io_error("'" + path + "' cannot be opened: " + errno_text());
+  std::string bytes;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), fp)) > 0 && bytes.size() <= max_bytes) bytes.append(buf, n);
+  const bool read_error = std::ferror(fp) != 0;
+  std::fclose(fp);
+  if (read_error) return io_error("'" + path + "': read failed");
+  if (bytes.size() > max_bytes) return corrupt("'" + path + "' grew past " + std::to_string(max_bytes) + " bytes");
+  return bytes;
+}
+
 Result<Checkpoint> load_checkpoint(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return not_found("checkpoint '" + path + "': " + errno_text());
   if (S_ISDIR(st.st_mode)) return invalid_argument("checkpoint '" + path + "' is a directory");
-  FILE* fp = std::fopen(path.c_str(), "rb");
-  if (!fp) return io_error("checkpoint '" + path + "' cannot be opened: " + errno_text());
-  std::string bytes;
-  char buf[1 << 16];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), fp)) > 0) bytes.append(buf, n);
-  const bool read_error = std::ferror(fp) != 0;
-  std::fclose(fp);
-  if (read_error) return io_error("checkpoint '" + path + "': read failed");
+  auto read = read_whole_file(path, uint64_t(1) << 40);
+  if (!read.ok()) return Status(read.status()).prepend("checkpoint");
+  const std::string& bytes = *read;
 
   const std::string where = "checkpoint '" + path + "': ";
   if (bytes.size() < kCheckpointHeaderBytes)

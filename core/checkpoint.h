@@ -47,6 +47,12 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // what is wrong, and nothing of it is returned.
 Result<Checkpoint> load_checkpoint(const std::string& path);
 
+// Writes `bytes` to `path` atomically (a temp file beside it, fsync, rename, fsync of the directory): a crash
+// leaves the old file or the new one, never a torn one.
+Status write_file_atomically(const std::string& path, const std::string& bytes);
+// The whole file; more than `max_bytes` is a kCorrupt error (nothing larger is allocated).
+Result<std::string> read_whole_file(const std::string& path, uint64_t max_bytes);
+
 // "step_00000100.lhckpt": checkpoints of one run sort by step.
 std::string checkpoint_filename(int64_t step);
 // The checkpoint with the highest step in `dir`, or kNotFound.

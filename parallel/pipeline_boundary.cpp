@@ -192,4 +192,18 @@ std::string PipelineBoundary::spec_of(const LinkTraffic& t, int64_t step) const 
   return codecs_->spec_at(*link, act ? LinkDir::kFwd : LinkDir::kBwd, step);
 }
 
+Status PipelineBoundary::check_streams(const BoundaryStreams& saved) const {
+  if (saved.fwd_rx.size() != fwd_rx_.size() || saved.bwd_rx.size() != bwd_rx_.size())
+    return invalid_argument("the saved link streams have " + std::to_string(saved.fwd_rx.size()) +
+                            " receive slices, this boundary " + std::to_string(fwd_rx_.size()));
+  return Status::Ok();
+}
+
+void PipelineBoundary::set_streams(BoundaryStreams saved) {
+  fwd_tx_ = std::move(saved.fwd_tx);
+  bwd_tx_ = std::move(saved.bwd_tx);
+  fwd_rx_ = std::move(saved.fwd_rx);
+  bwd_rx_ = std::move(saved.bwd_rx);
+}
+
 }  // namespace lh

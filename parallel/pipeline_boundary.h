@@ -23,6 +23,17 @@ namespace lh {
 // the other shards of its stage replica (same role, over the tp pairs); every shard decodes every slice, each with
 // that slice's stream state, into the whole tensor. So a pipeline link carries the activation once, not tp times,
 // and every shard still holds the same bits.
+// The codec stream states of a boundary's link ends (for job checkpoints): what it sends on each way, and one state
+// per slice of what it receives.
+struct BoundaryStreams {
+  compress::StreamState fwd_tx{compress::Role::activation}, bwd_tx{compress::Role::activation_grad};
+  std::vector<compress::StreamState> fwd_rx, bwd_rx;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(fwd_tx, bwd_tx, fwd_rx, bwd_rx);
+  }
+};
+
 class PipelineBoundary {
  public:
   PipelineBoundary() = default;
@@ -46,6 +57,12 @@ class PipelineBoundary {
   Status send_activation_grad(int64_t step, int mb, const Tensor& payload, uint64_t raw_bytes);
   // Waits for every send of the step; the first failure names its peer.
   Status wait_sends(int64_t step);
+
+  // Its stream states, for a checkpoint; check_streams says whether saved ones fit this boundary (one receive
+  // state per tp slice), set_streams puts them in place (between steps).
+  BoundaryStreams streams() const { return {fwd_tx_, bwd_tx_, fwd_rx_, bwd_rx_}; }
+  Status check_streams(const BoundaryStreams& saved) const;
+  void set_streams(BoundaryStreams saved);
 
   // The chain in force on the link this stage sends on in `dir` at `step`.
   const compress::CodecChain& chain_for(LinkDir dir, int64_t step);

@@ -94,6 +94,17 @@ class StageRunner {
   // without tp, for a step already begun, or for a bad spec.
   Status schedule_tp_codec(const std::string& spec, int64_t from_step);
 
+  // This worker's shard of a job checkpoint, between steps: parameters and AdamW moments, every codec stream state
+  // (pipeline links, the replicas' reducer, the tp group), the codecs in force and scheduled, and `data_rng` (the
+  // caller's sampler position). Refused with --sync delayed steps in flight. Portable binary (cereal).
+  Result<std::string> save_state(const Rng& data_rng);
+  // Restores a save_state of the same rank, grid and stage span into a runner that has not stepped; the next step
+  // is the saved step + 1. Returns the data sampler's position. Bad or foreign bytes are an error naming what is
+  // wrong, and nothing is changed.
+  Result<Rng> load_state(const std::string& bytes);
+  // The last step taken (or loaded).
+  int64_t last_step() const { return last_.step; }
+
   // The metrics line of the last step: loss, tokens/s and every link's traffic since the previous
   // call (taken from the data plane's meter, which is reset), each annotated with its codec.
   WorkerStepMetrics take_step_metrics();

@@ -73,6 +73,10 @@ struct GridSpec {
   int steps = 4;
   int change_at = 0;  // > 0: link 0-1 fwd switches to new_spec at this step
   std::string new_spec;
+  // > 0: after this step every rank saves its state, drops its runner and codec schedule, and goes on with fresh
+  // ones loaded from the saved bytes (as a worker does after a rollback); `state_bytes` gets each rank's size.
+  int reload_after = 0;
+  std::vector<size_t>* state_bytes = nullptr;
 };
 
 // Bits of every parameter a rank holds, for comparing replicas.
@@ -118,7 +122,7 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
       const std::string& new_spec = g.new_spec;
       LocalDataPlane plane(fabric, rank, W);
       plane.set_meter(std::make_shared<LinkMeter>(rank));
-      CodecSchedule codecs(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
+      auto schedule = std::make_unique<CodecSchedule>(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
       StageRunnerOptions opts;
       opts.microbatches = M;
       opts.schedule = g.kind;
@@ -127,7 +131,7 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
       opts.compress_tp = g.tp_codec;
       opts.tp_heads = g.tp_heads;
       opts.receive_timeout = std::chrono::seconds(60);
-      auto runner = StageRunner::create(cfg, topo, part, rank, opts, plane, codecs);
+      auto runner = StageRunner::create(cfg, topo, part, rank, opts, plane, *schedule);
       if (!runner.ok()) {
         run.statuses[rank] = runner.status();
         return;
@@ -135,8 +139,30 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
       BatchSampler sampler(&data, Split::train, cfg.batch, cfg.model.seq, cfg.seed);
       std::vector<int32_t> tok, tgt;
       for (int step = 1; step <= steps; ++step) {
+        if (step == g.reload_after + 1 && g.reload_after > 0) {
+          auto bytes = (*runner)->save_state(sampler.rng());
+          if (!bytes.ok()) {
+            run.statuses[rank] = bytes.status();
+            return;
+          }
+          if (g.state_bytes) (*g.state_bytes)[size_t(rank)] = bytes->size();
+          runner = Result<std::unique_ptr<StageRunner>>(internal_error("dropped"));
+          schedule = std::make_unique<CodecSchedule>(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
+          // The link codec history comes back from the job (a Plan lists every change); the rest from the bytes.
+          if (change_at > 0 && change_at <= g.reload_after && S > 1) {
+            EXPECT_TRUE(schedule->schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, change_at}).ok());
+          }
+          runner = StageRunner::create(cfg, topo, part, rank, opts, plane, *schedule);
+          Result<Rng> pos = runner.ok() ? (*runner)->load_state(*bytes) : Result<Rng>(runner.status());
+          Status s = pos.ok() ? sampler.restore(*pos) : pos.status();
+          if (!s.ok()) {
+            run.statuses[rank] = s;
+            return;
+          }
+          EXPECT_EQ((*runner)->last_step(), g.reload_after);
+        }
         if (step == change_at && S > 1) {
-          Status s = codecs.schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, step});
+          Status s = schedule->schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, step});
           if (!s.ok()) {
             run.statuses[rank] = s;
             return;
@@ -329,6 +355,105 @@ TEST_F(StageRunnerTest, CompressedGradientsKeepReplicasIdenticalAndSendFewerByte
     ASSERT_GT(raw, 0u) << spec;
     EXPECT_LT(wire * 3, raw) << spec;
   }
+}
+
+// A worker that rolls back to a job checkpoint rebuilds its runner and loads its saved state: the run must go on
+// with the same bits as one that never stopped, for every kind of state a stage carries (error feedback on links,
+// in the replicas' reducer and in the tp sums, PowerSGD's warm start, DiLoCo's anchor, a live codec change).
+TEST_F(StageRunnerTest, AReloadedStateContinuesWithTheSameBits) {
+  const TrainConfig cfg = tiny_config();
+  struct Case {
+    const char* what;
+    GridSpec g;
+  };
+  std::vector<Case> cases;
+  {
+    GridSpec g;
+    g.S = 2;
+    g.dp = 2;
+    g.M = 2;
+    g.fwd = "ef+int4";
+    g.bwd = "int8";
+    g.grad = "ef+int4";
+    g.change_at = 2;
+    g.new_spec = "ef+int8";
+    cases.push_back({"pp2 dp2, ef links and gradients, a change before the reload", g});
+    g.change_at = 5;
+    cases.push_back({"pp2 dp2, a change after the reload", g});
+  }
+  {
+    GridSpec g;
+    g.S = 2;
+    g.tp = 2;
+    g.M = 2;
+    g.fwd = "ef+int8";
+    g.tp_codec = "ef+int8";
+    cases.push_back({"pp2 tp2, ef partial sums", g});
+  }
+  {
+    GridSpec g;
+    g.dp = 2;
+    g.M = 2;
+    g.grad = "powersgd:rank=2";
+    cases.push_back({"dp2 powersgd", g});
+    g.grad = "int8";
+    g.sync = value_of(parse_sync("diloco:H=2,outer_lr=0.7,outer_momentum=0.9"));
+    cases.push_back({"dp2 diloco H=2", g});
+  }
+  for (Case& c : cases) {
+    c.g.steps = 6;
+    std::vector<std::vector<float>> straight_params, reloaded_params;
+    PipelineRun straight = run_grid(cfg, c.g, &straight_params);
+    const int W = c.g.S * c.g.dp * c.g.tp;
+    std::vector<size_t> sizes(size_t(W), 0);
+    c.g.reload_after = 3;
+    c.g.state_bytes = &sizes;
+    PipelineRun reloaded = run_grid(cfg, c.g, &reloaded_params);
+    for (const Status& st : straight.statuses) ASSERT_TRUE(st.ok()) << c.what << ": " << st.to_string();
+    for (const Status& st : reloaded.statuses) ASSERT_TRUE(st.ok()) << c.what << ": " << st.to_string();
+    ASSERT_EQ(reloaded.losses.size(), 6u) << c.what;
+    EXPECT_EQ(reloaded.losses, straight.losses) << c.what;
+    EXPECT_EQ(reloaded.grad_norms, straight.grad_norms) << c.what;
+    EXPECT_EQ(reloaded_params, straight_params) << c.what;
+    for (size_t r = 0; r < sizes.size(); ++r) EXPECT_GT(sizes[r], 0u) << c.what << " rank " << r;
+  }
+  // The reload is not a no-op: a runner that did not load the state would start over from its initial weights.
+  GridSpec g;
+  g.S = 2;
+  g.steps = 2;
+  PipelineRun two = run_grid(cfg, g);
+  ASSERT_TRUE(two.statuses[0].ok());
+  EXPECT_NE(two.losses[0], two.losses[1]);
+}
+
+TEST_F(StageRunnerTest, ABadOrForeignStateIsRefusedNamingWhy) {
+  const TrainConfig cfg = tiny_config();
+  auto fabric = std::make_shared<LocalFabric>();
+  Topology one = value_of(Topology::pipeline(1));
+  Topology two = value_of(Topology::pipeline(2));
+  LocalDataPlane plane(fabric, 0, 2);
+  CodecSchedule codecs1(one, value_of(CodecPlan::create(one, "none", "none", {})));
+  CodecSchedule codecs2(two, value_of(CodecPlan::create(two, "none", "none", {})));
+  StageRunnerOptions opts;
+  opts.microbatches = 2;
+  auto a = value_of(StageRunner::create(cfg, one, value_of(Partition::even(cfg.model.layers, 1)), 0, opts, plane,
+                                        codecs1));
+  const std::string bytes = value_of(a->save_state(Rng(cfg.seed)));
+  auto b = value_of(StageRunner::create(cfg, one, value_of(Partition::even(cfg.model.layers, 1)), 0, opts, plane,
+                                        codecs1));
+  const std::vector<float> before = all_params(b->model());
+  Result<Rng> bad = b->load_state(bytes.substr(0, bytes.size() / 2));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cannot read"), std::string::npos) << bad.status().message();
+  EXPECT_EQ(b->load_state("").status().code(), StatusCode::kCorrupt);
+  auto other = value_of(StageRunner::create(cfg, two, value_of(Partition::even(cfg.model.layers, 2)), 0, opts, plane,
+                                            codecs2));
+  Result<Rng> foreign = other->load_state(bytes);
+  ASSERT_FALSE(foreign.ok());
+  EXPECT_NE(foreign.status().message().find("pp 1"), std::string::npos) << foreign.status().message();
+  EXPECT_EQ(all_params(b->model()), before);  // nothing was changed by the refused loads
+  ASSERT_TRUE(b->load_state(bytes).ok());
+  EXPECT_EQ(b->last_step(), 0);
 }
 
 TEST_F(StageRunnerTest, DilocoWithOneReplicaAndUnitOuterStepIsPlainTraining) {

@@ -1,0 +1,143 @@
+// StageRunner::save_state / load_state: one worker's shard of a job checkpoint — its parameters and AdamW moments,
+// every codec stream state it holds (pipeline links, the dp reducer's, the tp group's), the codecs in force and
+// scheduled, and the data sampler's position. Used by `longhaul worker` (job checkpoints and rollbacks).
+#include <cereal/archives/portable_binary.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/vector.hpp>
+#include <sstream>
+
+#include "core/checkpoint.h"
+#include "parallel/stage_runner.h"
+
+namespace lh {
+namespace {
+
+constexpr uint32_t kShardVersion = 1;
+
+struct StageShard {
+  uint32_t version = kShardVersion;
+  int64_t step = 0;
+  int32_t rank = -1, pp = 0, tp = 0, dp = 0;
+  int32_t first_block = 0, end_block = 0;
+  Rng data_rng;
+  std::vector<CheckpointGroup> groups;
+  BoundaryStreams links;
+  bool has_reducer = false;
+  std::string reducer;
+  std::map<ProcessGroup::StreamKey, compress::StreamState> tp_streams;
+  std::string tp_spec;
+  std::map<int64_t, std::string> grad_changes, tp_changes;  // scheduled, not yet applied
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(version, step, rank, pp, tp, dp, first_block, end_block, data_rng, groups, links, has_reducer, reducer,
+       tp_streams, tp_spec, grad_changes, tp_changes);
+  }
+};
+
+}  // namespace
+
+Result<std::string> StageRunner::save_state(const Rng& data_rng) {
+  if (predicted_) return internal_error("stage state: saved while the weights are predicted ones");
+  StageShard sh;
+  sh.step = last_.step;
+  sh.rank = rank_;
+  sh.pp = topology_.pp();
+  sh.tp = topology_.tp();
+  sh.dp = topology_.dp();
+  sh.first_block = span_.first_block;
+  sh.end_block = span_.end_block();
+  sh.data_rng = data_rng;
+  auto groups = model_.param_groups();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    CheckpointGroup g;
+    g.name = groups[i]->name;
+    g.params = groups[i]->params.to_vector();
+    g.adam_m = opt_.m(i).to_vector();
+    g.adam_v = opt_.v(i).to_vector();
+    sh.groups.push_back(std::move(g));
+  }
+  sh.links = boundary_.streams();
+  if (reducer_) {
+    sh.has_reducer = true;
+    LH_ASSIGN_OR_RETURN(sh.reducer, reducer_->save_state());
+  }
+  if (tp_group_) sh.tp_streams = tp_group_->stream_states();
+  sh.tp_spec = tp_spec_;
+  sh.grad_changes = grad_changes_;
+  sh.tp_changes = tp_changes_;
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(sh);
+  }
+  return os.str();
+}
+
+Result<Rng> StageRunner::load_state(const std::string& bytes) {
+  StageShard sh;
+  try {
+    std::istringstream is(bytes, std::ios::binary);
+    cereal::PortableBinaryInputArchive ar(is);
+    ar(sh);
+  } catch (const std::exception& e) {
+    return corrupt(std::string("stage state: cannot read it (") + e.what() + ")");
+  }
+  const std::string where = "stage state of rank " + std::to_string(sh.rank) + ": ";
+  if (sh.version != kShardVersion)
+    return corrupt(where + "format version " + std::to_string(sh.version) + ", this build reads " +
+                   std::to_string(kShardVersion));
+  if (sh.rank != rank_ || sh.pp != topology_.pp() || sh.tp != topology_.tp() || sh.dp != topology_.dp())
+    return invalid_argument(where + "saved for rank " + std::to_string(sh.rank) + " of a pp " + std::to_string(sh.pp) +
+                            " × tp " + std::to_string(sh.tp) + " × dp " + std::to_string(sh.dp) +
+                            " grid; this is rank " + std::to_string(rank_) + " of pp " +
+                            std::to_string(topology_.pp()) + " × tp " + std::to_string(topology_.tp()) + " × dp " +
+                            std::to_string(topology_.dp()));
+  if (sh.first_block != span_.first_block || sh.end_block != span_.end_block())
+    return invalid_argument(where + "holds blocks [" + std::to_string(sh.first_block) + ", " +
+                            std::to_string(sh.end_block) + "), this stage [" + std::to_string(span_.first_block) +
+                            ", " + std::to_string(span_.end_block()) + ")");
+  if (sh.step < 0 || sh.step >= (int64_t(1) << Tag::kStepBits))
+    return corrupt(where + "step " + std::to_string(sh.step) + " is out of range");
+  if (sh.has_reducer != bool(reducer_))
+    return invalid_argument(where + (sh.has_reducer ? "has" : "lacks") + " a dp reducer's state; this job " +
+                            (reducer_ ? "has" : "has no") + " reducer");
+  auto groups = model_.param_groups();
+  if (sh.groups.size() != groups.size())
+    return invalid_argument(where + std::to_string(sh.groups.size()) + " parameter groups, this stage has " +
+                            std::to_string(groups.size()));
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const CheckpointGroup& g = sh.groups[i];
+    const size_t n = size_t(groups[i]->numel);
+    if (g.name != groups[i]->name || g.params.size() != n || g.adam_m.size() != n || g.adam_v.size() != n)
+      return invalid_argument(where + "group '" + g.name + "' (" + std::to_string(g.params.size()) +
+                              " values) does not match this stage's '" + groups[i]->name + "' (" + std::to_string(n) +
+                              " values)");
+  }
+  Status links_ok = boundary_.check_streams(sh.links);
+  if (!links_ok.ok()) return links_ok.prepend(where);
+  // Everything is checked; from here on the state is replaced.
+  if (reducer_) {
+    Status s = reducer_->load_state(sh.reducer);
+    if (!s.ok()) return s.prepend(where);
+  }
+  const Device d = model_.device();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const CheckpointGroup& g = sh.groups[i];
+    const size_t nbytes = g.params.size() * sizeof(float);
+    LH_RETURN_IF_ERROR(copy_bytes(groups[i]->params.raw_data(), d, g.params.data(), Device::cpu, nbytes));
+    LH_RETURN_IF_ERROR(copy_bytes(opt_.m(i).raw_data(), d, g.adam_m.data(), Device::cpu, nbytes));
+    LH_RETURN_IF_ERROR(copy_bytes(opt_.v(i).raw_data(), d, g.adam_v.data(), Device::cpu, nbytes));
+  }
+  boundary_.set_streams(std::move(sh.links));
+  if (tp_group_) tp_group_->set_stream_states(std::move(sh.tp_streams));
+  tp_spec_ = sh.tp_spec;
+  grad_changes_ = sh.grad_changes;
+  tp_changes_ = sh.tp_changes;
+  last_ = StageStepResult{};
+  last_.step = sh.step;
+  return sh.data_rng;
+}
+
+}  // namespace lh
