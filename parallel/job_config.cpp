@@ -2,8 +2,11 @@
 // Used by launch, coordinator, worker and ctl.
 #include "parallel/job_config.h"
 
+#include <xxhash.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <optional>
@@ -198,6 +201,13 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
 
 Status PipelineJobConfig::validate() const {
   LH_RETURN_IF_ERROR(train.validate());
+  if (checkpoint_every < 0)
+    return invalid_argument("--checkpoint-every " + std::to_string(checkpoint_every) + ": expected 0 or more steps");
+  if (checkpoint_every > 0 && sync.rfind("delayed", 0) == 0)
+    return invalid_argument(
+        "--checkpoint-every with --sync " + sync +
+        ": a checkpoint of steps whose gradients are still in flight is not supported yet; use --sync every-step or "
+        "diloco, or no --checkpoint-dir");
   LH_RETURN_IF_ERROR(topology().status());
   LH_ASSIGN_OR_RETURN(Partition part, make_partition());
   if (tp_split != "" && tp_split != "speed" && tp == 1)
@@ -274,7 +284,19 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_grad", compress_grad},
           {"sync", sync},
           {"tp_split", tp_split},
-          {"compress_tp", compress_tp}};
+          {"compress_tp", compress_tp},
+          {"checkpoint_every", checkpoint_every}};
+}
+
+std::string PipelineJobConfig::resume_hash() const {
+  nlohmann::json j = to_json();
+  j["train"].erase("steps");
+  j["train"].erase("eval_every");
+  j.erase("checkpoint_every");
+  const std::string text = j.dump();
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  return hex;
 }
 
 Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
@@ -338,6 +360,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.string("sync", c.sync));
   LH_RETURN_IF_ERROR(r.string("tp_split", c.tp_split));
   LH_RETURN_IF_ERROR(r.string("compress_tp", c.compress_tp));
+  LH_RETURN_IF_ERROR(r.integer("checkpoint_every", c.checkpoint_every));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

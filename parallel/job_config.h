@@ -36,6 +36,9 @@ struct PipelineJobConfig {
   // compute speed and sends the resulting split, e.g. "3:1" in heads, in every worker's plan).
   std::string tp_split;
   std::string compress_tp = "none";  // the tp groups' partial sums (tp > 1)
+  // Workers send their state to the coordinator after every this many steps and after the last (a job checkpoint,
+  // committed by the coordinator once every shard is durable); 0: never.
+  int64_t checkpoint_every = 0;
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
@@ -53,6 +56,10 @@ struct PipelineJobConfig {
   // entry naming replica links touches (e.g. s1d0-s1d1=int4 or d0-d1=ef+int4; later entries win). A group's
   // all-reduce needs one codec, so these entries take no :DIR.
   Result<std::vector<std::string>> grad_specs() const;
+
+  // What a checkpoint of this job must agree with to be resumed: every field but the step count, the checkpoint
+  // interval and the evaluation cadence, hashed (hex). Partition and tp split as resolved by the plan.
+  std::string resume_hash() const;
 
   // Every field; from_json refuses missing or mistyped fields, naming them, then validates.
   nlohmann::json to_json() const;
