@@ -32,8 +32,11 @@ Status validate(const Join& m) {
     return corrupt("compute speed " + std::to_string(m.compute_speed) + " is not a speed");
   if (m.ucx_address.empty() || m.ucx_address.size() > (1u << 20))
     return corrupt("UCX address of " + std::to_string(m.ucx_address.size()) + " bytes");
+  if (m.rank != -1) LH_RETURN_IF_ERROR(check_rank(m.rank, "join rank"));
   return Status::Ok();
 }
+
+Status validate(const SetCodec& m);
 
 Status validate(const Plan& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "plan rank"));
@@ -59,6 +62,14 @@ Status validate(const Plan& m) {
   if (m.heartbeat_interval_ms <= 0 || m.heartbeat_timeout_ms < m.heartbeat_interval_ms)
     return corrupt("plan heartbeat interval " + std::to_string(m.heartbeat_interval_ms) + " ms / timeout " +
                    std::to_string(m.heartbeat_timeout_ms) + " ms");
+  if (m.epoch < 1) return corrupt("plan epoch " + std::to_string(m.epoch));
+  if (m.resume_step < 0 || m.resume_step >= (int64_t(1) << 24))
+    return corrupt("plan resume step " + std::to_string(m.resume_step));
+  if ((m.resume_step > 0) != !m.shard.empty())
+    return corrupt("plan resumes at step " + std::to_string(m.resume_step) + " with a state of " +
+                   std::to_string(m.shard.size()) + " bytes");
+  if (m.changes.size() > 65536) return corrupt("plan lists " + std::to_string(m.changes.size()) + " codec changes");
+  for (const SetCodec& c : m.changes) LH_RETURN_IF_ERROR(validate(c));
   return Status::Ok();
 }
 
@@ -106,6 +117,18 @@ Status validate(const CtlReply&) {
   return Status::Ok();
 }
 
+Status validate(const ShardSaved& m) {
+  LH_RETURN_IF_ERROR(check_rank(m.rank, "shard rank"));
+  if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("shard step " + std::to_string(m.step));
+  if (m.bytes.empty()) return corrupt("an empty shard");
+  return Status::Ok();
+}
+
+Status validate(const Rollback& m) {
+  if (m.epoch < 1) return corrupt("rollback epoch " + std::to_string(m.epoch));
+  return check_len(m.reason, "rollback reason");
+}
+
 template <class T>
 Result<ControlMessage> decode_as(const uint8_t* body, size_t size) {
   T m;
@@ -148,6 +171,10 @@ const char* msg_type_name(MsgType t) {
       return "CtlRequest";
     case MsgType::kCtlReply:
       return "CtlReply";
+    case MsgType::kShardSaved:
+      return "ShardSaved";
+    case MsgType::kRollback:
+      return "Rollback";
   }
   return "unknown";
 }
@@ -207,6 +234,10 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<CtlRequest>(body, n);
     case MsgType::kCtlReply:
       return decode_as<CtlReply>(body, n);
+    case MsgType::kShardSaved:
+      return decode_as<ShardSaved>(body, n);
+    case MsgType::kRollback:
+      return decode_as<Rollback>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(type));
 }

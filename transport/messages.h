@@ -13,9 +13,11 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kControlHeaderBytes = 8;  // magic u32, version u16, type u16
 constexpr size_t kMaxControlMessage = 64 << 20;
+// A checkpoint shard travels in one message (ShardSaved up, Plan down) with room for the rest.
+constexpr size_t kMaxShardMessageBytes = kMaxControlMessage - (1 << 20);
 
 enum class MsgType : uint16_t {
   kJoin = 1,
@@ -30,6 +32,8 @@ enum class MsgType : uint16_t {
   kPeerLost = 10,
   kCtlRequest = 11,
   kCtlReply = 12,
+  kShardSaved = 13,
+  kRollback = 14,
 };
 const char* msg_type_name(MsgType t);
 
@@ -40,9 +44,12 @@ struct Join {
   std::string device;                // "cpu", "cuda:0 (NVIDIA H200)" …
   double compute_speed = 0;          // measured GFLOP/s (the partitioner balances stages with it)
   std::vector<uint8_t> ucx_address;  // UcxDataPlane::address()
+  // −1 for a new worker; a worker coming back after a Rollback (or to a restarted coordinator) names the rank it
+  // held, and gets it again.
+  int32_t rank = -1;
   template <class A>
   void serialize(A& ar) {
-    ar(token, hostname, device, compute_speed, ucx_address);
+    ar(token, hostname, device, compute_speed, ucx_address, rank);
   }
 };
 
@@ -68,6 +75,18 @@ struct LinkCodec {
   }
 };
 
+// coordinator → workers (or ctl → coordinator): change a link's codec at a step boundary.
+struct SetCodec {
+  int32_t src = -1, dst = -1;  // both −1 with dir "grad" (or "tp"): every link of that role
+  std::string dir;
+  std::string spec;
+  int64_t apply_at_step = -1;  // -1: the next step boundary the worker reaches
+  template <class A>
+  void serialize(A& ar) {
+    ar(src, dst, dir, spec, apply_at_step);
+  }
+};
+
 // coordinator → worker: who the worker is in the job and whom it talks to.
 struct Plan {
   int32_t rank = -1, world_size = 0;
@@ -77,10 +96,18 @@ struct Plan {
   std::vector<LinkCodec> codecs;
   std::string config;  // the job configuration (JSON text: model, data, steps, schedule …), app-defined
   int32_t heartbeat_interval_ms = 500, heartbeat_timeout_ms = 5000;
+  // The plan's epoch: 1 for the job's first plan, one more after each rollback.
+  int64_t epoch = 1;
+  // Where the worker starts: after step resume_step (0: from the beginning), with `shard` its saved state then
+  // (StageRunner::save_state bytes; empty when resume_step is 0).
+  int64_t resume_step = 0;
+  std::vector<uint8_t> shard;
+  // Every live codec change of the job so far (set-codec), to apply on top of `codecs` before the first step.
+  std::vector<SetCodec> changes;
   template <class A>
   void serialize(A& ar) {
     ar(rank, world_size, stage, tp_index, dp_index, pp, tp, dp, peers, codecs, config, heartbeat_interval_ms,
-       heartbeat_timeout_ms);
+       heartbeat_timeout_ms, epoch, resume_step, shard, changes);
   }
 };
 
@@ -108,18 +135,6 @@ struct Heartbeat {  // both ways
   template <class A>
   void serialize(A& ar) {
     ar(seq);
-  }
-};
-
-// coordinator → workers (or ctl → coordinator): change a link's codec at a step boundary.
-struct SetCodec {
-  int32_t src = -1, dst = -1;  // both −1 with dir "grad" (or "tp"): every link of that role
-  std::string dir;
-  std::string spec;
-  int64_t apply_at_step = -1;  // -1: the next step boundary the worker reaches
-  template <class A>
-  void serialize(A& ar) {
-    ar(src, dst, dir, spec, apply_at_step);
   }
 };
 
@@ -179,8 +194,30 @@ struct CtlReply {
   }
 };
 
+// worker → coordinator: its state after `step` (a job checkpoint's shard; StageRunner::save_state bytes).
+struct ShardSaved {
+  int32_t rank = -1;
+  int64_t step = 0;
+  std::vector<uint8_t> bytes;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rank, step, bytes);
+  }
+};
+
+// coordinator → workers: a worker was lost; drop the current epoch (its steps, its data plane) and join again as
+// the same rank: the job goes on from its last committed checkpoint once every rank is back.
+struct Rollback {
+  int64_t epoch = 0;  // the epoch being left
+  std::string reason;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, reason);
+  }
+};
+
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,
-                                    PeerLost, CtlRequest, CtlReply>;
+                                    PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback>;
 
 MsgType message_type(const ControlMessage& m);
 // Header + cereal body.

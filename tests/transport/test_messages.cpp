@@ -34,7 +34,9 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      Reject{"no"},
                                      PeerLost{3, "h3", "silent"},
                                      CtlRequest{"tok", "status", "{}"},
-                                     CtlReply{true, "{}"}};
+                                     CtlReply{true, "{}"},
+                                     ShardSaved{2, 10, {1, 2, 3}},
+                                     Rollback{3, "worker 2 lost"}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
@@ -49,6 +51,35 @@ TEST(Messages, EveryTypeRoundTrips) {
   EXPECT_EQ(plan.peers[1].ucx_address, (std::vector<uint8_t>{4, 5}));
   EXPECT_EQ(plan.codecs[1].spec, "lowrank:rank=8+int8");
   EXPECT_EQ(plan.config, sample_plan().config);
+  Plan resumed = sample_plan();
+  resumed.epoch = 2;
+  resumed.resume_step = 40;
+  resumed.shard = {1, 2, 3, 4};
+  resumed.changes = {SetCodec{-1, -1, "grad", "int8", 12}};
+  auto r = decode_message(encode_message(resumed));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(std::get<Plan>(*r).shard, resumed.shard);
+  EXPECT_EQ(std::get<Plan>(*r).changes.at(0).apply_at_step, 12);
+}
+
+TEST(Messages, ResumeFieldsAreChecked) {
+  Plan p = sample_plan();
+  p.resume_step = 5;  // without a state
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("resumes at step 5"), std::string::npos);
+  p = sample_plan();
+  p.epoch = 0;
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("epoch 0"), std::string::npos);
+  p = sample_plan();
+  p.changes = {SetCodec{-1, 3, "fwd", "int8", 2}};
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("set-codec src"), std::string::npos);
+  EXPECT_NE(decode_message(encode_message(ShardSaved{1, 0, {1}})).status().message().find("shard step 0"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(ShardSaved{1, 3, {}})).status().message().find("empty shard"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Join{"t", "h", "cpu", 1, {1}, 5000})).status().message().find("join rank"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Rollback{0, "x"})).status().message().find("rollback epoch"),
+            std::string::npos);
 }
 
 TEST(Messages, HeaderErrorsNameTheProblem) {
