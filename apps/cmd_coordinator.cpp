@@ -26,10 +26,7 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
   if (f.listen.rfind("tcp://", 0) != 0) fail("--listen '" + f.listen + "': expected tcp://HOST:PORT", 2);
   const std::string token = resolve_token(f.job.token, f.job.token_file, false);
   set_log_role("coordinator");
-  PipelineCoordinatorOptions o;
-  o.control = control_options(f.listen, token, f.job.heartbeat_timeout_s);
-  o.metrics_path = f.job.metrics;
-  auto coord = PipelineCoordinator::start(job, o);
+  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, f.listen, token));
   if (!coord.ok()) fail("--listen " + f.listen + ": " + coord.status().to_string());
   std::printf(
       "longhaul coordinator: %s, %d workers (pp %d × tp %d × dp %d), %lld steps, schedule %s, %d microbatches\n",
@@ -57,7 +54,10 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
   }
   print_progress(**coord, job.train.steps, printed);
   print_job_summary(**coord, f.job.metrics);
-  if (!result.ok()) fail("the job failed: " + result.message());
+  if (!result.ok()) {
+    const std::string hint = resume_hint(**coord, f.job, "coordinator");
+    fail("the job failed: " + result.message() + (hint.empty() ? "" : "\n" + hint));
+  }
 }
 
 RegisterCommand reg("", 30, [](CLI::App& app) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "apps/commands.h"
@@ -41,7 +42,8 @@ std::string describe_exit(int st) {
 class WorkerGroup {
  public:
   ~WorkerGroup() { stop(3s); }
-  Status start(const std::vector<std::string>& argv, const std::vector<std::string>& prefix, const std::string& token) {
+  Result<pid_t> start(const std::vector<std::string>& argv, const std::vector<std::string>& prefix,
+                      const std::string& token) {
     std::vector<std::string> all = prefix;
     all.insert(all.end(), argv.begin(), argv.end());
     const pid_t parent = getpid();
@@ -62,8 +64,10 @@ class WorkerGroup {
     }
     pids_.push_back(pid);
     status_[pid] = -1;
-    return Status::Ok();
+    return pid;
   }
+  // A worker that was replaced: its exit is no longer the job's failure.
+  void forgive(pid_t pid) { forgiven_.insert(pid); }
   const std::vector<pid_t>& pids() const { return pids_; }
   // Reaps what has exited; returns the first abnormal exit not reported yet.
   std::optional<std::pair<pid_t, int>> poll() {
@@ -84,9 +88,9 @@ class WorkerGroup {
   std::vector<std::pair<pid_t, int>> abnormal() const {
     std::vector<std::pair<pid_t, int>> out;
     for (auto& a : abnormal_)
-      if (WIFSIGNALED(a.second)) out.push_back(a);
+      if (WIFSIGNALED(a.second) && !forgiven_.count(a.first)) out.push_back(a);
     for (auto& a : abnormal_)
-      if (!WIFSIGNALED(a.second)) out.push_back(a);
+      if (!WIFSIGNALED(a.second) && !forgiven_.count(a.first)) out.push_back(a);
     return out;
   }
   bool all_exited() {
@@ -120,6 +124,7 @@ class WorkerGroup {
   std::vector<pid_t> pids_;
   std::map<pid_t, int> status_;
   std::vector<std::pair<pid_t, int>> abnormal_;
+  std::set<pid_t> forgiven_;
 };
 
 // Namespaces behind tc tbf links (root): removed again when this goes out of scope.
@@ -181,10 +186,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   const int threads = f.worker_threads > 0 ? f.worker_threads : std::max(1, cores / job.workers);
 
   set_log_role("launch");
-  PipelineCoordinatorOptions o;
-  o.control = control_options(listen, token, f.job.heartbeat_timeout_s);
-  o.metrics_path = f.job.metrics;
-  auto coord = PipelineCoordinator::start(job, o);
+  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, listen, token));
   if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
   const std::string ep = (*coord)->endpoint();
   std::printf(
@@ -211,16 +213,23 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   WorkerGroup group;
   const std::string exe = self_exe();
   const char* level = spdlog::level::to_string_view(spdlog::get_level()).data();
-  for (int i = 0; i < job.workers; ++i) {
+  std::map<pid_t, int> slot_of;  // worker process → its slot (its network namespace with --netns)
+  auto start_worker = [&](int i) -> Result<pid_t> {
     std::vector<std::string> argv = {exe,   "--threads", std::to_string(threads), "--log-level",
                                      level, "worker",    "--coordinator",         ep};
     std::vector<std::string> prefix;
     if (!f.link.empty()) argv.insert(argv.end(), {"--link", f.link});
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
     if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
-    Status s = group.start(argv, prefix, token);
-    if (!s.ok()) fail(s.message());
+    LH_ASSIGN_OR_RETURN(pid_t pid, group.start(argv, prefix, token));
+    slot_of[pid] = i;
+    return pid;
+  };
+  for (int i = 0; i < job.workers; ++i) {
+    auto pid = start_worker(i);
+    if (!pid.ok()) fail(pid.status().message());
   }
+  int restarts_left = f.restarts;
   std::printf("workers: pids");
   for (pid_t p : group.pids()) std::printf(" %d", int(p));
   std::printf("\n");
@@ -268,7 +277,24 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
       failure = std::string("interrupted by signal ") + strsignal(g_stop_signal) + "; stopping every worker";
       break;
     }
-    if (group.poll()) {
+    if (auto bad = group.poll()) {
+      // A worker process killed (a crash, the OOM killer, kill -9) is restarted: the coordinator rolls the job back
+      // to its last checkpoint and gives the new process the lost worker's place.
+      const bool killed = WIFSIGNALED(bad->second);
+      if (killed && restarts_left > 0 && f.job.replace_timeout_s > 0) {
+        --restarts_left;
+        const int rank = rank_of_pid(**coord, bad->first);
+        auto pid = start_worker(slot_of[bad->first]);
+        if (pid.ok()) {
+          group.forgive(bad->first);
+          std::printf("worker %s(pid %d) %s; started pid %d in its place (%d restart%s left)\n",
+                      rank >= 0 ? (std::to_string(rank) + " ").c_str() : "", int(bad->first),
+                      describe_exit(bad->second).c_str(), int(*pid), restarts_left, restarts_left == 1 ? "" : "s");
+          std::fflush(stdout);
+          continue;
+        }
+        std::printf("could not restart a worker: %s\n", pid.status().message().c_str());
+      }
       // The others hear of it through the coordinator within the heartbeat timeout; wait for that.
       auto grace = std::chrono::milliseconds(int64_t(f.job.heartbeat_timeout_s * 1000)) + 5s;
       result = (*coord)->wait(grace);
@@ -300,7 +326,8 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     const bool timed_out = result.message() == "the job did not finish within the timeout";
     if (!result.ok() && !timed_out)
       msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result.message();
-    fail(msg.empty() ? "the job failed" : msg);
+    const std::string hint = resume_hint(**coord, f.job, "launch");
+    fail((msg.empty() ? "the job failed" : msg) + (hint.empty() ? "" : "\n" + hint));
   }
 }
 
@@ -314,6 +341,12 @@ void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_
   cmd->add_option("--worker-threads", f.worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--restarts", f.restarts,
+                  "worker processes killed during the job are started again this many times in all (the job rolls "
+                  "back to its last checkpoint; needs --replace-timeout > 0)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000))
+      ->group("Checkpoints and recovery");
   cmd->add_option("--wan-script", f.wan_script, "path of scripts/wan.sh for --netns (found next to the build)");
 }
 

@@ -73,6 +73,28 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->check(CLI::Range(0.1, 3600.0))
       ->group(g);
 
+  const char* r = "Checkpoints and recovery";
+  cmd->add_option("--checkpoint-dir", f.checkpoint_dir,
+                  "commit a job checkpoint here (every worker's state) every --checkpoint-every steps and at the end")
+      ->group(r);
+  cmd->add_option("--checkpoint-every", f.checkpoint_every, "steps between job checkpoints (with --checkpoint-dir)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
+      ->group(r);
+  cmd->add_option("--keep-checkpoints", f.keep_checkpoints, "committed checkpoints kept in --checkpoint-dir")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000))
+      ->group(r);
+  cmd->add_flag("--resume", f.resume,
+                "start from the newest usable checkpoint in --checkpoint-dir (none: from step 0, with a warning)")
+      ->group(r);
+  cmd->add_option("--replace-timeout", f.replace_timeout_s,
+                  "seconds a lost worker's place waits for a replacement before the job stops (0: a lost worker "
+                  "stops the job); the job rolls back to its last checkpoint meanwhile")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 7.0 * 24 * 3600))
+      ->group(r);
+
   add_model_flags(cmd, f.model, c);
 }
 
@@ -101,6 +123,11 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
     std::ifstream in(job.train.data);
     if (!in) fail("--data '" + job.train.data + "': cannot read the file", 2);
   }
+  if (f.resume && f.checkpoint_dir.empty())
+    fail("--resume needs --checkpoint-dir (where the job's checkpoints are)", 2);
+  if (cmd->count("--checkpoint-every") > 0 && f.checkpoint_dir.empty())
+    fail("--checkpoint-every needs --checkpoint-dir", 2);
+  job.checkpoint_every = f.checkpoint_dir.empty() ? 0 : f.checkpoint_every;
   Status s = job.validate();
   if (!s.ok()) fail(s.message(), 2);
   return job;
@@ -131,6 +158,25 @@ CoordinatorOptions control_options(const std::string& listen, const std::string&
   o.heartbeat_timeout = std::chrono::milliseconds(int64_t(heartbeat_timeout_s * 1000));
   o.heartbeat_interval = std::max(std::chrono::milliseconds(20), o.heartbeat_timeout / 10);
   return o;
+}
+
+PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const std::string& token) {
+  PipelineCoordinatorOptions o;
+  o.control = control_options(listen, token, f.heartbeat_timeout_s);
+  o.control.replace_timeout = std::chrono::milliseconds(int64_t(f.replace_timeout_s * 1000));
+  o.metrics_path = f.metrics;
+  o.checkpoint_dir = f.checkpoint_dir;
+  o.keep_checkpoints = f.keep_checkpoints;
+  o.resume = f.resume;
+  return o;
+}
+
+std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command) {
+  if (f.checkpoint_dir.empty()) return "";
+  const int64_t step = coord.last_checkpoint();
+  return (step > 0 ? "its last checkpoint is step " + std::to_string(step) + " in '" + f.checkpoint_dir + "'"
+                   : "no checkpoint was committed in '" + f.checkpoint_dir + "'") +
+         "; to go on, run the same `longhaul " + command + "` command with --resume";
 }
 
 void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed) {

@@ -19,6 +19,12 @@ struct JobFlags {
   std::string metrics;
   std::string token, token_file;
   double heartbeat_timeout_s = 5;
+  // Job checkpoints and recovery.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 100;
+  int keep_checkpoints = 3;
+  bool resume = false;
+  double replace_timeout_s = 600;
   // The grid as set here stands when neither --workers nor --pp is given (`demo`); otherwise one of
   // them is required.
   bool grid_has_defaults = false;
@@ -35,6 +41,10 @@ std::string resolve_token(const std::string& token, const std::string& token_fil
 
 // Heartbeats every timeout/10 (at least 20 ms), declared dead after the timeout.
 CoordinatorOptions control_options(const std::string& listen, const std::string& token, double heartbeat_timeout_s);
+// The coordinator's options from the job flags: control (heartbeats, --replace-timeout), metrics, checkpoints.
+PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const std::string& token);
+// After a failed job with checkpoints: "its last checkpoint is step N in DIR; resume it with …" ("" without).
+std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command);
 
 // "step 12/150  loss 3.1234  812 tok/s" when a new step was reported since `last_printed`.
 void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed);

@@ -18,6 +18,7 @@ struct LaunchFlags {
   std::string ucx_tls;
   std::string wan_script;
   int worker_threads = 0;
+  int restarts = 3;  // killed worker processes started again (in all)
 };
 
 // A codec change launch makes itself once step `after_step` was reported, through the same path as

@@ -14,6 +14,9 @@ Status set_log_level(const std::string& level) {
 }
 
 void set_log_role(const std::string& role) {
+  // Replacing the default logger races with threads logging through it: only do it when the role changes (a worker
+  // that joins the job's next epoch names itself again with the same rank).
+  if (spdlog::default_logger_raw() && spdlog::default_logger_raw()->name() == "longhaul[" + role + "]") return;
   spdlog::drop("longhaul[" + role + "]");
   auto logger = spdlog::stderr_color_mt("longhaul[" + role + "]");
   logger->set_pattern("%H:%M:%S.%e %^%l%$ [" + role + "] %v");

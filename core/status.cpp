@@ -7,14 +7,24 @@ namespace lh {
 
 const char* status_code_name(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "OK";
-    case StatusCode::kInvalidArgument: return "InvalidArgument";
-    case StatusCode::kCorrupt: return "Corrupt";
-    case StatusCode::kNotFound: return "NotFound";
-    case StatusCode::kUnavailable: return "Unavailable";
-    case StatusCode::kOutOfRange: return "OutOfRange";
-    case StatusCode::kInternal: return "Internal";
-    case StatusCode::kIo: return "Io";
+    case StatusCode::kOk:
+      return "OK";
+    case StatusCode::kInvalidArgument:
+      return "InvalidArgument";
+    case StatusCode::kCorrupt:
+      return "Corrupt";
+    case StatusCode::kNotFound:
+      return "NotFound";
+    case StatusCode::kUnavailable:
+      return "Unavailable";
+    case StatusCode::kOutOfRange:
+      return "OutOfRange";
+    case StatusCode::kInternal:
+      return "Internal";
+    case StatusCode::kIo:
+      return "Io";
+    case StatusCode::kAborted:
+      return "Aborted";
   }
   return "Unknown";
 }
@@ -45,8 +55,8 @@ Status& Status::prepend(const std::string& what) {
 }
 
 void assert_fail(const char* expr, const char* file, int line, const std::string& msg) {
-  std::fprintf(stderr, "longhaul: internal error: %s failed at %s:%d%s%s\n", expr, file, line,
-               msg.empty() ? "" : ": ", msg.c_str());
+  std::fprintf(stderr, "longhaul: internal error: %s failed at %s:%d%s%s\n", expr, file, line, msg.empty() ? "" : ": ",
+               msg.c_str());
   std::fflush(stderr);
   std::abort();
 }

@@ -16,10 +16,11 @@ enum class StatusCode : int {
   kInvalidArgument,  // bad user input: a flag, a spec, a file
   kCorrupt,          // bad bytes from the network or disk
   kNotFound,
-  kUnavailable,      // no device, peer gone, timeout
+  kUnavailable,  // no device, peer gone, timeout
   kOutOfRange,
   kInternal,
   kIo,
+  kAborted,  // the work was abandoned on purpose (a job rolled back to its checkpoint)
 };
 
 const char* status_code_name(StatusCode code);
@@ -45,20 +46,37 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status invalid_argument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status corrupt(std::string m) { return {StatusCode::kCorrupt, std::move(m)}; }
-inline Status not_found(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
-inline Status out_of_range(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
-inline Status internal_error(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status io_error(std::string m) { return {StatusCode::kIo, std::move(m)}; }
+inline Status invalid_argument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status corrupt(std::string m) {
+  return {StatusCode::kCorrupt, std::move(m)};
+}
+inline Status not_found(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+inline Status unavailable(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
+}
+inline Status out_of_range(std::string m) {
+  return {StatusCode::kOutOfRange, std::move(m)};
+}
+inline Status internal_error(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
+inline Status io_error(std::string m) {
+  return {StatusCode::kIo, std::move(m)};
+}
+inline Status aborted(std::string m) {
+  return {StatusCode::kAborted, std::move(m)};
+}
 
 // A value or the Status that explains why there is none.
 template <class T>
 class [[nodiscard]] Result {
  public:
   Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
-  Result(Status status)  // NOLINT
+  Result(Status status)                          // NOLINT
       : status_(status.ok() ? internal_error("Result constructed from an OK status without a value")
                             : std::move(status)) {}
   bool ok() const { return status_.ok(); }
@@ -97,43 +115,49 @@ Status check_code(Code code, const char* expr, const char* file, int line) {
 #define LH_CONCAT_INNER(a, b) a##b
 #define LH_CONCAT(a, b) LH_CONCAT_INNER(a, b)
 
-#define LH_RETURN_IF_ERROR(expr)                      \
-  do {                                                \
-    ::lh::Status lh_status_ = (expr);                 \
-    if (!lh_status_.ok()) {                           \
-      lh_status_.add_context(__FILE__, __LINE__);     \
-      return lh_status_;                              \
-    }                                                 \
+#define LH_RETURN_IF_ERROR(expr)                  \
+  do {                                            \
+    ::lh::Status lh_status_ = (expr);             \
+    if (!lh_status_.ok()) {                       \
+      lh_status_.add_context(__FILE__, __LINE__); \
+      return lh_status_;                          \
+    }                                             \
   } while (0)
 
-#define LH_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr)       \
-  auto tmp = (expr);                                  \
-  if (!tmp.ok()) {                                    \
-    ::lh::Status lh_s_ = tmp.status();                \
-    lh_s_.add_context(__FILE__, __LINE__);            \
-    return lh_s_;                                     \
-  }                                                   \
+#define LH_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                             \
+  if (!tmp.ok()) {                               \
+    ::lh::Status lh_s_ = tmp.status();           \
+    lh_s_.add_context(__FILE__, __LINE__);       \
+    return lh_s_;                                \
+  }                                              \
   lhs = std::move(tmp).value()
 
 #define LH_ASSIGN_OR_RETURN(lhs, expr) LH_ASSIGN_OR_RETURN_IMPL(LH_CONCAT(lh_result_, __LINE__), lhs, expr)
 
 // Broken invariants in our own code only; never for input from users, files or the network.
-#define LH_ASSERT(cond, ...)                                                                   \
-  do {                                                                                         \
+#define LH_ASSERT(cond, ...)                                                                          \
+  do {                                                                                                \
     if (!(cond)) ::lh::assert_fail(#cond, __FILE__, __LINE__, ::lh::detail::assert_msg(__VA_ARGS__)); \
   } while (0)
 
 // Returns a Status from the enclosing function when a foreign call fails.
 #define LH_CHECK_CODE(expr) LH_RETURN_IF_ERROR(::lh::check_code((expr), #expr, __FILE__, __LINE__))
 // Aborts with the message when a foreign call fails (for void launchers, like llm.c's cudaCheck).
-#define LH_CHECK_CODE_FATAL(expr)                                                   \
-  do {                                                                              \
-    ::lh::Status lh_s_ = ::lh::check_code((expr), #expr, __FILE__, __LINE__);       \
+#define LH_CHECK_CODE_FATAL(expr)                                                     \
+  do {                                                                                \
+    ::lh::Status lh_s_ = ::lh::check_code((expr), #expr, __FILE__, __LINE__);         \
     if (!lh_s_.ok()) ::lh::assert_fail(#expr, __FILE__, __LINE__, lh_s_.to_string()); \
   } while (0)
 
 namespace lh::detail {
-inline std::string assert_msg() { return {}; }
-inline std::string assert_msg(const std::string& m) { return m; }
-inline std::string assert_msg(const char* m) { return m; }
+inline std::string assert_msg() {
+  return {};
+}
+inline std::string assert_msg(const std::string& m) {
+  return m;
+}
+inline std::string assert_msg(const char* m) {
+  return m;
+}
 }  // namespace lh::detail

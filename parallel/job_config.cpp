@@ -293,6 +293,9 @@ std::string PipelineJobConfig::resume_hash() const {
   j["train"].erase("steps");
   j["train"].erase("eval_every");
   j.erase("checkpoint_every");
+  // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
+  j.erase("partition");
+  j.erase("tp_split");
   const std::string text = j.dump();
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));

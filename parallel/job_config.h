@@ -58,7 +58,8 @@ struct PipelineJobConfig {
   Result<std::vector<std::string>> grad_specs() const;
 
   // What a checkpoint of this job must agree with to be resumed: every field but the step count, the checkpoint
-  // interval and the evaluation cadence, hashed (hex). Partition and tp split as resolved by the plan.
+  // interval, the evaluation cadence, the partition and the tp split (each worker's state checks its own blocks and
+  // heads), hashed (hex).
   std::string resume_hash() const;
 
   // Every field; from_json refuses missing or mistyped fields, naming them, then validates.

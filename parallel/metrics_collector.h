@@ -20,6 +20,13 @@ class MetricsCollector {
  public:
   // `path` empty: keep the records in memory only.
   static Result<std::unique_ptr<MetricsCollector>> open(const std::string& path);
+  // A resumed job's file: the records of steps up to `step` are kept (read back, so the summary covers the whole
+  // run), later ones and lines torn by a crash are dropped (each torn line is a warning), and new records append.
+  static Result<std::unique_ptr<MetricsCollector>> open_resumed(const std::string& path, int64_t step,
+                                                                std::vector<std::string>* warnings);
+  // A rollback to `step`: records of later steps are dropped, from memory and from the file (rewritten atomically),
+  // so the steps run again are not reported twice.
+  Status truncate_after(int64_t step);
 
   // One line from worker `rank` for `step` (as the WorkerStepMetrics control message carries them). A line
   // that does not parse, or whose worker or step differ from the message's, is refused with the
@@ -33,8 +40,10 @@ class MetricsCollector {
  private:
   MetricsCollector() = default;
   mutable std::mutex mu_;
+  std::string path_;
   std::optional<StepMetricsWriter> writer_;
   std::vector<WorkerStepMetrics> records_;
+  std::vector<std::string> lines_;          // records_' lines as written
   std::set<std::pair<int, int64_t>> seen_;  // (worker, step)
   int64_t newest_ = -1;
 };

@@ -15,7 +15,47 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   LH_ASSIGN_OR_RETURN(Topology topology, job.topology());
   LH_ASSIGN_OR_RETURN(CodecPlan plan, job.codec_plan());
   std::unique_ptr<PipelineCoordinator> c(new PipelineCoordinator(job, topology, CodecSchedule(topology, plan)));
-  LH_ASSIGN_OR_RETURN(c->collector_, MetricsCollector::open(options.metrics_path));
+  if (options.resume && options.checkpoint_dir.empty())
+    return invalid_argument("--resume needs --checkpoint-dir (where the job's checkpoints are)");
+  if (!options.checkpoint_dir.empty()) {
+    LH_ASSIGN_OR_RETURN(c->store_, JobCheckpointStore::open(options.checkpoint_dir, job.workers, job.resume_hash(),
+                                                            options.keep_checkpoints));
+  }
+  std::vector<std::string> warnings;
+  if (options.resume) {
+    auto ck = c->store_->load_latest(&warnings);
+    for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
+    warnings.clear();
+    if (ck.ok()) {
+      const nlohmann::json& saved_job = ck->manifest.contains("job") ? ck->manifest["job"] : nlohmann::json();
+      if (c->job_.partition == "speed" && saved_job.is_object() && saved_job.value("partition", "") != "speed")
+        c->job_.partition = saved_job.value("partition", "");
+      if (c->job_.tp_split == "speed" && saved_job.is_object() && saved_job.value("tp_split", "") != "speed")
+        c->job_.tp_split = saved_job.value("tp_split", "");
+      if (ck->manifest.contains("changes")) {
+        Status s = c->restore_changes(ck->manifest["changes"]);
+        if (!s.ok()) return s.prepend("checkpoint step " + std::to_string(ck->step));
+      }
+      if (ck->step >= job.train.steps)
+        return invalid_argument("the newest checkpoint in '" + options.checkpoint_dir + "' is at step " +
+                                std::to_string(ck->step) + ", not before --steps " + std::to_string(job.train.steps) +
+                                "; raise --steps to train further");
+      c->resumed_from_ = ck->step;
+      LH_LOG_INFO("coordinator: resuming from the checkpoint of step {} in '{}'", ck->step, options.checkpoint_dir);
+      c->resume_ = std::move(*ck);
+    } else if (ck.status().code() == StatusCode::kNotFound) {
+      LH_LOG_WARN("coordinator: --resume: {}; starting from step 0", ck.status().message());
+    } else {
+      return ck.status();
+    }
+  }
+  if (options.resume) {
+    LH_ASSIGN_OR_RETURN(c->collector_,
+                        MetricsCollector::open_resumed(options.metrics_path, c->resumed_from_, &warnings));
+    for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
+  } else {
+    LH_ASSIGN_OR_RETURN(c->collector_, MetricsCollector::open(options.metrics_path));
+  }
   CoordinatorOptions control = options.control;
   control.expected_workers = job.workers;
   PipelineCoordinator* self = c.get();
@@ -27,6 +67,8 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   };
   hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
   hooks.on_ctl = [self](const CtlRequest& r) { return self->handle_ctl(r.command, r.args); };
+  hooks.on_shard = [self](const ShardSaved& sh) { self->on_shard(sh); };
+  hooks.on_rollback = [self](int64_t epoch, const std::string& reason) { self->on_rollback(epoch, reason); };
   LH_ASSIGN_OR_RETURN(c->coordinator_, Coordinator::start(control, std::move(hooks)));
   return c;
 }
@@ -55,8 +97,16 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
     config = job_.to_json().dump();
   }
   std::vector<Plan> plans;
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::vector<SetCodec> changes = changes_locked();
   for (size_t i = 0; i < workers.size(); ++i) {
     Plan p;
+    p.changes = changes;
+    if (resume_ && resume_->step > 0) {
+      p.resume_step = resume_->step;
+      const std::string& bytes = resume_->shards.at(i);
+      p.shard.assign(bytes.begin(), bytes.end());
+    }
     p.rank = static_cast<int>(i);
     p.world_size = topology_.workers();
     WorkerCoord c = topology_.coord_of(p.rank);
@@ -79,8 +129,11 @@ void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason
   const std::string said = reason.rfind("left: ", 0) == 0 ? reason.substr(6) : reason;
   if (w.state == WorkerInfo::State::kLeft && said == "done") return;
   const std::string host = w.join.hostname.empty() ? "" : " (" + w.join.hostname + ")";
-  const std::string why = "worker " + std::to_string(w.rank) + host +
-                          (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") + ": " + said;
+  // No rank: the job itself gave up (no replacement came for a lost worker).
+  const std::string why = w.rank < 0 ? reason
+                                     : "worker " + std::to_string(w.rank) + host +
+                                           (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") +
+                                           ": " + said;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_) return;  // the first loss is the cause; the rest follow from it
@@ -88,6 +141,110 @@ void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason
   }
   LH_LOG_ERROR("coordinator: {}", why);
   coordinator_->shutdown(why);
+}
+
+std::vector<SetCodec> PipelineCoordinator::changes_locked() const {
+  std::vector<SetCodec> out;
+  for (const CodecChange& c : codecs_.changes()) {
+    SetCodec m = set_codec_message(c, topology_);
+    m.apply_at_step = c.from_step;
+    out.push_back(m);
+  }
+  auto role_change = [&](const GradChange& c, const char* dir) {
+    SetCodec m{-1, -1, dir, c.spec, c.from};
+    if (c.stage >= 0) {  // one stage's dp group: named by one of its replica pairs
+      m.src = topology_.rank_of({c.stage, 0, 0});
+      m.dst = topology_.rank_of({c.stage, 0, 1});
+    }
+    out.push_back(m);
+  };
+  for (const GradChange& c : grad_changes_) role_change(c, "grad");
+  for (const GradChange& c : tp_changes_) role_change(c, "tp");
+  return out;
+}
+
+Status PipelineCoordinator::restore_changes(const nlohmann::json& changes) {
+  if (!changes.is_array()) return corrupt("the manifest's changes are not a list");
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    for (const auto& e : changes) {
+      SetCodec m{e.at("src").get<int32_t>(), e.at("dst").get<int32_t>(), e.at("dir").get<std::string>(),
+                 e.at("spec").get<std::string>(), e.at("from_step").get<int64_t>()};
+      if (m.apply_at_step < 1) return corrupt("a codec change from step " + std::to_string(m.apply_at_step));
+      if (m.dir == "grad" || m.dir == "tp") {
+        int stage = -1;
+        if (m.src >= 0) {
+          LH_ASSIGN_OR_RETURN(WorkerCoord wc, topology_.checked_coord_of(m.src));
+          stage = wc.stage;
+        }
+        (m.dir == "grad" ? grad_changes_ : tp_changes_).push_back({m.apply_at_step, m.spec, stage});
+        continue;
+      }
+      LH_ASSIGN_OR_RETURN(CodecChange c, codec_change_of(m, topology_, codecs_));
+      LH_RETURN_IF_ERROR(codecs_.schedule_change(c));
+    }
+  } catch (const std::exception& e) {
+    return corrupt(std::string("a codec change in the manifest lacks a field (") + e.what() + ")");
+  }
+  return Status::Ok();
+}
+
+void PipelineCoordinator::on_shard(const ShardSaved& sh) {
+  if (!store_) {
+    LH_LOG_WARN("coordinator: rank {} sent a checkpoint shard, but the job has no --checkpoint-dir", sh.rank);
+    return;
+  }
+  auto complete = store_->add_shard(sh.step, sh.rank, std::string(sh.bytes.begin(), sh.bytes.end()));
+  if (!complete.ok()) {
+    LH_LOG_WARN("coordinator: checkpoint shard of rank {} for step {} not saved: {}", sh.rank, sh.step,
+                complete.status().message());
+    return;
+  }
+  if (!*complete) return;
+  nlohmann::json extra;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    extra["job"] = job_.to_json();
+    nlohmann::json changes = nlohmann::json::array();
+    for (const SetCodec& c : changes_locked())
+      changes.push_back(
+          {{"src", c.src}, {"dst", c.dst}, {"dir", c.dir}, {"spec", c.spec}, {"from_step", c.apply_at_step}});
+    extra["changes"] = changes;
+  }
+  extra["epoch"] = coordinator_->epoch();
+  Status s = store_->commit(sh.step, extra);
+  if (!s.ok())
+    LH_LOG_ERROR("coordinator: checkpoint of step {} not committed: {}", sh.step, s.message());
+  else
+    LH_LOG_INFO("coordinator: checkpoint of step {} committed in '{}'", sh.step, store_->dir());
+}
+
+void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) {
+  std::optional<JobCheckpoint> from;
+  int64_t step = 0;
+  if (store_) {
+    std::vector<std::string> warnings;
+    store_->discard_uncommitted_after(store_->last_committed());
+    auto ck = store_->load_latest(&warnings);
+    for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
+    if (ck.ok()) {
+      step = ck->step;
+      from = std::move(*ck);
+    } else if (ck.status().code() != StatusCode::kNotFound) {
+      LH_LOG_ERROR("coordinator: no checkpoint to roll back to: {}", ck.status().message());
+    }
+  }
+  Status s = collector_->truncate_after(step);
+  if (!s.ok()) LH_LOG_WARN("coordinator: metrics after step {} not dropped: {}", step, s.message());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resume_ = std::move(from);
+  }
+  LH_LOG_WARN("coordinator: epoch {}: the job goes back to step {} ({}); {}", epoch, step,
+              step > 0 ? "its last checkpoint"
+              : store_ ? "no checkpoint yet"
+                       : "no --checkpoint-dir",
+              reason);
 }
 
 Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
@@ -250,6 +407,8 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   auto text = [&](const char* f) {
     return j.contains(f) && j[f].is_string() ? j[f].get<std::string>() : std::string();
   };
+  if (coordinator_->recovering())
+    return unavailable("set-codec: the job is rolling back to its last checkpoint; try again once it steps");
   std::lock_guard<std::mutex> lock(mu_);
   // Workers may be one step past the newest report; two ahead is a boundary none has begun.
   const int64_t newest = collector_->newest_step();

@@ -12,6 +12,7 @@
 
 #include "parallel/codec_plan.h"
 #include "parallel/dp_reducer.h"
+#include "parallel/job_checkpoint.h"
 #include "parallel/job_config.h"
 #include "parallel/metrics_collector.h"
 #include "transport/coordinator.h"
@@ -21,6 +22,11 @@ namespace lh {
 struct PipelineCoordinatorOptions {
   CoordinatorOptions control;  // listen address, token, heartbeats (expected_workers is set from the job)
   std::string metrics_path;    // the job's JSON-lines metrics; empty: memory only
+  // Job checkpoints (the job's checkpoint_every sets how often): committed here, `keep` of them kept.
+  std::string checkpoint_dir;
+  int keep_checkpoints = 3;
+  // Start from the newest usable checkpoint in checkpoint_dir (none: from the beginning, with a warning).
+  bool resume = false;
 };
 
 class PipelineCoordinator {
@@ -33,6 +39,10 @@ class PipelineCoordinator {
   // the lost worker (the others are told to stop). Unavailable on timeout.
   Status wait(std::chrono::milliseconds timeout);
   Result<MetricsSummary> summary() const { return collector_->summary(); }
+  // The step the job started from (0, or the checkpoint --resume found) and the newest committed checkpoint.
+  int64_t resumed_from() const { return resumed_from_; }
+  int64_t last_checkpoint() const { return store_ ? store_->last_committed() : 0; }
+  int64_t epoch() const { return coordinator_->epoch(); }
 
   // The ctl commands (also reachable through the control socket):
   //   status                                  → JSON: job, step, plan, codecs per link, measured bandwidth
@@ -49,6 +59,12 @@ class PipelineCoordinator {
       : job_(std::move(job)), topology_(std::move(topology)), codecs_(std::move(schedule)) {}
   Result<std::vector<Plan>> make_plans(const std::vector<WorkerInfo>& workers);
   void on_lost(const WorkerInfo& w, const std::string& reason);
+  void on_shard(const ShardSaved& shard);
+  void on_rollback(int64_t epoch, const std::string& reason);
+  // Every live codec change so far, as the Plan's `changes` list (the manifest stores the same).
+  std::vector<SetCodec> changes_locked() const;
+  // Puts a checkpoint's changes (manifest "changes") back into the codec history.
+  Status restore_changes(const nlohmann::json& changes);
   nlohmann::json status_json();
 
   PipelineJobConfig job_;
@@ -64,6 +80,9 @@ class PipelineCoordinator {
   std::vector<GradChange> tp_changes_;    // ctl set-codec --role tp (every group: stage −1)
   std::optional<Status> failure_;
   std::unique_ptr<MetricsCollector> collector_;
+  std::unique_ptr<JobCheckpointStore> store_;
+  std::optional<JobCheckpoint> resume_;  // what the next plans start from (guarded by mu_)
+  int64_t resumed_from_ = 0;
   std::unique_ptr<Coordinator> coordinator_;
 };
 

@@ -57,6 +57,10 @@ class EventPump {
             "worker " + std::to_string(lost->rank) + " (" + lost->hostname + ") was lost: " + lost->reason;
         if (!stop_reason_) stop_reason_ = unavailable(why);
         fail_all(why);
+      } else if (auto* back = std::get_if<Rollback>(&*ev)) {
+        // Replaces any earlier reason: a neighbour's failure that led here is part of the same loss.
+        stop_reason_ = aborted("the job rolls back: " + back->reason);
+        fail_all("job rolled back: " + back->reason);
       } else if (auto* down = std::get_if<Shutdown>(&*ev)) {
         if (!stop_reason_) stop_reason_ = unavailable("the coordinator stopped the job: " + down->reason);
         fail_all("job shut down: " + down->reason);
@@ -74,21 +78,59 @@ class EventPump {
   std::thread thread_;
 };
 
-}  // namespace
+// Applies one set-codec message (live, or from a Plan's list) to the runner or the link schedule; refused ones are
+// logged. `resumed` is the step the epoch started after: grad and tp changes up to it are in the loaded state.
+void apply_codec_change(const SetCodec& m, int64_t step, int64_t resumed, int rank, const Topology& topology,
+                        CodecSchedule& codecs, StageRunner& runner) {
+  if (m.dir == "grad" || m.dir == "tp") {
+    // A grad change naming a pair is for that stage's dp group only; tp changes are for every group.
+    if (m.dir == "grad" && m.src >= 0) {
+      auto c = topology.checked_coord_of(m.src);
+      if (!c.ok()) {
+        LH_LOG_WARN("set-codec ignored: {}", c.status().message());
+        return;
+      }
+      if (c->stage != topology.coord_of(rank).stage) return;
+    }
+    const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
+    if (from <= resumed) return;
+    const bool tp = m.dir == "tp";
+    Status s = tp ? runner.schedule_tp_codec(m.spec, from) : runner.schedule_grad_codec(m.spec, from);
+    if (!s.ok())
+      LH_LOG_WARN("set-codec ignored: {}", s.message());
+    else
+      LH_LOG_INFO("the {} codec becomes {} from step {}", tp ? "tp shards' partial-sum" : "replicas' gradient", m.spec,
+                  from);
+    return;
+  }
+  auto change = codec_change_of(m, topology, codecs);
+  Status s = change.ok() ? codecs.schedule_change(*change) : change.status();
+  if (!s.ok())
+    LH_LOG_WARN("set-codec ignored: {}", s.message());
+  else
+    LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(), link_dir_name(change->dir),
+                change->spec, change->from_step);
+}
 
-Status run_pipeline_worker(const PipelineWorkerOptions& options) {
+// One epoch of the job: join (as `*rank` when it is set), connect, load the plan's state, train until the last step,
+// a failure, or a rollback (kAborted: the caller joins again).
+Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* rank) {
   LH_ASSIGN_OR_RETURN(std::unique_ptr<UcxDataPlane> ucx, UcxDataPlane::create(options.ucx));
   auto meter = std::make_shared<LinkMeter>();
   ucx->set_meter(meter);
-  ControlClientOptions co;
-  co.coordinator = options.coordinator;
-  co.token = options.token;
-  co.hostname = options.hostname;
-  co.compute_speed = options.compute_speed;
-  LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
-  LH_ASSIGN_OR_RETURN(Plan plan, cc->join(ucx->address(), options.join_timeout));
+  // Joining again after a rollback waits as long as the coordinator waits for a replacement; a coordinator that
+  // goes silent meanwhile ends the wait.
+  const auto join_wait = *rank >= 0 ? std::max<std::chrono::milliseconds>(options.join_timeout, std::chrono::hours(24))
+                                    : options.join_timeout;
+  auto joined = cc.join(ucx->address(), join_wait, *rank);
+  if (!joined.ok() && cc.shutdown_reason() == kJobFinishedReason) {
+    LH_LOG_INFO("the job finished without needing this worker (it waited as a standby)");
+    return Status::Ok();
+  }
+  LH_ASSIGN_OR_RETURN(Plan plan, std::move(joined));
   auto job = PipelineJobConfig::from_json(plan.config);
   if (!job.ok()) return Status(job.status()).prepend("the coordinator's plan");
+  *rank = plan.rank;
   if (options.on_rank) options.on_rank(plan.rank);
   LH_ASSIGN_OR_RETURN(Topology topology, job->topology());
   LH_ASSIGN_OR_RETURN(Partition partition, job->make_partition());
@@ -122,6 +164,14 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   LH_LOG_INFO("stage {} of {}: blocks [{}, {}){}{}", runner->span().stage, topology.pp(), runner->span().first_block,
               runner->span().end_block(), runner->span().has_embedding ? " + embedding" : "",
               runner->span().has_head ? " + head" : "");
+  if (plan.resume_step > 0) {
+    auto pos = runner->load_state(std::string(plan.shard.begin(), plan.shard.end()));
+    if (!pos.ok()) return Status(pos.status()).prepend("the checkpoint of step " + std::to_string(plan.resume_step));
+    LH_RETURN_IF_ERROR(sampler.restore(*pos));
+    LH_LOG_INFO("rank {}: resumed after step {} (epoch {})", plan.rank, plan.resume_step, plan.epoch);
+  }
+  for (const SetCodec& m : plan.changes)
+    apply_codec_change(m, plan.resume_step + 1, plan.resume_step, plan.rank, topology, codecs, *runner);
   {
     // What tensor parallelism is for: the model state this worker holds (fp32 parameters, gradients and AdamW's
     // two moments), and, at the end, its peak resident memory.
@@ -132,51 +182,36 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         "optimizer state {:.2f} MB",
         plan.rank, me.stage, me.tp, runner->model().local_heads(), me.dp, n, double(n) * 16 / 1e6);
   }
-  LH_RETURN_IF_ERROR(cc->ready(options.join_timeout));
+  LH_RETURN_IF_ERROR(cc.ready(options.join_timeout));
 
   Status result = Status::Ok();
   {
-    EventPump events(*cc, *plane);
+    EventPump events(cc, *plane);
     std::vector<int32_t> tokens, targets;
-    for (int64_t step = 1; step <= train.steps; ++step) {
+    // A failed step waits this long for the coordinator's verdict: a lost neighbour (a rollback) or not.
+    const auto verdict_wait = std::chrono::milliseconds(plan.heartbeat_timeout_ms) + std::chrono::seconds(3);
+    auto failed = [&](const Status& s) {
+      if (auto why = events.stop_reason()) return *why;
+      if (s.code() == StatusCode::kOutOfRange) return s;  // the model's own failure (divergence): no one to wait for
+      const auto until = std::chrono::steady_clock::now() + verdict_wait;
+      while (std::chrono::steady_clock::now() < until) {
+        if (auto why = events.stop_reason()) return *why;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      return s;
+    };
+    for (int64_t step = plan.resume_step + 1; step <= train.steps; ++step) {
       if (auto why = events.stop_reason()) {
         result = *why;
         break;
       }
-      for (const SetCodec& m : events.take_codec_changes()) {
-        if (m.dir == "grad" || m.dir == "tp") {
-          // A grad change naming a pair is for that stage's dp group only; tp changes are for every group.
-          if (m.dir == "grad" && m.src >= 0) {
-            auto c = topology.checked_coord_of(m.src);
-            if (!c.ok()) {
-              LH_LOG_WARN("set-codec ignored: {}", c.status().message());
-              continue;
-            }
-            if (c->stage != topology.coord_of(plan.rank).stage) continue;
-          }
-          const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
-          const bool tp = m.dir == "tp";
-          Status s = tp ? runner->schedule_tp_codec(m.spec, from) : runner->schedule_grad_codec(m.spec, from);
-          if (!s.ok())
-            LH_LOG_WARN("set-codec ignored: {}", s.message());
-          else
-            LH_LOG_INFO("the {} codec becomes {} from step {}", tp ? "tp shards' partial-sum" : "replicas' gradient",
-                        m.spec, from);
-          continue;
-        }
-        auto change = codec_change_of(m, topology, codecs);
-        Status s = change.ok() ? codecs.schedule_change(*change) : change.status();
-        if (!s.ok())
-          LH_LOG_WARN("set-codec ignored: {}", s.message());
-        else
-          LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(), link_dir_name(change->dir),
-                      change->spec, change->from_step);
-      }
+      for (const SetCodec& m : events.take_codec_changes())
+        apply_codec_change(m, step, plan.resume_step, plan.rank, topology, codecs, *runner);
       sampler.next(&tokens, &targets);
       auto r = runner->step(step, tokens.data(), targets.data());
       if (!r.ok()) {
         // A lost peer explains a failed receive better than the receive itself.
-        result = events.stop_reason().value_or(r.status());
+        result = failed(r.status());
         break;
       }
       // Validation as `longhaul train` does it: every eval_every steps and after the last, on the
@@ -188,21 +223,54 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         for (int b = 0; b < train.eval_batches; ++b) val.next(vtok.data() + b * n, vtgt.data() + b * n);
         auto v = runner->evaluate(step, vtok.data(), vtgt.data(), train.eval_batches);
         if (!v.ok()) {
-          result = events.stop_reason().value_or(v.status());
+          result = failed(v.status());
           break;
         }
       }
-      cc->send_metrics(step, step_metrics_to_line(runner->take_step_metrics()));
+      cc.send_metrics(step, step_metrics_to_line(runner->take_step_metrics()));
+      if (job->checkpoint_every > 0 && (step % job->checkpoint_every == 0 || step == train.steps)) {
+        auto bytes = runner->save_state(sampler.rng());
+        if (!bytes.ok()) {
+          result = Status(bytes.status()).prepend("checkpoint of step " + std::to_string(step));
+          break;
+        }
+        if (bytes->size() > kMaxShardMessageBytes) {
+          result = invalid_argument("checkpoint of step " + std::to_string(step) + ": this worker's state is " +
+                                    std::to_string(bytes->size() >> 20) + " MiB, more than the " +
+                                    std::to_string(kMaxShardMessageBytes >> 20) +
+                                    " MiB a control message carries; use more stages or tensor shards");
+          break;
+        }
+        cc.send_shard(step, std::vector<uint8_t>(bytes->begin(), bytes->end()));
+      }
     }
   }
   // Leaving early would make the coordinator report this worker lost to peers still finishing
   // their last step, so every worker first waits for the others at the end barrier.
-  if (result.ok()) result = cc->barrier(1, options.receive_timeout);
-  cc->leave(result.ok() ? "done" : result.message());
+  if (result.ok()) result = cc.barrier(1, options.receive_timeout);
+  if (result.code() == StatusCode::kAborted) return result;  // no leave: this worker joins the next epoch
+  cc.leave(result.ok() ? "done" : result.message());
   struct rusage usage {};
   if (getrusage(RUSAGE_SELF, &usage) == 0)
     LH_LOG_INFO("rank {}: peak resident memory {:.1f} MB", plan.rank, double(usage.ru_maxrss) * 1024 / 1e6);
   return result;
+}
+
+}  // namespace
+
+Status run_pipeline_worker(const PipelineWorkerOptions& options) {
+  ControlClientOptions co;
+  co.coordinator = options.coordinator;
+  co.token = options.token;
+  co.hostname = options.hostname;
+  co.compute_speed = options.compute_speed;
+  LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
+  int rank = -1;
+  for (;;) {
+    Status s = run_epoch(options, *cc, &rank);
+    if (s.code() != StatusCode::kAborted) return s;
+    LH_LOG_WARN("rank {}: {}; joining the next epoch", rank, s.message());
+  }
 }
 
 }  // namespace lh

@@ -73,6 +73,11 @@ void ControlClient::on_message(Frames&& frames) {
       break;
     case MsgType::kShutdown:
       shutdown_ = true;
+      shutdown_reason_ = std::get<Shutdown>(m).reason;
+      events_.push_back(std::move(m));
+      break;
+    case MsgType::kRollback:
+      rollback_ = true;
       events_.push_back(std::move(m));
       break;
     case MsgType::kSetCodec:
@@ -94,7 +99,7 @@ void ControlClient::on_tick() {
     if (!join_sent_) return;  // nothing to keep alive yet
     // The coordinator's own heartbeat interval comes with the Plan; until then, its silence is judged by join()'s
     // timeout (the join window), not by this client's default.
-    if (!shutdown_ && joined_ && now - last_heard_ > timeout_) {
+    if (!shutdown_ && (joined_ || rejoining_) && now - last_heard_ > timeout_) {
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
       LH_LOG_ERROR("control: coordinator silent for {} ms; treating it as lost", silent);
       shutdown_ = true;
@@ -110,21 +115,31 @@ void ControlClient::on_tick() {
   if (beat) send(Heartbeat{++seq_});
 }
 
-Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout) {
+Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (joined_ || join_reply_ || join_sent_) return invalid_argument("join() called twice");
+    if ((joined_ || join_reply_ || join_sent_) && !rollback_) return invalid_argument("join() called twice");
+    // A rejoin after a Rollback: what belonged to the abandoned epoch goes.
+    rejoining_ = joined_;
+    joined_ = false;
+    join_reply_.reset();
+    released_barriers_.clear();
+    events_.clear();
+    rollback_ = false;
     last_heard_ = std::chrono::steady_clock::now();
     join_sent_ = true;
   }
-  send(Join{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address});
+  plan_.reset();
+  send(Join{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address, rank});
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return join_reply_.has_value(); }))
+  if (!cv_.wait_for(lock, timeout, [&] { return join_reply_.has_value() || shutdown_; }))
     return unavailable("no Plan from the coordinator at " + options_.coordinator + " within " +
                        std::to_string(timeout.count()) + " ms");
+  if (!join_reply_) return unavailable("the coordinator stopped the job: " + shutdown_reason_);
   Result<Plan> r = std::move(*join_reply_);
   if (!r.ok()) return r.status();
   joined_ = true;
+  rejoining_ = false;
   interval_ = std::chrono::milliseconds(r->heartbeat_interval_ms);
   timeout_ = std::chrono::milliseconds(r->heartbeat_timeout_ms);
   plan_ = r.value();
@@ -135,8 +150,9 @@ Status ControlClient::ready(std::chrono::milliseconds timeout) {
   if (!plan_) return invalid_argument("ready() before join()");
   send(Ready{plan_->rank});
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(0) || shutdown_; }))
+  if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(0) || shutdown_ || rollback_; }))
     return unavailable("the job did not start within " + std::to_string(timeout.count()) + " ms");
+  if (rollback_ && !released_barriers_.count(0)) return aborted("the job rolled back before it started");
   if (!released_barriers_.count(0)) return unavailable("shut down before the job started");
   return Status::Ok();
 }
@@ -146,9 +162,11 @@ Status ControlClient::barrier(uint64_t id, std::chrono::milliseconds timeout) {
   if (id == 0) return invalid_argument("barrier 0 is the start barrier; use ready()");
   send(Barrier{id});
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(id) || shutdown_; }))
+  if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(id) || shutdown_ || rollback_; }))
     return unavailable("barrier " + std::to_string(id) + " not released within " + std::to_string(timeout.count()) +
                        " ms");
+  if (rollback_ && !released_barriers_.count(id))
+    return aborted("the job rolled back while waiting at barrier " + std::to_string(id));
   if (!released_barriers_.count(id)) return unavailable("shut down while waiting at barrier " + std::to_string(id));
   released_barriers_.erase(id);
   return Status::Ok();
@@ -157,6 +175,16 @@ Status ControlClient::barrier(uint64_t id, std::chrono::milliseconds timeout) {
 void ControlClient::send_metrics(int64_t step, std::string json) {
   if (!plan_) return;
   send(StepMetrics{plan_->rank, step, std::move(json)});
+}
+
+void ControlClient::send_shard(int64_t step, std::vector<uint8_t> bytes) {
+  if (!plan_) return;
+  send(ShardSaved{plan_->rank, step, std::move(bytes)});
+}
+
+bool ControlClient::rolled_back() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rollback_;
 }
 
 void ControlClient::leave(const std::string& reason) {
@@ -178,6 +206,11 @@ std::optional<ControlMessage> ControlClient::wait_event(std::chrono::millisecond
   ControlMessage m = std::move(events_.front());
   events_.pop_front();
   return m;
+}
+
+std::string ControlClient::shutdown_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shutdown_reason_;
 }
 
 bool ControlClient::shutdown_requested() const {

@@ -44,20 +44,27 @@ class ControlClient {
 
   // Sends Join and waits for this worker's Plan. A Reject (wrong token, job full …) is returned as
   // InvalidArgument carrying the coordinator's reason.
-  Result<Plan> join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout);
+  // After a Rollback event, join() may be called again (with a new data-plane address and the rank held): the
+  // events, barriers and plan of the abandoned epoch are dropped.
+  Result<Plan> join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank = -1);
   // Sends Ready and waits for the start barrier (Barrier 0).
   Status ready(std::chrono::milliseconds timeout);
   // Waits until every live worker reached barrier `id` (> 0).
   Status barrier(uint64_t id, std::chrono::milliseconds timeout);
   void send_metrics(int64_t step, std::string json);
+  // This worker's state after `step` (a job checkpoint's shard), queued like metrics.
+  void send_shard(int64_t step, std::vector<uint8_t> bytes);
+  // Whether a Rollback arrived since the last join (ready() and barrier() then return kAborted).
+  bool rolled_back() const;
   // Tells the coordinator this worker is leaving (it then tells the others).
   void leave(const std::string& reason);
 
-  // Pushed by the coordinator after the plan: SetCodec, PeerLost, Shutdown (also queued when the
+  // Pushed by the coordinator after the plan: SetCodec, PeerLost, Rollback, Shutdown (also queued when the
   // coordinator goes silent), and Reject for a refused message.
   std::optional<ControlMessage> poll_event();
   std::optional<ControlMessage> wait_event(std::chrono::milliseconds timeout);
   bool shutdown_requested() const;
+  std::string shutdown_reason() const;
   const std::optional<Plan>& plan() const { return plan_; }
 
   // For tests: stop heartbeating (the coordinator should declare this worker dead).
@@ -79,6 +86,9 @@ class ControlClient {
   std::set<uint64_t> released_barriers_;
   std::deque<ControlMessage> events_;
   bool shutdown_ = false, joined_ = false;
+  bool rollback_ = false;   // a Rollback arrived for the current epoch
+  bool rejoining_ = false;  // join() after a Rollback: the coordinator's silence is still judged
+  std::string shutdown_reason_;
   bool join_sent_ = false;  // heartbeats run from the Join on, so a worker waiting minutes for the others stays alive
   std::chrono::steady_clock::time_point last_heard_{}, last_beat_{};
   std::chrono::milliseconds interval_{500}, timeout_{5000};

@@ -43,6 +43,8 @@ const char* worker_state_name(WorkerInfo::State s) {
       return "dead";
     case WorkerInfo::State::kLeft:
       return "left";
+    case WorkerInfo::State::kRejoining:
+      return "rejoining";
   }
   return "unknown";
 }
@@ -93,6 +95,16 @@ WorkerInfo* Coordinator::find(const std::string& identity) {
   return nullptr;
 }
 
+void Coordinator::promote_standbys_locked() {
+  while (!standby_.empty() && int(workers_.size()) < options_.expected_workers) {
+    WorkerInfo w = std::move(standby_.front());
+    standby_.erase(standby_.begin());
+    w.join_order = int(workers_.size());
+    LH_LOG_INFO("coordinator: the standby worker from '{}' takes a lost worker's place", w.join.hostname);
+    workers_.push_back(std::move(w));
+  }
+}
+
 void Coordinator::on_message(Frames&& frames) {
   if (frames.size() != 2) {
     if (!frames.empty()) {
@@ -112,15 +124,39 @@ void Coordinator::on_message(Frames&& frames) {
   Deferred later;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    for (auto& sb : standby_)
+      if (sb.identity == id) {  // a standby only keeps itself alive until it is needed
+        sb.last_seen = std::chrono::steady_clock::now();
+        if (type == MsgType::kShutdown) {
+          LH_LOG_INFO("coordinator: the standby worker from '{}' left", sb.join.hostname);
+          standby_.erase(
+              std::remove_if(standby_.begin(), standby_.end(), [&](const WorkerInfo& o) { return o.identity == id; }),
+              standby_.end());
+        }
+        return;
+      }
     WorkerInfo* w = find(id);
     if (!w || !live(*w)) {
       lock.unlock();
       return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined");
     }
     w->last_seen = std::chrono::steady_clock::now();
+    // A worker told to roll back may still send what its abandoned epoch produced: dropped quietly.
+    if (w->state == WorkerInfo::State::kRejoining && type != MsgType::kShutdown) return;
     switch (type) {
       case MsgType::kHeartbeat:
         break;
+      case MsgType::kShardSaved: {
+        auto& sh = std::get<ShardSaved>(m);
+        if (sh.rank != w->rank || w->state != WorkerInfo::State::kReady) {
+          std::string why = "ShardSaved for rank " + std::to_string(sh.rank) + " from rank " + std::to_string(w->rank) +
+                            " in state " + worker_state_name(w->state);
+          lock.unlock();
+          return reject(id, why);
+        }
+        if (hooks_.on_shard) later.push_back([this, sh = std::move(sh)] { hooks_.on_shard(sh); });
+        break;
+      }
       case MsgType::kReady: {
         int r = std::get<Ready>(m).rank;
         if (w->state != WorkerInfo::State::kPlanned || r != w->rank) {
@@ -178,12 +214,42 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     std::string why;
-    if (find(id))
+    if (WorkerInfo* known = find(id)) {
+      if (known->state == WorkerInfo::State::kRejoining) {
+        // A survivor of a rollback, back with its new data-plane address; it keeps its rank.
+        known->join = std::move(join);
+        known->state = WorkerInfo::State::kJoined;
+        known->last_seen = std::chrono::steady_clock::now();
+        LH_LOG_INFO("coordinator: rank {} ('{}') joined again for epoch {}", known->rank, known->join.hostname, epoch_);
+        plan_now = complete_locked();
+        lock.unlock();
+        if (plan_now) send_plans();
+        return;
+      }
       why = "already joined";
-    else if (planned_)
+    } else if (std::any_of(standby_.begin(), standby_.end(), [&](const WorkerInfo& o) { return o.identity == id; })) {
+      why = "already joined (as a standby)";
+    } else if (planned_ && options_.replace_timeout.count() > 0 && !shut_down_) {
+      if (standby_.size() >= size_t(options_.expected_workers)) {
+        why = "the job is running and has " + std::to_string(standby_.size()) + " standby workers already";
+      } else {
+        // A worker restarted (or added) while the job runs waits to take the place of the next lost one.
+        WorkerInfo w;
+        w.identity = id;
+        w.join = std::move(join);
+        w.last_seen = std::chrono::steady_clock::now();
+        LH_LOG_INFO(
+            "coordinator: worker from '{}' joined the running job as a standby (it takes the place of the "
+            "next lost worker)",
+            w.join.hostname);
+        standby_.push_back(std::move(w));
+        return;
+      }
+    } else if (planned_) {
       why = "the job is already planned";
-    else if (int(workers_.size()) >= options_.expected_workers)
+    } else if (int(workers_.size()) >= options_.expected_workers) {
       why = "the job is full (" + std::to_string(options_.expected_workers) + " workers)";
+    }
     if (!why.empty()) {
       lock.unlock();
       return reject(id, why);
@@ -195,15 +261,46 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
     w.last_seen = std::chrono::steady_clock::now();
     workers_.push_back(w);
     snapshot = w;
-    plan_now = int(workers_.size()) == options_.expected_workers;
-    LH_LOG_INFO("coordinator: worker {} joined from '{}' ({}, {:.1f} GFLOP/s), {}/{}", w.join_order, w.join.hostname,
-                w.join.device, w.join.compute_speed, workers_.size(), options_.expected_workers);
+    plan_now = complete_locked();
+    LH_LOG_INFO("coordinator: worker {} joined from '{}' ({}, {:.1f} GFLOP/s){}, {}/{}", w.join_order, w.join.hostname,
+                w.join.device, w.join.compute_speed, recovering_ ? " to replace a lost worker" : "", workers_.size(),
+                options_.expected_workers);
   }
   if (hooks_.on_join) hooks_.on_join(snapshot);
   if (plan_now) send_plans();
 }
 
+bool Coordinator::complete_locked() const {
+  if (planned_ || shut_down_ || int(workers_.size()) != options_.expected_workers) return false;
+  for (const auto& w : workers_)
+    if (w.state != WorkerInfo::State::kJoined) return false;
+  return true;
+}
+
 void Coordinator::send_plans() {
+  {
+    // Ranks: survivors keep theirs; a worker naming a free rank (one coming back to a restarted coordinator) gets
+    // it; the others take the free ranks in join order. Then workers_ is in rank order.
+    std::lock_guard<std::mutex> lock(mu_);
+    const int n = options_.expected_workers;
+    std::vector<bool> used(size_t(n), false);
+    for (auto& w : workers_)
+      if (w.rank >= 0 && w.rank < n) used[size_t(w.rank)] = true;
+    for (auto& w : workers_)
+      if (w.rank < 0 && w.join.rank >= 0 && w.join.rank < n && !used[size_t(w.join.rank)]) {
+        w.rank = w.join.rank;
+        used[size_t(w.rank)] = true;
+      }
+    int next = 0;
+    for (auto& w : workers_)
+      if (w.rank < 0) {
+        while (used[size_t(next)]) ++next;
+        w.rank = next;
+        used[size_t(next)] = true;
+      }
+    std::stable_sort(workers_.begin(), workers_.end(),
+                     [](const WorkerInfo& a, const WorkerInfo& b) { return a.rank < b.rank; });
+  }
   std::vector<WorkerInfo> ws = workers();
   std::vector<Plan> plans;
   if (hooks_.make_plans) {
@@ -245,15 +342,19 @@ void Coordinator::send_plans() {
       rank_to_identity_[plans[i].rank] = workers_[i].identity;
     }
     planned_ = true;
+    recovering_ = false;
+    vacant_.clear();
   }
+  const int64_t epoch = this->epoch();
   for (size_t i = 0; i < ws.size(); ++i) {
     Plan& p = plans[i];
+    p.epoch = epoch;
     if (p.peers.empty()) p.peers = peers;
     p.heartbeat_interval_ms = int32_t(options_.heartbeat_interval.count());
     p.heartbeat_timeout_ms = int32_t(options_.heartbeat_timeout.count());
     send_raw(ws[i].identity, p);
   }
-  LH_LOG_INFO("coordinator: plans sent to {} workers", ws.size());
+  LH_LOG_INFO("coordinator: plans sent to {} workers (epoch {})", ws.size(), epoch);
 }
 
 void Coordinator::check_barriers() {
@@ -294,6 +395,32 @@ void Coordinator::check_barriers() {
 
 void Coordinator::declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,
                                std::vector<std::function<void()>>& later) {
+  bool someone_left = false;
+  for (const auto& o : workers_) someone_left |= o.state == WorkerInfo::State::kLeft;
+  const bool rejoining = w.state == WorkerInfo::State::kRejoining;
+  if (options_.replace_timeout.count() > 0 && !shut_down_ && !someone_left &&
+      (state == WorkerInfo::State::kDead || rejoining)) {
+    const int rank = w.rank;
+    const std::string host = w.join.hostname;
+    if (planned_ || recovering_)
+      LH_LOG_ERROR("coordinator: rank {} ('{}') {}: {}", rank, host,
+                   state == WorkerInfo::State::kDead ? "declared dead" : "left", reason);
+    else
+      LH_LOG_WARN("coordinator: worker '{}' was lost before the job was planned ({}); its place is free", host, reason);
+    const std::string id = w.identity;
+    workers_.erase(
+        std::remove_if(workers_.begin(), workers_.end(), [&](const WorkerInfo& o) { return o.identity == id; }),
+        workers_.end());
+    if (rank >= 0) {
+      rank_to_identity_.erase(rank);
+      vacant_.insert(rank);
+    }
+    if (planned_ || recovering_)
+      begin_rollback_locked("worker " + std::to_string(rank) + " ('" + host + "') was lost: " + reason, later);
+    promote_standbys_locked();
+    cv_.notify_all();
+    return;
+  }
   w.state = state;
   PeerLost lost{w.rank, w.join.hostname, reason};
   if (state == WorkerInfo::State::kDead)
@@ -306,27 +433,84 @@ void Coordinator::declare_lost(WorkerInfo& w, WorkerInfo::State state, const std
   if (hooks_.on_worker_lost) later.push_back([this, copy = w, reason] { hooks_.on_worker_lost(copy, reason); });
 }
 
+void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later) {
+  if (!planned_) return;  // already waiting for workers: the new vacancy is simply one more
+  const int64_t left = epoch_++;
+  planned_ = false;
+  all_ready_ = false;
+  barrier_arrivals_.clear();
+  recovering_ = true;
+  recovery_deadline_ = std::chrono::steady_clock::now() + options_.replace_timeout;
+  LH_LOG_WARN("coordinator: rolling the job back (epoch {} → {}); waiting up to {} s for a worker to take rank(s) {}",
+              left, epoch_, options_.replace_timeout.count() / 1000, [&] {
+                std::string r;
+                for (int v : vacant_) r += (r.empty() ? "" : ",") + std::to_string(v);
+                return r;
+              }());
+  for (auto& o : workers_)
+    if (live(o)) {
+      o.state = WorkerInfo::State::kRejoining;
+      send_raw(o.identity, Rollback{left, reason});
+    }
+  if (hooks_.on_rollback) later.push_back([this, e = epoch_, reason] { hooks_.on_rollback(e, reason); });
+}
+
 void Coordinator::on_tick() {
   auto now = std::chrono::steady_clock::now();
   std::vector<std::string> alive;
   Deferred later;
+  std::string give_up;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    for (size_t i = 0; i < workers_.size(); ++i) {
-      WorkerInfo& w = workers_[i];
+    std::vector<std::pair<std::string, std::string>> silent_ones;  // identity, reason
+    for (const WorkerInfo& w : workers_) {
       if (!live(w)) continue;
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen);
-      if (silent > options_.heartbeat_timeout) {
-        declare_lost(w, WorkerInfo::State::kDead,
-                     "no message for " + std::to_string(silent.count()) + " ms (timeout " +
-                         std::to_string(options_.heartbeat_timeout.count()) + " ms)",
-                     later);
-        continue;
+      if (silent > options_.heartbeat_timeout)
+        silent_ones.emplace_back(w.identity, "no message for " + std::to_string(silent.count()) + " ms (timeout " +
+                                                 std::to_string(options_.heartbeat_timeout.count()) + " ms)");
+      else
+        alive.push_back(w.identity);
+    }
+    for (const auto& [id, why] : silent_ones)
+      if (WorkerInfo* w = find(id)) declare_lost(*w, WorkerInfo::State::kDead, why, later);
+    for (auto it = standby_.begin(); it != standby_.end();) {
+      if (now - it->last_seen > options_.heartbeat_timeout) {
+        LH_LOG_WARN("coordinator: the standby worker from '{}' went silent; dropped", it->join.hostname);
+        it = standby_.erase(it);
+      } else {
+        alive.push_back(it->identity);
+        ++it;
       }
-      alive.push_back(w.identity);
+    }
+    if (recovering_ && !shut_down_ && now > recovery_deadline_) {
+      std::string ranks;
+      for (int v : vacant_) ranks += (ranks.empty() ? "" : ",") + std::to_string(v);
+      give_up = "no worker took the place of rank(s) " + ranks + " within the replace timeout of " +
+                std::to_string(options_.replace_timeout.count() / 1000) + " s";
     }
   }
   run_all(later);
+  {
+    std::vector<std::string> unneeded;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!standby_.empty() && all_finished_locked()) {
+        for (const auto& sb : standby_) unneeded.push_back(sb.identity);
+        standby_.clear();
+      }
+    }
+    for (const auto& id : unneeded) send_raw(id, Shutdown{kJobFinishedReason});
+  }
+  if (!give_up.empty()) {
+    LH_LOG_ERROR("coordinator: {}", give_up);
+    if (hooks_.on_worker_lost) {
+      WorkerInfo none;
+      none.state = WorkerInfo::State::kDead;
+      hooks_.on_worker_lost(none, give_up);
+    }
+    shutdown(give_up);
+  }
   if (now - last_beat_ >= options_.heartbeat_interval) {
     last_beat_ = now;
     for (auto& id : alive) send_raw(id, Heartbeat{0});
@@ -394,6 +578,13 @@ void Coordinator::broadcast(const ControlMessage& m) {
 void Coordinator::shutdown(const std::string& reason) {
   LH_LOG_INFO("coordinator: shutting the job down: {}", reason);
   broadcast(Shutdown{reason});
+  std::vector<std::string> standbys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& sb : standby_) standbys.push_back(sb.identity);
+    standby_.clear();
+  }
+  for (const auto& id : standbys) send_raw(id, Shutdown{reason});
   std::lock_guard<std::mutex> lock(mu_);
   shut_down_ = true;
   cv_.notify_all();
@@ -416,6 +607,8 @@ nlohmann::json Coordinator::status_json() const {
                   {"state", worker_state_name(w.state)},
                   {"silent_ms", std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen).count()}});
   return {{"endpoint", loop_->endpoint()},
+          {"epoch", epoch_},
+          {"recovering", recovering_},
           {"expected_workers", options_.expected_workers},
           {"planned", planned_},
           {"running", all_ready_},
@@ -445,6 +638,16 @@ bool Coordinator::all_finished_locked() const {
 bool Coordinator::wait_done(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
   return cv_.wait_for(lock, timeout, [&] { return all_finished_locked(); });
+}
+
+int64_t Coordinator::epoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_;
+}
+
+bool Coordinator::recovering() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recovering_;
 }
 
 bool Coordinator::done() const {

@@ -26,10 +26,16 @@ struct CoordinatorOptions {
   int expected_workers = 1;                  // plans go out once this many have joined
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{5000};  // silence longer than this: dead
+  // 0: a dead worker ends the job. Otherwise a worker declared dead while the job runs starts a rollback: the
+  // survivors are sent Rollback and join again as themselves, the dead one's rank waits this long for a new worker
+  // (any that joins with the token), and the job is planned again (a new epoch) once every rank is back. A worker
+  // that dies before the plan only frees its place.
+  std::chrono::milliseconds replace_timeout{0};
 };
 
 struct WorkerInfo {
-  enum class State { kJoined, kPlanned, kReady, kDead, kLeft };
+  // kRejoining: told to roll back, expected to join again as the same rank.
+  enum class State { kJoined, kPlanned, kReady, kDead, kLeft, kRejoining };
   std::string identity;  // ZeroMQ routing id
   int rank = -1;         // -1 until planned
   int join_order = 0;    // 0 for the first worker to join
@@ -43,10 +49,12 @@ const char* worker_state_name(WorkerInfo::State s);
 // shutdown (they queue) but must not block for long.
 struct CoordinatorHooks {
   std::function<void(const WorkerInfo&)> on_join;
-  // Builds the Plans once expected_workers have joined; `workers` is in join order and plan i goes to
-  // workers[i]. Ranks must be 0..N-1, each once. The coordinator fills in `peers` (every rank's
-  // hostname, device and UCX address) when a plan leaves it empty, and always sets the heartbeat
-  // fields. Unset: worker i gets rank i in a pp=N pipeline with no codecs and an empty config.
+  // Builds the Plans once expected_workers have joined; `workers` is in rank order (workers[i].rank == i: survivors
+  // of a rollback keep theirs, a worker naming a free rank gets it, the rest take the free ranks in join order) and
+  // plan i goes to workers[i]. Plan ranks must be 0..N-1, each once; the coordinator sets each plan's epoch. The
+  // coordinator fills in `peers` (every rank's hostname, device and UCX address) when a plan leaves it empty, and
+  // always sets the heartbeat fields. Unset: worker i gets rank i in a pp=N pipeline with no codecs and an empty
+  // config.
   std::function<Result<std::vector<Plan>>(const std::vector<WorkerInfo>&)> make_plans;
   std::function<void()> on_all_ready;  // after Barrier 0 went out
   std::function<void(const StepMetrics&)> on_metrics;
@@ -56,6 +64,10 @@ struct CoordinatorHooks {
   // status_json(), "set-codec" (args: a SetCodec as {"src","dst","dir","spec","apply_at_step"}) is
   // broadcast to the workers, anything else is refused.
   std::function<Result<std::string>(const CtlRequest&)> on_ctl;
+  // A worker's checkpoint shard (only from a worker of the current epoch).
+  std::function<void(const ShardSaved&)> on_shard;
+  // A rollback began (replace_timeout > 0): `epoch` is the new epoch, `reason` names the lost worker.
+  std::function<void(int64_t epoch, const std::string& reason)> on_rollback;
 };
 
 class Coordinator {
@@ -81,6 +93,8 @@ class Coordinator {
   // Blocks until every worker has left or died, or shutdown() was called.
   bool wait_done(std::chrono::milliseconds timeout) const;
   bool done() const;
+  int64_t epoch() const;
+  bool recovering() const;
 
  private:
   Coordinator() = default;
@@ -96,6 +110,10 @@ class Coordinator {
                     std::vector<std::function<void()>>& later);
   void send_raw(const std::string& identity, const ControlMessage& m);
   WorkerInfo* find(const std::string& identity);
+  // With mu_ held: every rank has a joined worker (a fresh job's or a rollback's), so plans can go out.
+  bool complete_locked() const;
+  // With mu_ held: the lost worker `w` starts a rollback (see CoordinatorOptions::replace_timeout).
+  void begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later);
   bool all_finished_locked() const;
 
   CoordinatorOptions options_;
@@ -109,6 +127,14 @@ class Coordinator {
   bool planned_ = false, all_ready_ = false, shut_down_ = false;
   std::map<uint64_t, std::set<int>> barrier_arrivals_;  // barrier id -> ranks that reached it
   uint64_t rejected_ = 0;
+  int64_t epoch_ = 1;
+  bool recovering_ = false;
+  std::chrono::steady_clock::time_point recovery_deadline_{};
+  std::set<int> vacant_;  // ranks of lost workers waiting for a replacement
+  // Workers that joined a running job (replace_timeout > 0): each takes the place of the next lost worker.
+  std::vector<WorkerInfo> standby_;
+  // With mu_ held: moves standbys into the job while it has fewer than expected_workers.
+  void promote_standbys_locked();
   std::chrono::steady_clock::time_point last_beat_{};  // loop thread only
 };
 

@@ -148,6 +148,9 @@ struct StepMetrics {  // worker → coordinator, one per step
   }
 };
 
+// The Shutdown reason a standby worker gets when the job ended without needing it (it then exits cleanly).
+inline constexpr const char* kJobFinishedReason = "the job finished";
+
 struct Shutdown {  // coordinator → workers: stop; worker → coordinator: leaving
   std::string reason;
   template <class A>
