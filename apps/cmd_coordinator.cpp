@@ -36,6 +36,9 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
               (*coord)->endpoint().c_str(), token.empty() ? " (no token: anyone who reaches the port may join)" : "",
               (*coord)->endpoint().substr((*coord)->endpoint().rfind(':') + 1).c_str(),
               token.empty() ? "" : " --token-file <the same token>");
+  if ((*coord)->resumed_from() > 0)
+    std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
+                f.job.checkpoint_dir.c_str());
   std::fflush(stdout);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);

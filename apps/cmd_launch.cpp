@@ -201,6 +201,10 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                                  : "loopback, unlimited");
   std::printf("coordinator %s  (longhaul ctl --coordinator %s --token %s status)\n", ep.c_str(), ep.c_str(),
               token.c_str());
+  if ((*coord)->resumed_from() > 0)
+    std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
+                f.job.checkpoint_dir.c_str());
+
   std::fflush(stdout);
 
   struct sigaction sa {};

@@ -23,6 +23,7 @@ Result<std::unique_ptr<MetricsCollector>> MetricsCollector::open_resumed(const s
                                                                          std::vector<std::string>* warnings) {
   if (path.empty()) return open(path);
   std::unique_ptr<MetricsCollector> c(new MetricsCollector());
+  c->path_ = path;
   std::ifstream in(path);
   std::string line;
   int n = 0;

@@ -25,6 +25,10 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   if (options.resume) {
     auto ck = c->store_->load_latest(&warnings);
     for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
+    // Checkpoints that exist but none of which fits: starting over would prune them, so refuse.
+    if (!ck.ok() && !warnings.empty())
+      return invalid_argument("--resume: no checkpoint in '" + options.checkpoint_dir +
+                              "' can be used (the newest: " + warnings.front() + ")");
     warnings.clear();
     if (ck.ok()) {
       const nlohmann::json& saved_job = ck->manifest.contains("job") ? ck->manifest["job"] : nlohmann::json();

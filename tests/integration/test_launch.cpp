@@ -564,7 +564,8 @@ TEST_P(KilledWorker, StopsTheJobNamingIt) {
   std::string metrics = temp_path("kill_" + kind + ".jsonl"), out = temp_path("kill_launch_" + kind + ".txt");
   // Without a wait policy longhaul re-executes itself to set one; it must keep its name doing so.
   unsetenv("OMP_WAIT_POLICY");
-  std::vector<std::string> extra = {"--heartbeat-timeout", "2"};
+  // No replacement: the job stops (RecoveryTest covers a job that goes on).
+  std::vector<std::string> extra = {"--heartbeat-timeout", "2", "--restarts", "0", "--replace-timeout", "0"};
   if (GetParam()) extra.insert(extra.end(), {"--dp", "2"});
   pid_t launch = spawn(launch_args(2, 100000, metrics, extra), out);
   std::string pids = wait_for_line(out, "workers: pids ", 60s);
@@ -591,6 +592,182 @@ TEST_P(KilledWorker, StopsTheJobNamingIt) {
 }
 INSTANTIATE_TEST_SUITE_P(StageOrReplica, KilledWorker, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Replica" : "Stage"; });
+
+// Every record of a metrics file, as (worker, step) → loss line count, to find steps reported twice.
+std::map<std::pair<int, int64_t>, int> records_per_step(const std::string& metrics_path) {
+  std::map<std::pair<int, int64_t>, int> n;
+  std::ifstream in(metrics_path);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object()) ++n[{j.value("worker", -1), j.value("step", int64_t(-1))}];
+  }
+  return n;
+}
+
+void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, int steps) {
+  ASSERT_EQ(got.size(), size_t(steps));
+  ASSERT_EQ(want.size(), size_t(steps));
+  for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
+}
+
+class RecoveredWorker : public Launch, public ::testing::WithParamInterface<bool> {};
+
+// SIGKILL one worker at a random step: launch starts another process, the coordinator rolls the job back to its last
+// checkpoint, every worker loads its state, and the job completes with the same per-step losses as a run that was
+// never interrupted (1e-6 relative); no step is reported twice. A 4-stage pipeline with error-feedback codecs on its
+// links (param false), and 2 stages × 2 replicas with compressed gradients (true).
+TEST_P(RecoveredWorker, GoesOnFromTheLastCheckpointWithTheSameLosses) {
+  const int steps = 24;
+  const std::string kind = GetParam() ? "replicas" : "stages";
+  std::vector<std::string> grid = {"--compress-fwd", "ef+int4", "--compress-bwd", "int8", "--link", "20M,1ms"};
+  if (GetParam()) grid.insert(grid.end(), {"--pp", "2", "--dp", "2", "--compress-grad", "ef+int4"});
+  const std::string straight = temp_path("straight_" + kind + ".jsonl");
+  BinRun ref = run(launch_args(4, steps, straight, grid), 300s);
+  ASSERT_EQ(ref.code, 0) << ref.output;
+
+  const std::string metrics = temp_path("recovered_" + kind + ".jsonl"), out = temp_path("recovered_" + kind + ".txt");
+  const std::string dir = temp_path("ckpt_" + kind);
+  std::vector<std::string> extra = grid;
+  extra.insert(extra.end(), {"--checkpoint-dir", dir, "--checkpoint-every", "3", "--heartbeat-timeout", "2"});
+  pid_t launch = spawn(launch_args(4, steps, metrics, extra), out);
+  std::istringstream ps(wait_for_line(out, "workers: pids ", 60s));
+  std::vector<pid_t> pids(4, 0);
+  for (pid_t& p : pids) ps >> p;
+  ASSERT_GT(pids[3], 0) << slurp(out);
+  // A step between 4 and 15 (after a checkpoint or between two), a worker chosen the same way.
+  const unsigned seed = unsigned(getpid());
+  const int64_t kill_after = 4 + int64_t(seed % 12);
+  const pid_t victim = pids[(seed / 12) % 4];
+  for (int i = 0; i < 2400 && (losses_of(metrics).empty() || losses_of(metrics).rbegin()->first < kill_after); ++i)
+    std::this_thread::sleep_for(25ms);
+  ASSERT_GE(losses_of(metrics).rbegin()->first, kill_after) << slurp(out);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const auto killed_at = std::chrono::steady_clock::now();
+  const int code = wait_exit(launch, 300s);
+  const std::string text = slurp(out);
+  ASSERT_EQ(code, 0) << "killed pid " << victim << " after step " << kill_after << "\n" << text;
+  EXPECT_NE(text.find("(pid " + std::to_string(victim) + ") was killed by signal 9"), std::string::npos) << text;
+  EXPECT_NE(text.find("in its place"), std::string::npos) << text;
+  std::printf("recovery: killed pid %d after step %lld; the job finished %.1f s later\n", int(victim),
+              static_cast<long long>(kill_after),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count());
+  expect_same_losses(losses_of(metrics), losses_of(straight), steps);
+  for (const auto& [key, n] : records_per_step(metrics))
+    EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second << " reported " << n << " times";
+  EXPECT_EQ(records_per_step(metrics).size(), size_t(4 * steps));
+}
+INSTANTIATE_TEST_SUITE_P(StagesOrReplicas, RecoveredWorker, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Replicas" : "Stages"; });
+
+// A job's newest checkpoint is damaged after it was committed: --resume warns, names it, falls back to the one before,
+// re-runs the steps after it, and ends with the losses of the run that wrote them; the metrics file keeps one record
+// per worker and step.
+TEST_F(Launch, ResumeFallsBackPastACorruptedCheckpoint) {
+  const int steps = 8;
+  const std::string metrics = temp_path("resume.jsonl"), dir = temp_path("resume_ckpt");
+  std::vector<std::string> extra = {"--checkpoint-dir", dir, "--checkpoint-every", "3"};
+  BinRun first = run(launch_args(2, steps, metrics, extra), 300s);
+  ASSERT_EQ(first.code, 0) << first.output;
+  const std::map<int64_t, double> want = losses_of(metrics);
+  // Checkpoints at 3, 6 and 8 (the last step); damage step 8's shard of rank 1.
+  const std::string shard = dir + "/step_00000008/rank_0001.shard";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << shard;
+    f.seekp(40);
+    f.put('\x7f');
+  }
+  // As if the job had crashed in step 8: its metrics end with step 7 and a torn line, which the resumed job drops
+  // along with step 7 (after its checkpoint), then reports steps 7 and 8 again.
+  {
+    std::ifstream in(metrics);
+    std::string kept;
+    for (std::string line; std::getline(in, line);)
+      if (nlohmann::json::parse(line).value("step", 0) <= 7) kept += line + "\n";
+    std::ofstream(metrics) << kept << R"({"worker":1,"step":8,"lo)";
+  }
+  extra.push_back("--resume");
+  BinRun again = run(launch_args(2, steps, metrics, extra), 300s);
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("checkpoint step 8 cannot be used"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("corrupted"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("resuming from the checkpoint of step 6"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("dropping line"), std::string::npos) << again.output;  // the torn one
+  expect_same_losses(losses_of(metrics), want, steps);
+  for (const auto& [key, n] : records_per_step(metrics))
+    EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
+  EXPECT_EQ(records_per_step(metrics).size(), size_t(2 * steps));
+  // Another job's flags do not resume this one's checkpoints.
+  std::vector<std::string> other = extra;
+  other.insert(other.end(), {"--lr", "0.01"});
+  BinRun foreign = run(launch_args(2, steps + 2, temp_path("foreign.jsonl"), other), 300s);
+  EXPECT_NE(foreign.code, 0) << foreign.output;
+  EXPECT_NE(foreign.output.find("another job configuration"), std::string::npos) << foreign.output;
+  EXPECT_NE(foreign.output.find("no checkpoint in"), std::string::npos) << foreign.output;
+}
+
+// The coordinator of a job started as separate processes is killed: its workers stop (they cannot reach it), and a
+// coordinator started again with --resume on the same checkpoint directory takes the job on with new workers from the
+// last checkpoint to the end.
+TEST_F(Launch, ACoordinatorKilledAndStartedWithResumeFinishesTheJob) {
+  const int steps = 16;
+  const std::string metrics = temp_path("coord_kill.jsonl"), dir = temp_path("coord_kill_ckpt");
+  const std::string token = temp_path("coord_kill_token");
+  std::ofstream(token) << "restart-me\n";
+  auto start_coordinator = [&](const std::string& out, bool resume) {
+    std::vector<std::string> args = {"--log-level",
+                                     "warn",
+                                     "coordinator",
+                                     "--listen",
+                                     "tcp://127.0.0.1:*",
+                                     "--workers",
+                                     "2",
+                                     "--token-file",
+                                     token,
+                                     "--metrics",
+                                     metrics,
+                                     "--checkpoint-dir",
+                                     dir,
+                                     "--checkpoint-every",
+                                     "2",
+                                     "--heartbeat-timeout",
+                                     "2"};
+    if (resume) args.push_back("--resume");
+    for (auto& f : model_flags(steps)) args.push_back(f);
+    pid_t pid = spawn(args, out);
+    std::string ep = wait_for_line(out, "listening on ", 60s);
+    return std::make_pair(pid, ep.substr(0, ep.find_first_of("; ")));
+  };
+  auto start_workers = [&](const std::string& ep, const std::string& tag) {
+    std::vector<pid_t> w;
+    for (int i = 0; i < 2; ++i)
+      w.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file", token,
+                         "--ucx-tls", "tcp", "--link", "4M,1ms"},
+                        temp_path(tag + std::to_string(i) + ".txt")));
+    return w;
+  };
+  const std::string out1 = temp_path("coord_kill1.txt");
+  auto [coord, ep] = start_coordinator(out1, false);
+  ASSERT_FALSE(ep.empty()) << slurp(out1);
+  std::vector<pid_t> workers = start_workers(ep, "coord_kill_w");
+  for (int i = 0; i < 2400 && (losses_of(metrics).empty() || losses_of(metrics).rbegin()->first < 5); ++i)
+    std::this_thread::sleep_for(25ms);
+  ASSERT_GE(losses_of(metrics).rbegin()->first, 5) << slurp(out1);
+  ASSERT_EQ(kill(coord, SIGKILL), 0);
+  wait_exit(coord, 30s);
+  for (pid_t w : workers) EXPECT_NE(wait_exit(w, 60s), 0);  // they lost their coordinator
+  const std::string out2 = temp_path("coord_kill2.txt");
+  auto [coord2, ep2] = start_coordinator(out2, true);
+  ASSERT_FALSE(ep2.empty()) << slurp(out2);
+  std::vector<pid_t> workers2 = start_workers(ep2, "coord_kill_v");
+  for (int i = 0; i < 2; ++i)
+    EXPECT_EQ(wait_exit(workers2[size_t(i)], 300s), 0) << slurp(temp_path("coord_kill_v" + std::to_string(i) + ".txt"));
+  ASSERT_EQ(wait_exit(coord2, 60s), 0) << slurp(out2);
+  EXPECT_NE(slurp(out2).find("resuming from the checkpoint of step"), std::string::npos) << slurp(out2);
+  EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
+  for (const auto& [key, n] : records_per_step(metrics))
+    EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
+}
 
 // Each worker in its own network namespace behind a tc tbf link (scripts/wan.sh); root only.
 TEST_F(Launch, NetnsLinksAsRoot) {
@@ -645,6 +822,14 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"worker", "--coordinator", "tcp://127.0.0.1:1", "--link", "x"}, "--link"},
       {{"ctl", "--coordinator", "tcp://127.0.0.1:1", "set-codec", "--link", "0-1", "--dir", "up", "int8"}, "--dir"},
       {{"ctl", "--coordinator", "nowhere", "status"}, "--coordinator"},
+      {{"launch", "--workers", "2", "--resume"}, "--resume needs --checkpoint-dir"},
+      {{"launch", "--workers", "2", "--checkpoint-every", "5"}, "--checkpoint-every needs --checkpoint-dir"},
+      {{"launch", "--workers", "2", "--checkpoint-dir", "/tmp/x", "--checkpoint-every", "0"}, "--checkpoint-every"},
+      {{"launch", "--workers", "2", "--checkpoint-dir", "/tmp/x", "--keep-checkpoints", "0"}, "--keep-checkpoints"},
+      {{"launch", "--workers", "2", "--restarts", "-1"}, "--restarts"},
+      {{"launch", "--workers", "2", "--replace-timeout", "-5"}, "--replace-timeout"},
+      {{"launch", "--workers", "2", "--dp", "2", "--sync", "delayed", "--checkpoint-dir", "/tmp/x"},
+       "--checkpoint-every with --sync delayed"},
   };
   for (const Case& c : cases) {
     BinRun r = run(c.args, 60s);

@@ -354,7 +354,7 @@ TEST(ControlClient, IgnoresGarbageFromAFakeCoordinator) {
     bad.config = "bad";
     good.config = "good";
     auto wrong_version = encode_message(bad);
-    wrong_version[4] = 2;
+    wrong_version[4] = uint8_t(kProtocolVersion + 1);
     reply({{0xde, 0xad, 0xbe, 0xef}});
     reply({wrong_version});
     reply({encode_message(bad), encode_message(bad)});
