@@ -81,11 +81,14 @@ void Coordinator::send_raw(const std::string& identity, const ControlMessage& m)
 }
 
 void Coordinator::reject(const std::string& identity, const std::string& reason) {
+  uint64_t n = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ++rejected_;
+    n = ++rejected_;
   }
-  LH_LOG_WARN("coordinator: rejected a message from {}: {}", printable_id(identity), reason);
+  // A flood of garbage must not become a flood of log lines: the first 20, then every 1000th.
+  if (n <= 20 || n % 1000 == 0)
+    LH_LOG_WARN("coordinator: rejected a message from {}: {} ({} rejected so far)", printable_id(identity), reason, n);
   send_raw(identity, Reject{reason});
 }
 

@@ -1,6 +1,9 @@
 // ZmqLoop: a socket-owning thread polling the socket and a wake eventfd. Used by Coordinator and ControlClient.
 #include "transport/zmq_loop.h"
 
+#include <map>
+#include <set>
+
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -80,17 +83,35 @@ void ZmqLoop::flush_outbox() {
     std::lock_guard<std::mutex> lock(mu_);
     out.swap(outbox_);
   }
+  const bool router = options_.socket_type == ZMQ_ROUTER;
+  // A ROUTER's peer whose queue is full (it does not read) keeps its own messages waiting, in order; messages to
+  // every other peer go on. Its backlog is bounded: beyond kMaxPeerBacklog the peer is cut off (its messages are
+  // dropped), so one peer that never reads can neither stall the others nor grow this process without bound.
+  std::vector<Frames> retry;
+  std::set<std::string> blocked;
   for (size_t i = 0; i < out.size(); ++i) {
-    const Frames& f = out[i];
+    Frames& f = out[i];
+    const std::string peer = router && !f.empty() ? std::string(f[0].begin(), f[0].end()) : std::string();
+    if (router && blocked.count(peer)) {
+      retry.push_back(std::move(f));
+      continue;
+    }
     bool failed = false;
     for (size_t k = 0; k < f.size() && !failed; ++k) {
       int flags = ZMQ_DONTWAIT | (k + 1 < f.size() ? ZMQ_SNDMORE : 0);
       if (zmq_send(sock_, f[k].data(), f[k].size(), flags) == -1) {
         int err = zmq_errno();
         if (err == EAGAIN && k == 0) {  // peer not connected yet or queue full: retry later, in order
-          std::lock_guard<std::mutex> lock(mu_);
-          outbox_.insert(outbox_.begin(), out.begin() + long(i), out.end());
-          return;
+          if (!router) {
+            std::lock_guard<std::mutex> lock(mu_);
+            outbox_.insert(outbox_.begin(), std::make_move_iterator(out.begin() + long(i)),
+                           std::make_move_iterator(out.end()));
+            return;
+          }
+          blocked.insert(peer);
+          retry.push_back(std::move(f));
+          failed = true;
+          break;
         }
         // EHOSTUNREACH: a ROUTER peer that is gone (e.g. a dead worker not yet declared dead).
         if (err == EHOSTUNREACH)
@@ -101,6 +122,22 @@ void ZmqLoop::flush_outbox() {
       }
     }
   }
+  if (retry.empty()) return;
+  std::map<std::string, size_t> backlog;
+  for (const Frames& f : retry) ++backlog[std::string(f[0].begin(), f[0].end())];
+  std::vector<Frames> kept;
+  for (Frames& f : retry) {
+    const std::string peer(f[0].begin(), f[0].end());
+    if (backlog[peer] > kMaxPeerBacklog) continue;
+    kept.push_back(std::move(f));
+  }
+  for (const auto& [peer, n] : backlog)
+    if (n > kMaxPeerBacklog) {
+      ++cut_off_;
+      LH_LOG_WARN("control: a peer does not read its messages; {} queued for it were dropped", n);
+    }
+  std::lock_guard<std::mutex> lock(mu_);
+  outbox_.insert(outbox_.begin(), std::make_move_iterator(kept.begin()), std::make_move_iterator(kept.end()));
 }
 
 void ZmqLoop::run() {

@@ -57,6 +57,10 @@ class ZmqLoop {
   const std::string& endpoint() const { return endpoint_; }
   // Queues a multipart message; thread-safe. On ROUTER the first frame is the peer identity.
   void send(Frames frames);
+  // ROUTER: messages one peer may have waiting behind its full queue before it is cut off (they are dropped).
+  static constexpr size_t kMaxPeerBacklog = 4096;
+  // Peers cut off so far (loop thread; for tests and status).
+  uint64_t cut_off() const { return cut_off_; }
 
  private:
   ZmqLoop() = default;
@@ -75,6 +79,7 @@ class ZmqLoop {
   std::thread thread_;
   std::mutex mu_;
   std::vector<Frames> outbox_;
+  std::atomic<uint64_t> cut_off_{0};
 };
 
 }  // namespace lh

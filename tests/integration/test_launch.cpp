@@ -6,9 +6,11 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -17,6 +19,7 @@
 
 #include "parallel/metrics_summary.h"
 #include "parallel/step_metrics.h"
+#include "transport/messages.h"
 #include "tests/integration/netns_support.h"
 
 namespace lh {
@@ -767,6 +770,66 @@ TEST_F(Launch, ACoordinatorKilledAndStartedWithResumeFinishesTheJob) {
   EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
   for (const auto& [key, n] : records_per_step(metrics))
     EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
+}
+
+// A raw ZeroMQ client floods the coordinator of a running job with malformed messages and never reads the rejections:
+// the job completes and no worker is declared dead (the flooder is cut off, the workers' messages flow). The
+// message count is LH_FLOOD_MESSAGES (default 20000; scripts/flood_check.sh sends 100000).
+TEST_F(Launch, AFloodOfGarbageFromAPeerThatNeverReadsDoesNotStopTheJob) {
+  const int steps = 30;
+  const char* env = std::getenv("LH_FLOOD_MESSAGES");
+  const int count = env ? std::atoi(env) : 20000;
+  std::vector<std::string> extra = {"--heartbeat-timeout", "2", "--link", "8M,1ms"};
+  auto timed_run = [&](const std::string& name, bool flood) {
+    const std::string metrics = temp_path(name + ".jsonl"), out = temp_path(name + ".txt");
+    const auto t0 = std::chrono::steady_clock::now();
+    pid_t launch = spawn(launch_args(2, steps, metrics, extra), out);
+    std::string ep = wait_for_line(out, "coordinator ", 60s);
+    ep = ep.substr(0, ep.find(' '));
+    EXPECT_FALSE(ep.empty()) << slurp(out);
+    int sent = 0, code = -2;
+    if (flood && !ep.empty()) {
+      void* ctx = zmq_ctx_new();
+      void* sock = zmq_socket(ctx, ZMQ_DEALER);
+      int hwm = 0, small = 1, linger = 0;  // send without limit, read nothing
+      zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+      zmq_setsockopt(sock, ZMQ_RCVHWM, &small, sizeof(small));
+      zmq_setsockopt(sock, ZMQ_RCVBUF, &small, sizeof(small));
+      zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+      EXPECT_EQ(zmq_connect(sock, ep.c_str()), 0);
+      for (int i = 0; i < 1200 && losses_of(metrics).empty(); ++i) std::this_thread::sleep_for(25ms);
+      std::vector<uint8_t> msg(64);
+      for (int i = 0; i < count; ++i) {
+        // Half look like control messages (magic, version, a type) with a body that does not decode.
+        for (size_t b = 0; b < msg.size(); ++b) msg[b] = uint8_t((i * 131 + int(b) * 7) & 0xff);
+        if (i % 2 == 0) {
+          const uint32_t magic = kControlMagic;
+          const uint16_t version = kProtocolVersion, type = uint16_t(1 + i % 14);
+          std::memcpy(msg.data(), &magic, 4);
+          std::memcpy(msg.data() + 4, &version, 2);
+          std::memcpy(msg.data() + 6, &type, 2);
+        }
+        if (zmq_send(sock, msg.data(), msg.size(), 0) == int(msg.size())) ++sent;
+      }
+      code = wait_exit(launch, 300s);  // the flooder stays connected, unread, until the job is over
+      zmq_close(sock);
+      zmq_ctx_term(ctx);
+    }
+    if (code == -2) code = wait_exit(launch, 300s);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string text = slurp(out);
+    EXPECT_EQ(code, 0) << text;
+    EXPECT_EQ(text.find("declared dead"), std::string::npos) << text;
+    EXPECT_EQ(losses_of(metrics).size(), size_t(steps)) << text;
+    if (flood) {
+      EXPECT_EQ(sent, count);
+      EXPECT_NE(text.find("rejected so far"), std::string::npos) << text;
+    }
+    return seconds;
+  };
+  const double quiet = timed_run("quiet", false), flooded = timed_run("flooded", true);
+  std::printf("flood of %d malformed messages: job %.2f s, without it %.2f s (%.2fx)\n", count, flooded, quiet,
+              flooded / quiet);
 }
 
 // Each worker in its own network namespace behind a tc tbf link (scripts/wan.sh); root only.
