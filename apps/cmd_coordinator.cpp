@@ -50,8 +50,9 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
       break;
     print_progress(**coord, job.train.steps, printed);
     if (g_stop_signal) {
-      std::printf("\nstopping: signal %d (the workers stop when they miss the coordinator)\n", int(g_stop_signal));
+      std::printf("\nstopping: signal %d; the workers are told to stop\n", int(g_stop_signal));
       result = unavailable("interrupted by signal " + std::to_string(g_stop_signal));
+      (*coord)->stop("the coordinator was stopped by signal " + std::to_string(g_stop_signal));
       break;
     }
   }

@@ -20,7 +20,7 @@ struct WorkerFlags {
   std::string link;
   std::string ucx_tls;
   double compute_speed = 0;
-  double join_timeout_s = 600, receive_timeout_s = 600;
+  double join_timeout_s = 600, receive_timeout_s = 600, coordinator_timeout_s = 600;
 };
 
 void run_worker(const WorkerFlags& f) {
@@ -45,6 +45,7 @@ void run_worker(const WorkerFlags& f) {
   }
   o.join_timeout = std::chrono::milliseconds(int64_t(f.join_timeout_s * 1000));
   o.receive_timeout = std::chrono::milliseconds(int64_t(f.receive_timeout_s * 1000));
+  o.coordinator_timeout = std::chrono::milliseconds(int64_t(f.coordinator_timeout_s * 1000));
   set_log_role("worker " + o.hostname);
   o.on_rank = [host = o.hostname](int rank) {
     // `ps -o comm`, `top` and `pgrep longhaul` then tell the workers of a machine apart.
@@ -73,6 +74,11 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
   cmd->add_option("--receive-timeout", f->receive_timeout_s, "seconds a stage waits for a neighbour's tensor")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--coordinator-timeout", f->coordinator_timeout_s,
+                  "seconds to wait for a lost coordinator to come back at the same address (restarted with --resume); "
+                  "the job rolls back to its last checkpoint meanwhile (0: stop at once)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 7.0 * 86400));
   cmd->callback([f] { run_worker(*f); });
 });
 

@@ -39,6 +39,8 @@ class PipelineCoordinator {
   // the lost worker (the others are told to stop). Unavailable on timeout.
   Status wait(std::chrono::milliseconds timeout);
   Result<MetricsSummary> summary() const { return collector_->summary(); }
+  // Tells every worker the job is over (they stop; a worker would otherwise wait for its coordinator to come back).
+  void stop(const std::string& reason) { coordinator_->shutdown(reason); }
   // The step the job started from (0, or the checkpoint --resume found) and the newest committed checkpoint.
   int64_t resumed_from() const { return resumed_from_; }
   int64_t last_checkpoint() const { return store_ ? store_->last_committed() : 0; }

@@ -264,6 +264,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.token = options.token;
   co.hostname = options.hostname;
   co.compute_speed = options.compute_speed;
+  co.coordinator_wait = options.coordinator_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
   int rank = -1;
   for (;;) {

@@ -61,13 +61,22 @@ void ControlClient::on_message(Frames&& frames) {
       }
       join_reply_ = Result<Plan>(std::get<Plan>(std::move(m)));
       break;
-    case MsgType::kReject:
-      LH_LOG_WARN("control: the coordinator refused a message: {}", std::get<Reject>(m).reason);
-      if (!joined_ && !join_reply_)
-        join_reply_ = Result<Plan>(invalid_argument("join refused: " + std::get<Reject>(m).reason));
-      else
-        events_.push_back(std::move(m));
+    case MsgType::kReject: {
+      const Reject& r = std::get<Reject>(m);
+      if (r.about == uint16_t(MsgType::kJoin) && !joined_ && !join_reply_) {
+        LH_LOG_WARN("control: the coordinator refused to let this worker join: {}", r.reason);
+        join_reply_ = Result<Plan>(invalid_argument("join refused: " + r.reason));
+        break;
+      }
+      // A coordinator restarted after a loss refuses what the old one would have taken (queued while it was away).
+      if (coordinator_lost_) {
+        LH_LOG_DEBUG("control: the coordinator refused a message sent before it was restarted: {}", r.reason);
+        return;
+      }
+      LH_LOG_WARN("control: the coordinator refused a message: {}", r.reason);
+      events_.push_back(std::move(m));
       break;
+    }
     case MsgType::kBarrier:
       released_barriers_.insert(std::get<Barrier>(m).id);
       break;
@@ -101,13 +110,26 @@ void ControlClient::on_tick() {
     // timeout (the join window), not by this client's default.
     if (!shutdown_ && (joined_ || rejoining_) && now - last_heard_ > timeout_) {
       auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_heard_).count();
+      if (options_.coordinator_wait.count() > 0 && joined_ && !coordinator_lost_ && !rollback_) {
+        LH_LOG_ERROR("control: coordinator silent for {} ms; waiting up to {} s for it to come back", silent,
+                     options_.coordinator_wait.count() / 1000);
+        coordinator_lost_ = true;
+        lost_since_ = now;
+        rollback_ = true;
+        events_.push_back(Rollback{epoch_, "the coordinator was lost (silent for " + std::to_string(silent) + " ms)"});
+        cv_.notify_all();
+        return;
+      }
+      if (coordinator_lost_ && now - lost_since_ < options_.coordinator_wait) return;  // still waiting for it
       LH_LOG_ERROR("control: coordinator silent for {} ms; treating it as lost", silent);
       shutdown_ = true;
       events_.push_back(Shutdown{"coordinator lost: silent for " + std::to_string(silent) + " ms"});
       cv_.notify_all();
       return;
     }
-    if (!shutdown_ && !heartbeats_paused_ && now - last_beat_ >= interval_) {
+    // While a lost coordinator is awaited, heartbeats wait until a coordinator answers (they would only queue up).
+    const bool awaiting = coordinator_lost_ && last_heard_ <= join_sent_at_;
+    if (!shutdown_ && !heartbeats_paused_ && !awaiting && now - last_beat_ >= interval_) {
       last_beat_ = now;
       beat = true;
     }
@@ -127,6 +149,7 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
     events_.clear();
     rollback_ = false;
     last_heard_ = std::chrono::steady_clock::now();
+    join_sent_at_ = last_heard_;
     join_sent_ = true;
   }
   plan_.reset();
@@ -140,6 +163,8 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   if (!r.ok()) return r.status();
   joined_ = true;
   rejoining_ = false;
+  coordinator_lost_ = false;
+  epoch_ = r->epoch;
   interval_ = std::chrono::milliseconds(r->heartbeat_interval_ms);
   timeout_ = std::chrono::milliseconds(r->heartbeat_timeout_ms);
   plan_ = r.value();

@@ -27,6 +27,10 @@ struct ControlClientOptions {
   // before it is considered lost (a Shutdown event is then queued).
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds coordinator_timeout{5000};
+  // 0: a coordinator silent past the timeout ends the job (a Shutdown event). Otherwise, once joined, its loss is a
+  // Rollback event: the worker joins again (as the same rank) and this long is waited for a coordinator to answer at
+  // the same address (one restarted with --resume) before a Shutdown event ends it.
+  std::chrono::milliseconds coordinator_wait{0};
 };
 
 // Typical worker:
@@ -86,8 +90,11 @@ class ControlClient {
   std::set<uint64_t> released_barriers_;
   std::deque<ControlMessage> events_;
   bool shutdown_ = false, joined_ = false;
-  bool rollback_ = false;   // a Rollback arrived for the current epoch
-  bool rejoining_ = false;  // join() after a Rollback: the coordinator's silence is still judged
+  bool rollback_ = false;          // a Rollback arrived for the current epoch
+  bool rejoining_ = false;         // join() after a Rollback: the coordinator's silence is still judged
+  bool coordinator_lost_ = false;  // waiting (coordinator_wait) for a coordinator to come back
+  std::chrono::steady_clock::time_point lost_since_{}, join_sent_at_{};
+  int64_t epoch_ = 1;
   std::string shutdown_reason_;
   bool join_sent_ = false;  // heartbeats run from the Join on, so a worker waiting minutes for the others stays alive
   std::chrono::steady_clock::time_point last_heard_{}, last_beat_{};

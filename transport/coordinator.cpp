@@ -3,6 +3,7 @@
 #include "transport/coordinator.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/log.h"
 
@@ -80,7 +81,7 @@ void Coordinator::send_raw(const std::string& identity, const ControlMessage& m)
   loop_->send({std::vector<uint8_t>(identity.begin(), identity.end()), std::move(body)});
 }
 
-void Coordinator::reject(const std::string& identity, const std::string& reason) {
+void Coordinator::reject(const std::string& identity, const std::string& reason, MsgType about) {
   uint64_t n = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -89,7 +90,7 @@ void Coordinator::reject(const std::string& identity, const std::string& reason)
   // A flood of garbage must not become a flood of log lines: the first 20, then every 1000th.
   if (n <= 20 || n % 1000 == 0)
     LH_LOG_WARN("coordinator: rejected a message from {}: {} ({} rejected so far)", printable_id(identity), reason, n);
-  send_raw(identity, Reject{reason});
+  send_raw(identity, Reject{reason, uint16_t(about)});
 }
 
 WorkerInfo* Coordinator::find(const std::string& identity) {
@@ -118,7 +119,12 @@ void Coordinator::on_message(Frames&& frames) {
   }
   std::string id(frames[0].begin(), frames[0].end());
   auto decoded = decode_message(frames[1]);
-  if (!decoded.ok()) return reject(id, decoded.status().message());
+  if (!decoded.ok()) {
+    // The refusal names the type the header claims, so a worker whose Join was refused hears it as such.
+    uint16_t claimed = 0;
+    if (frames[1].size() >= kControlHeaderBytes) std::memcpy(&claimed, frames[1].data() + 6, 2);
+    return reject(id, decoded.status().message(), MsgType(claimed));
+  }
   ControlMessage& m = decoded.value();
   MsgType type = message_type(m);
   if (type == MsgType::kJoin) return handle_join(id, std::move(std::get<Join>(m)));
@@ -141,7 +147,7 @@ void Coordinator::on_message(Frames&& frames) {
     WorkerInfo* w = find(id);
     if (!w || !live(*w)) {
       lock.unlock();
-      return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined");
+      return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined", type);
     }
     w->last_seen = std::chrono::steady_clock::now();
     // A worker told to roll back may still send what its abandoned epoch produced: dropped quietly.
@@ -209,7 +215,7 @@ void Coordinator::on_message(Frames&& frames) {
 
 void Coordinator::handle_join(const std::string& id, Join&& join) {
   if (join.token != options_.token) {
-    return reject(id, "wrong join token from host '" + join.hostname + "'");
+    return reject(id, "wrong join token from host '" + join.hostname + "'", MsgType::kJoin);
   }
   join.token.clear();
   WorkerInfo snapshot;
@@ -255,7 +261,7 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
     }
     if (!why.empty()) {
       lock.unlock();
-      return reject(id, why);
+      return reject(id, why, MsgType::kJoin);
     }
     WorkerInfo w;
     w.identity = id;

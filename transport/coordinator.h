@@ -100,7 +100,7 @@ class Coordinator {
   Coordinator() = default;
   void on_message(Frames&& frames);
   void on_tick();
-  void reject(const std::string& identity, const std::string& reason);
+  void reject(const std::string& identity, const std::string& reason, MsgType about = MsgType(0));
   void handle_join(const std::string& identity, Join&& join);
   void handle_ctl(const std::string& identity, const CtlRequest& req);
   void send_plans();

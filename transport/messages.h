@@ -161,9 +161,10 @@ struct Shutdown {  // coordinator → workers: stop; worker → coordinator: lea
 
 struct Reject {  // the reply to anything refused
   std::string reason;
+  uint16_t about = 0;  // the MsgType refused (0: not a message at all); a worker's join waits for a Join's refusal
   template <class A>
   void serialize(A& ar) {
-    ar(reason);
+    ar(reason, about);
   }
 };
 

@@ -1,9 +1,12 @@
 // Multi-process pipeline jobs through the real binary ($LH_BIN): `launch` reproduces `train`'s losses, `ctl`
 // switches a link's codec mid-run, a SIGKILLed worker stops the job naming it, and bad flags are named.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -19,8 +22,8 @@
 
 #include "parallel/metrics_summary.h"
 #include "parallel/step_metrics.h"
-#include "transport/messages.h"
 #include "tests/integration/netns_support.h"
+#include "transport/messages.h"
 
 namespace lh {
 namespace {
@@ -709,20 +712,37 @@ TEST_F(Launch, ResumeFallsBackPastACorruptedCheckpoint) {
   EXPECT_NE(foreign.output.find("no checkpoint in"), std::string::npos) << foreign.output;
 }
 
-// The coordinator of a job started as separate processes is killed: its workers stop (they cannot reach it), and a
-// coordinator started again with --resume on the same checkpoint directory takes the job on with new workers from the
-// last checkpoint to the end.
+// A free TCP port on loopback (bound and released; a coordinator restarted on it must find it again).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return 0;
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The coordinator of a job started as separate processes is SIGKILLed: its workers roll back and wait for it
+// (--coordinator-timeout), and a coordinator started again with --resume on the same address and checkpoint directory
+// takes the job back from its last checkpoint; the same worker processes finish it, every step reported once.
 TEST_F(Launch, ACoordinatorKilledAndStartedWithResumeFinishesTheJob) {
-  const int steps = 16;
+  const int steps = 60;
   const std::string metrics = temp_path("coord_kill.jsonl"), dir = temp_path("coord_kill_ckpt");
   const std::string token = temp_path("coord_kill_token");
   std::ofstream(token) << "restart-me\n";
+  const int port = free_port();
+  ASSERT_GT(port, 0);
+  const std::string ep = "tcp://127.0.0.1:" + std::to_string(port);
   auto start_coordinator = [&](const std::string& out, bool resume) {
     std::vector<std::string> args = {"--log-level",
                                      "warn",
                                      "coordinator",
                                      "--listen",
-                                     "tcp://127.0.0.1:*",
+                                     ep,
                                      "--workers",
                                      "2",
                                      "--token-file",
@@ -738,33 +758,30 @@ TEST_F(Launch, ACoordinatorKilledAndStartedWithResumeFinishesTheJob) {
     if (resume) args.push_back("--resume");
     for (auto& f : model_flags(steps)) args.push_back(f);
     pid_t pid = spawn(args, out);
-    std::string ep = wait_for_line(out, "listening on ", 60s);
-    return std::make_pair(pid, ep.substr(0, ep.find_first_of("; ")));
+    EXPECT_FALSE(wait_for_line(out, "listening on ", 60s).empty()) << slurp(out);
+    return pid;
   };
-  auto start_workers = [&](const std::string& ep, const std::string& tag) {
-    std::vector<pid_t> w;
-    for (int i = 0; i < 2; ++i)
-      w.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file", token,
-                         "--ucx-tls", "tcp", "--link", "4M,1ms"},
-                        temp_path(tag + std::to_string(i) + ".txt")));
-    return w;
-  };
-  const std::string out1 = temp_path("coord_kill1.txt");
-  auto [coord, ep] = start_coordinator(out1, false);
-  ASSERT_FALSE(ep.empty()) << slurp(out1);
-  std::vector<pid_t> workers = start_workers(ep, "coord_kill_w");
+  const std::string out1 = temp_path("coord_kill1.txt"), out2 = temp_path("coord_kill2.txt");
+  pid_t coord = start_coordinator(out1, false);
+  std::vector<pid_t> workers;
+  std::vector<std::string> logs = {temp_path("coord_kill_w0.txt"), temp_path("coord_kill_w1.txt")};
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file",
+                             token, "--ucx-tls", "tcp", "--link", "4M,1ms", "--coordinator-timeout", "120"},
+                            logs[size_t(i)]));
+  for (int i = 0; i < 2; ++i)
+    workers.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file",
+                             token, "--ucx-tls", "tcp", "--link", "4M,1ms", "--coordinator-timeout", "120"},
+                            temp_path("coord_kill_w" + std::to_string(i) + ".txt")));
   for (int i = 0; i < 2400 && (losses_of(metrics).empty() || losses_of(metrics).rbegin()->first < 5); ++i)
     std::this_thread::sleep_for(25ms);
   ASSERT_GE(losses_of(metrics).rbegin()->first, 5) << slurp(out1);
   ASSERT_EQ(kill(coord, SIGKILL), 0);
   wait_exit(coord, 30s);
-  for (pid_t w : workers) EXPECT_NE(wait_exit(w, 60s), 0);  // they lost their coordinator
-  const std::string out2 = temp_path("coord_kill2.txt");
-  auto [coord2, ep2] = start_coordinator(out2, true);
-  ASSERT_FALSE(ep2.empty()) << slurp(out2);
-  std::vector<pid_t> workers2 = start_workers(ep2, "coord_kill_v");
-  for (int i = 0; i < 2; ++i)
-    EXPECT_EQ(wait_exit(workers2[size_t(i)], 300s), 0) << slurp(temp_path("coord_kill_v" + std::to_string(i) + ".txt"));
+  std::this_thread::sleep_for(3s);  // longer than the heartbeat timeout: the workers notice and wait
+  for (pid_t w : workers) EXPECT_EQ(kill(w, 0), 0) << "a worker gave up on its coordinator";
+  pid_t coord2 = start_coordinator(out2, true);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(wait_exit(workers[size_t(i)], 300s), 0) << slurp(logs[size_t(i)]);
   ASSERT_EQ(wait_exit(coord2, 60s), 0) << slurp(out2);
   EXPECT_NE(slurp(out2).find("resuming from the checkpoint of step"), std::string::npos) << slurp(out2);
   EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
