@@ -50,7 +50,10 @@ void ControlClient::on_message(Frames&& frames) {
   }
   ControlMessage& m = decoded.value();
   std::lock_guard<std::mutex> lock(mu_);
-  last_heard_ = std::chrono::steady_clock::now();
+  // A refusal of anything but a Join says the coordinator does not know this worker (e.g. one restarted after a
+  // loss): it is not a sign of a live coordinator of this worker's job.
+  const bool refusal = message_type(m) == MsgType::kReject && std::get<Reject>(m).about != uint16_t(MsgType::kJoin);
+  if (!refusal) last_heard_ = std::chrono::steady_clock::now();
   switch (message_type(m)) {
     case MsgType::kHeartbeat:
       return;
