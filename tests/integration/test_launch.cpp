@@ -791,7 +791,7 @@ TEST_F(Launch, ACoordinatorKilledAndStartedWithResumeFinishesTheJob) {
 
 // A raw ZeroMQ client floods the coordinator of a running job with malformed messages and never reads the rejections:
 // the job completes and no worker is declared dead (the flooder is cut off, the workers' messages flow). The
-// message count is LH_FLOOD_MESSAGES (default 20000; scripts/flood_check.sh sends 100000).
+// message count is LH_FLOOD_MESSAGES (default 20000; scripts/resilience_check.sh sends 100000).
 TEST_F(Launch, AFloodOfGarbageFromAPeerThatNeverReadsDoesNotStopTheJob) {
   const int steps = 30;
   const char* env = std::getenv("LH_FLOOD_MESSAGES");
