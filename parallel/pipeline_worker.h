@@ -26,7 +26,7 @@ struct PipelineWorkerOptions {
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
   // How long a worker whose coordinator went silent waits for one to answer again at the same address (a coordinator
   // restarted with --resume), rejoining as the same rank; 0: the job ends for this worker.
-  std::chrono::milliseconds coordinator_timeout{std::chrono::minutes(10)};
+  std::chrono::milliseconds coordinator_timeout{0};
   // Called once the coordinator's plan has given this worker its rank (the app names the process).
   std::function<void(int rank)> on_rank;
 };
