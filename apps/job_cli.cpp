@@ -72,6 +72,12 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0))
       ->group(g);
+  cmd->add_option("--stall-timeout", f.stall_timeout_s,
+                  "seconds a data-plane link may move nothing while a worker waits on it before it is named as "
+                  "stalled (judged per packet: one packet slower than this also counts; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 7.0 * 24 * 3600))
+      ->group(g);
 
   const char* r = "Checkpoints and recovery";
   cmd->add_option("--checkpoint-dir", f.checkpoint_dir,
@@ -164,6 +170,7 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
   PipelineCoordinatorOptions o;
   o.control = control_options(listen, token, f.heartbeat_timeout_s);
   o.control.replace_timeout = std::chrono::milliseconds(int64_t(f.replace_timeout_s * 1000));
+  o.control.stall_timeout = std::chrono::milliseconds(int64_t(f.stall_timeout_s * 1000));
   o.metrics_path = f.metrics;
   o.checkpoint_dir = f.checkpoint_dir;
   o.keep_checkpoints = f.keep_checkpoints;

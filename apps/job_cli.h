@@ -19,6 +19,7 @@ struct JobFlags {
   std::string metrics;
   std::string token, token_file;
   double heartbeat_timeout_s = 5;
+  double stall_timeout_s = 60;
   // Job checkpoints and recovery.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;

@@ -13,12 +13,24 @@ namespace lh {
 Result<LinkDir> parse_link_dir(const std::string& text) {
   if (text == "fwd") return LinkDir::kFwd;
   if (text == "bwd") return LinkDir::kBwd;
-  return invalid_argument("direction '" + text + "' is unknown; choose fwd (activations) or bwd (activation gradients)");
+  return invalid_argument("direction '" + text +
+                          "' is unknown; choose fwd (activations) or bwd (activation gradients)");
 }
 
-const char* link_dir_name(LinkDir dir) { return dir == LinkDir::kFwd ? "fwd" : "bwd"; }
+const char* link_dir_name(LinkDir dir) {
+  return dir == LinkDir::kFwd ? "fwd" : "bwd";
+}
 
-Status check_codec_spec(const std::string& spec) { return compress::parse_codec_spec(spec).status(); }
+Status check_codec_spec(const std::string& spec) {
+  auto chain = compress::parse_codec_spec(spec);
+  if (!chain.ok()) return chain.status();
+  // A job's links do not send sample ids with their packets, so delta could not run at the first step.
+  if (chain->needs_sample_ids())
+    return invalid_argument("'" + spec +
+                            "': delta needs each sample's id with every packet, which a job's links do not send "
+                            "(it runs in `bench codecs` only)");
+  return Status::Ok();
+}
 
 namespace {
 
@@ -28,7 +40,9 @@ Status check_spec(const CodecSpecCheck& check, const std::string& spec, const st
   return s;
 }
 
-std::pair<int, int> key(const PipelineLink& link, LinkDir dir) { return {link.from, static_cast<int>(dir)}; }
+std::pair<int, int> key(const PipelineLink& link, LinkDir dir) {
+  return {link.from, static_cast<int>(dir)};
+}
 
 }  // namespace
 
@@ -37,8 +51,7 @@ Result<LinkCodecOverride> parse_link_override(const std::string& text, const Top
   const std::string where = "--compress-link '" + text + "'";
   // The spec itself may hold ':' and '=' (topk:ratio=0.1), so split at the first of each.
   const size_t colon = text.find(':');
-  if (colon == std::string::npos)
-    return invalid_argument(where + ": expected LINK:DIR=SPEC, e.g. 1-2:fwd=int4");
+  if (colon == std::string::npos) return invalid_argument(where + ": expected LINK:DIR=SPEC, e.g. 1-2:fwd=int4");
   const size_t eq = text.find('=', colon + 1);
   if (eq == std::string::npos)
     return invalid_argument(where + ": expected LINK:DIR=SPEC, e.g. 1-2:fwd=int4 (no '=' after the direction)");
@@ -111,8 +124,9 @@ Status CodecSchedule::schedule_change(const CodecChange& change) {
                             "step a change can take effect is " + std::to_string(current_step_ + 1));
   auto& history = changes_[key(change.link, change.dir)];
   if (!history.empty() && history.rbegin()->first > change.from_step)
-    return invalid_argument(what + ": a change is already scheduled at step " + std::to_string(history.rbegin()->first) +
-                            ", after step " + std::to_string(change.from_step));
+    return invalid_argument(what + ": a change is already scheduled at step " +
+                            std::to_string(history.rbegin()->first) + ", after step " +
+                            std::to_string(change.from_step));
   history[change.from_step] = change.spec;
   return Status::Ok();
 }
@@ -143,7 +157,8 @@ std::vector<CodecChange> CodecSchedule::changes() const {
     for (const auto& [step, spec] : history)
       out.push_back({PipelineLink{k.first, k.first + 1}, static_cast<LinkDir>(k.second), spec, step});
   std::sort(out.begin(), out.end(), [](const CodecChange& a, const CodecChange& b) {
-    return std::make_tuple(a.from_step, a.link.from, int(a.dir)) < std::make_tuple(b.from_step, b.link.from, int(b.dir));
+    return std::make_tuple(a.from_step, a.link.from, int(a.dir)) <
+           std::make_tuple(b.from_step, b.link.from, int(b.dir));
   });
   return out;
 }

@@ -23,7 +23,8 @@ const char* link_dir_name(LinkDir dir);
 // Checks one codec spec string ("int8", "lowrank:rank=8+int8"); returns an error naming the bad
 // token. Injectable so tests and tools can narrow what a job accepts.
 using CodecSpecCheck = std::function<Status(const std::string& spec)>;
-// The default check: compress's parse_codec_spec, so the list of codecs lives in one place.
+// The default check: compress's parse_codec_spec, so the list of codecs lives in one place, less what a job's links
+// cannot run (delta: they send no sample ids).
 Status check_codec_spec(const std::string& spec);
 
 // One --compress-link value, "LINK:DIR=SPEC", e.g. "1-2:fwd=int4" or "0-1:bwd=topk:ratio=0.1+int8".

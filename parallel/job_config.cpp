@@ -308,6 +308,8 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     return invalid_argument("job config: not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {  // out_of_range on a number such as 1e999
+    return invalid_argument(std::string("job config: not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) return invalid_argument("job config: expected a JSON object");
   PipelineJobConfig c;

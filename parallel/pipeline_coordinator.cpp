@@ -73,6 +73,11 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   hooks.on_ctl = [self](const CtlRequest& r) { return self->handle_ctl(r.command, r.args); };
   hooks.on_shard = [self](const ShardSaved& sh) { self->on_shard(sh); };
   hooks.on_rollback = [self](int64_t epoch, const std::string& reason) { self->on_rollback(epoch, reason); };
+  hooks.link_name = [self](int src, int dst) {
+    return src >= 0 && dst >= 0 && src != dst && src < self->topology_.workers() && dst < self->topology_.workers()
+               ? link_name(self->topology_, src, dst)
+               : std::string();
+  };
   LH_ASSIGN_OR_RETURN(c->coordinator_, Coordinator::start(control, std::move(hooks)));
   return c;
 }
@@ -403,7 +408,7 @@ Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& 
 }
 
 Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args) {
-  if (command == "status") return status_json().dump();
+  if (command == "status") return status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (command != "set-codec")
     return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec)");
   auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);

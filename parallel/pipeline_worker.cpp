@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -78,6 +80,22 @@ class EventPump {
   std::thread thread_;
 };
 
+// LH_FAULT_STALL=STEP:MS (tests only; see run_epoch). Unset: never.
+struct FaultStall {
+  int64_t after_step = -1;
+  int64_t ms = 0;
+};
+const FaultStall& fault_stall() {
+  static const FaultStall f = [] {
+    FaultStall r;
+    const char* env = std::getenv("LH_FAULT_STALL");
+    long long step = 0, ms = 0;
+    if (env && std::sscanf(env, "%lld:%lld", &step, &ms) == 2 && step > 0 && ms > 0) r = {step, ms};
+    return r;
+  }();
+  return f;
+}
+
 // Applies one set-codec message (live, or from a Plan's list) to the runner or the link schedule; refused ones are
 // logged. `resumed` is the step the epoch started after: grad and tp changes up to it are in the loaded state.
 void apply_codec_change(const SetCodec& m, int64_t step, int64_t resumed, int rank, const Topology& topology,
@@ -144,6 +162,21 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   meter->set_self_rank(plan.rank);
   std::unique_ptr<DataPlane> plane = std::move(ucx);
   if (options.link) plane = std::make_unique<LinkShaper>(std::move(plane), *options.link);
+  // Heartbeats carry this worker's progress (its last step, what its data plane waits on) so the coordinator can
+  // name a stalled link; the source goes before the plane does.
+  std::atomic<int64_t> finished_step{plan.resume_step};
+  cc.set_progress_source([&finished_step, p = plane.get()] {
+    Heartbeat hb;
+    hb.step = finished_step.load();
+    auto ms = [](std::chrono::milliseconds d) { return uint32_t(std::min<int64_t>(d.count(), UINT32_MAX)); };
+    for (const DataPlane::PendingLink& l : p->pending_links(std::chrono::milliseconds(500)))
+      hb.pending.push_back(PendingLink{l.peer, l.send, ms(l.pending), ms(l.since_progress)});
+    return hb;
+  });
+  struct ProgressSourceGuard {
+    ControlClient& cc;
+    ~ProgressSourceGuard() { cc.set_progress_source(nullptr); }
+  } progress_guard{cc};
 
   const TrainConfig& train = job->train;
   auto data = train.data.empty() ? TextDataset::default_corpus(train.model.seq)
@@ -228,6 +261,13 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
         }
       }
       cc.send_metrics(step, step_metrics_to_line(runner->take_step_metrics()));
+      finished_step = step;
+      if (step == fault_stall().after_step) {
+        // Fault injection for tests (LH_FAULT_STALL=STEP:MS): this worker's training thread stops for a while after
+        // STEP, its heartbeats going on, as a worker stuck in a driver call or swapping would.
+        LH_LOG_WARN("fault injection: stalling for {} ms after step {}", fault_stall().ms, step);
+        std::this_thread::sleep_for(std::chrono::milliseconds(fault_stall().ms));
+      }
       if (job->checkpoint_every > 0 && (step % job->checkpoint_every == 0 || step == train.steps)) {
         auto bytes = runner->save_state(sampler.rng());
         if (!bytes.ok()) {

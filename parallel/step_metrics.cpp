@@ -154,6 +154,8 @@ Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int l
     j = nlohmann::json::parse(line);
   } catch (const nlohmann::json::parse_error& e) {
     return invalid_argument(where + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
+  } catch (const nlohmann::json::exception& e) {  // out_of_range on a number such as 1e999
+    return invalid_argument(where + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) return invalid_argument(where + ": expected a JSON object, got " + FieldReader::shown(j));
   FieldReader r(j, where, "");

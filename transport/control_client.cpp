@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+#include <random>
+
 #include "core/log.h"
 
 namespace lh {
@@ -23,6 +26,14 @@ Result<std::unique_ptr<ControlClient>> ControlClient::connect(const ControlClien
   lo.endpoint = options.coordinator;
   lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
   lo.max_message_bytes = int64_t(kMaxControlMessage);
+  {
+    // One id for this worker's whole life: after a reset connection ZeroMQ reconnects, and the coordinator still
+    // knows it ("lh-" and 16 random hex digits; ids starting with a zero byte are ZeroMQ's own).
+    std::random_device rd;
+    char id[32];
+    std::snprintf(id, sizeof(id), "lh-%08x%08x", rd(), rd());
+    lo.routing_id = id;
+  }
   ControlClient* self = c.get();
   LH_ASSIGN_OR_RETURN(c->loop_,
                       ZmqLoop::start(
@@ -35,13 +46,73 @@ ControlClient::~ControlClient() {
 }
 
 void ControlClient::send(const ControlMessage& m) {
-  loop_->send({encode_message(m)});
+  std::lock_guard<std::mutex> lock(send_mu_);
+  const MsgType type = message_type(m);
+  if (type == MsgType::kJoin) send_seq_ = 0;
+  const uint32_t seq = type == MsgType::kHeartbeat ? send_seq_ : send_seq_++;
+  loop_->send({encode_message(m, seq)});
+}
+
+void ControlClient::set_progress_source(std::function<Heartbeat()> source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_ = std::move(source);
+}
+
+uint64_t ControlClient::lost_messages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_messages_;
+}
+
+void ControlClient::check_seq_locked(const ControlHeader& h) {
+  const bool beat = h.type == MsgType::kHeartbeat;
+  if (!beat && h.seq == 0) {  // the coordinator's first message since it handled our Join
+    rx_known_ = true;
+    rx_next_ = 1;
+    return;
+  }
+  if (!rx_known_) return;
+  const uint32_t expected = rx_next_;
+  rx_next_ = beat ? h.seq : h.seq + 1;
+  if (h.seq == expected) return;
+  const int64_t gap = int64_t(h.seq) - int64_t(expected);
+  lost_messages_ += gap > 0 ? uint64_t(gap) : 1;
+  // Whatever was lost (a barrier release, a codec change …) leaves this worker's epoch unreliable: it leaves the
+  // epoch and joins again as itself, which rolls the job back to its last checkpoint.
+  if (joined_ && !rollback_ && !shutdown_) {
+    const std::string why = std::to_string(gap > 0 ? gap : 1) +
+                            " message(s) from the coordinator were lost (a reset connection?); joining again";
+    LH_LOG_WARN("control: {}", why);
+    rollback_ = true;
+    events_.push_back(Rollback{epoch_, why});
+    cv_.notify_all();
+  }
 }
 
 void ControlClient::on_message(Frames&& frames) {
   if (frames.size() != 1) {
     LH_LOG_WARN("control: ignoring a {}-frame message from the coordinator", frames.size());
     return;
+  }
+  // The header first: only what a coordinator sends is decoded.
+  auto header = decode_header(frames[0].data(), frames[0].size());
+  if (!header.ok()) {
+    LH_LOG_WARN("control: ignoring a bad message from the coordinator: {}", header.status().message());
+    return;
+  }
+  switch (header->type) {
+    case MsgType::kPlan:
+    case MsgType::kBarrier:
+    case MsgType::kHeartbeat:
+    case MsgType::kSetCodec:
+    case MsgType::kShutdown:
+    case MsgType::kReject:
+    case MsgType::kPeerLost:
+    case MsgType::kRollback:
+      break;
+    default:
+      LH_LOG_WARN("control: ignoring {} from the coordinator (not a message a coordinator sends)",
+                  msg_type_name(header->type));
+      return;
   }
   auto decoded = decode_message(frames[0]);
   if (!decoded.ok()) {
@@ -50,6 +121,7 @@ void ControlClient::on_message(Frames&& frames) {
   }
   ControlMessage& m = decoded.value();
   std::lock_guard<std::mutex> lock(mu_);
+  check_seq_locked(*header);
   // A refusal of anything but a Join says the coordinator does not know this worker (e.g. one restarted after a
   // loss): it is not a sign of a live coordinator of this worker's job.
   const bool refusal = message_type(m) == MsgType::kReject && std::get<Reject>(m).about != uint16_t(MsgType::kJoin);
@@ -88,7 +160,11 @@ void ControlClient::on_message(Frames&& frames) {
       shutdown_reason_ = std::get<Shutdown>(m).reason;
       events_.push_back(std::move(m));
       break;
-    case MsgType::kRollback:
+    case MsgType::kRollback: {
+      // A Rollback that came before this join's Plan belongs to an epoch this worker has already left.
+      const int64_t current = joined_ ? epoch_ : join_reply_ && join_reply_->ok() ? (*join_reply_)->epoch : -1;
+      if (current < 0 || std::get<Rollback>(m).epoch < current || rollback_) return;
+    }
       rollback_ = true;
       events_.push_back(std::move(m));
       break;
@@ -137,7 +213,15 @@ void ControlClient::on_tick() {
       beat = true;
     }
   }
-  if (beat) send(Heartbeat{++seq_});
+  if (beat) {
+    Heartbeat hb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (progress_ && joined_) hb = progress_();
+    }
+    hb.seq = ++seq_;
+    send(hb);
+  }
 }
 
 Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank) {
@@ -151,6 +235,7 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
     released_barriers_.clear();
     events_.clear();
     rollback_ = false;
+    rx_known_ = false;  // the coordinator numbers its messages afresh once it has our Join
     last_heard_ = std::chrono::steady_clock::now();
     join_sent_at_ = last_heard_;
     join_sent_ = true;

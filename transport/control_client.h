@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -73,12 +74,19 @@ class ControlClient {
 
   // For tests: stop heartbeating (the coordinator should declare this worker dead).
   void stop_heartbeats_for_test() { heartbeats_paused_ = true; }
+  // What the next heartbeats tell the coordinator about this worker's progress (thread-safe; a callback run on
+  // the control thread before each heartbeat).
+  void set_progress_source(std::function<Heartbeat()> source);
+  // Messages from the coordinator found missing so far (their numbers skipped: a reset connection).
+  uint64_t lost_messages() const;
 
  private:
   ControlClient() = default;
   void on_message(Frames&& frames);
   void on_tick();
   void send(const ControlMessage& m);
+  // With mu_ held: the coordinator's message numbering (ControlHeader::seq).
+  void check_seq_locked(const ControlHeader& h);
 
   ControlClientOptions options_;
   std::unique_ptr<ZmqLoop> loop_;
@@ -101,6 +109,12 @@ class ControlClient {
   std::chrono::milliseconds interval_{500}, timeout_{5000};
   uint64_t seq_ = 0;
   std::atomic<bool> heartbeats_paused_{false};
+  std::mutex send_mu_;     // numbers and queues a message in one go
+  uint32_t send_seq_ = 0;  // the number of this worker's next message (a Join restarts it at 0)
+  bool rx_known_ = false;  // the coordinator's numbering is known (since its message number 0)
+  uint32_t rx_next_ = 0;
+  uint64_t lost_messages_ = 0;
+  std::function<Heartbeat()> progress_;  // guarded by mu_
 };
 
 // One request from a tool that has not joined (`longhaul ctl`): sends `req`, waits for the CtlReply.

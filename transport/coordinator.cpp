@@ -77,8 +77,45 @@ Coordinator::~Coordinator() {
 }
 
 void Coordinator::send_raw(const std::string& identity, const ControlMessage& m) {
-  auto body = encode_message(m);
-  loop_->send({std::vector<uint8_t>(identity.begin(), identity.end()), std::move(body)});
+  std::lock_guard<std::mutex> lock(send_mu_);
+  uint32_t seq = 0;
+  auto it = send_seq_.find(identity);
+  if (it != send_seq_.end()) seq = message_type(m) == MsgType::kHeartbeat ? it->second : it->second++;
+  loop_->send({std::vector<uint8_t>(identity.begin(), identity.end()), encode_message(m, seq)});
+}
+
+void Coordinator::reset_seq(const std::string& identity) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  send_seq_[identity] = 0;
+}
+
+void Coordinator::forget_seq(const std::string& identity) {
+  std::lock_guard<std::mutex> lock(send_mu_);
+  send_seq_.erase(identity);
+}
+
+std::string Coordinator::check_seq_locked(WorkerInfo& w, const ControlHeader& h) {
+  const bool beat = h.type == MsgType::kHeartbeat;
+  const uint32_t expected = w.next_seq;
+  w.next_seq = beat ? h.seq : h.seq + 1;
+  if (h.seq == expected) return "";
+  // Only a worker of a running epoch has anything to lose; before its plan, or rolling back, it just resyncs.
+  if (w.state != WorkerInfo::State::kPlanned && w.state != WorkerInfo::State::kReady) return "";
+  const int64_t gap = int64_t(h.seq) - int64_t(expected);
+  return "rank " + std::to_string(w.rank) + " ('" + w.join.hostname + "'): " +
+         (gap > 0 ? std::to_string(gap) + " of its control messages were lost on the way (a reset connection?)"
+                  : "its control messages arrived out of order (number " + std::to_string(h.seq) + ", expected " +
+                        std::to_string(expected) + ")");
+}
+
+std::string Coordinator::on_lost_messages_locked(const std::string& reason, Deferred& later,
+                                                 const std::string& rejoined) {
+  if (options_.replace_timeout.count() > 0 && !shut_down_) {
+    LH_LOG_WARN("coordinator: {}; the job rolls back to its last checkpoint", reason);
+    if (planned_) begin_rollback_locked(reason, later, rejoined);
+    return "";
+  }
+  return reason + " (with --replace-timeout 0 the job cannot roll back)";
 }
 
 void Coordinator::reject(const std::string& identity, const std::string& reason, MsgType about) {
@@ -118,24 +155,55 @@ void Coordinator::on_message(Frames&& frames) {
     return;
   }
   std::string id(frames[0].begin(), frames[0].end());
-  auto decoded = decode_message(frames[1]);
-  if (!decoded.ok()) {
+  // The header first: the sender's state decides which types are decoded at all.
+  auto header = decode_header(frames[1].data(), frames[1].size());
+  if (!header.ok()) {
     // The refusal names the type the header claims, so a worker whose Join was refused hears it as such.
     uint16_t claimed = 0;
-    if (frames[1].size() >= kControlHeaderBytes) std::memcpy(&claimed, frames[1].data() + 6, 2);
-    return reject(id, decoded.status().message(), MsgType(claimed));
+    if (frames[1].size() >= 8) std::memcpy(&claimed, frames[1].data() + 6, 2);
+    return reject(id, header.status().message(), MsgType(claimed));
   }
+  const MsgType type = header->type;
+  switch (type) {
+    case MsgType::kJoin:
+    case MsgType::kCtlRequest:  // anyone may ask (the token decides)
+      break;
+    case MsgType::kHeartbeat:
+    case MsgType::kReady:
+    case MsgType::kBarrier:
+    case MsgType::kStepMetrics:
+    case MsgType::kShutdown:
+    case MsgType::kShardSaved: {
+      std::lock_guard<std::mutex> lock(mu_);
+      const bool known = find(id) != nullptr || std::any_of(standby_.begin(), standby_.end(),
+                                                            [&](const WorkerInfo& o) { return o.identity == id; });
+      if (known) break;
+      [[fallthrough]];
+    }
+    default:
+      return reject(
+          id,
+          std::string(msg_type_name(type)) + (type == MsgType::kHeartbeat || type == MsgType::kReady ||
+                                                      type == MsgType::kBarrier || type == MsgType::kStepMetrics ||
+                                                      type == MsgType::kShutdown || type == MsgType::kShardSaved
+                                                  ? " from a sender that has not joined"
+                                                  : " is not a message a worker sends"),
+          type);
+  }
+  auto decoded = decode_message(frames[1]);
+  if (!decoded.ok()) return reject(id, decoded.status().message(), type);
   ControlMessage& m = decoded.value();
-  MsgType type = message_type(m);
   if (type == MsgType::kJoin) return handle_join(id, std::move(std::get<Join>(m)));
   if (type == MsgType::kCtlRequest) return handle_ctl(id, std::get<CtlRequest>(m));
 
   Deferred later;
+  std::string stop;
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (auto& sb : standby_)
       if (sb.identity == id) {  // a standby only keeps itself alive until it is needed
         sb.last_seen = std::chrono::steady_clock::now();
+        sb.next_seq = header->type == MsgType::kHeartbeat ? header->seq : header->seq + 1;
         if (type == MsgType::kShutdown) {
           LH_LOG_INFO("coordinator: the standby worker from '{}' left", sb.join.hostname);
           standby_.erase(
@@ -150,10 +218,20 @@ void Coordinator::on_message(Frames&& frames) {
       return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined", type);
     }
     w->last_seen = std::chrono::steady_clock::now();
+    if (std::string lost = check_seq_locked(*w, *header); !lost.empty()) {
+      stop = on_lost_messages_locked(lost, later);
+      if (stop.empty()) {  // rolled back: what this message belonged to is abandoned
+        lock.unlock();
+        run_all(later);
+        return;
+      }
+    }
     // A worker told to roll back may still send what its abandoned epoch produced: dropped quietly.
-    if (w->state == WorkerInfo::State::kRejoining && type != MsgType::kShutdown) return;
+    if (w->state == WorkerInfo::State::kRejoining && type != MsgType::kShutdown && type != MsgType::kHeartbeat) return;
     switch (type) {
       case MsgType::kHeartbeat:
+        w->progress = std::get<Heartbeat>(std::move(m));
+        w->progress_at = w->last_seen;
         break;
       case MsgType::kShardSaved: {
         auto& sh = std::get<ShardSaved>(m);
@@ -211,6 +289,10 @@ void Coordinator::on_message(Frames&& frames) {
     }
   }
   run_all(later);
+  if (!stop.empty()) {
+    LH_LOG_ERROR("coordinator: {}", stop);
+    shutdown(stop);
+  }
 }
 
 void Coordinator::handle_join(const std::string& id, Join&& join) {
@@ -223,7 +305,28 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     std::string why;
-    if (WorkerInfo* known = find(id)) {
+    WorkerInfo* known = find(id);
+    if (known && live(*known)) known->next_seq = 1;  // a Join is number 0
+    if (known && planned_ && join.rank == known->rank &&
+        (known->state == WorkerInfo::State::kPlanned || known->state == WorkerInfo::State::kReady)) {
+      // A worker of the running epoch joins again as itself: it lost control messages (a reset connection) and
+      // left its epoch. The job rolls back; it takes its place again at once.
+      Deferred later;
+      std::string stop = on_lost_messages_locked("rank " + std::to_string(known->rank) + " ('" + known->join.hostname +
+                                                     "') joined again (it lost control messages)",
+                                                 later, id);
+      if (!stop.empty()) {
+        lock.unlock();
+        return reject(id, stop, MsgType::kJoin);
+      }
+      known = find(id);
+      lock.unlock();
+      run_all(later);
+      lock.lock();
+      known = find(id);
+      if (!known) return;
+    }
+    if (known) {
       if (known->state == WorkerInfo::State::kRejoining) {
         // A survivor of a rollback, back with its new data-plane address; it keeps its rank.
         known->join = std::move(join);
@@ -232,6 +335,7 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
         LH_LOG_INFO("coordinator: rank {} ('{}') joined again for epoch {}", known->rank, known->join.hostname, epoch_);
         plan_now = complete_locked();
         lock.unlock();
+        reset_seq(id);
         if (plan_now) send_plans();
         return;
       }
@@ -252,6 +356,8 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
             "next lost worker)",
             w.join.hostname);
         standby_.push_back(std::move(w));
+        lock.unlock();
+        reset_seq(id);
         return;
       }
     } else if (planned_) {
@@ -261,6 +367,7 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
     }
     if (!why.empty()) {
       lock.unlock();
+      if (known) reset_seq(id);  // its next message (this refusal) is number 0
       return reject(id, why, MsgType::kJoin);
     }
     WorkerInfo w;
@@ -275,6 +382,7 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
                 w.join.device, w.join.compute_speed, recovering_ ? " to replace a lost worker" : "", workers_.size(),
                 options_.expected_workers);
   }
+  reset_seq(id);
   if (hooks_.on_join) hooks_.on_join(snapshot);
   if (plan_now) send_plans();
 }
@@ -417,6 +525,7 @@ void Coordinator::declare_lost(WorkerInfo& w, WorkerInfo::State state, const std
     else
       LH_LOG_WARN("coordinator: worker '{}' was lost before the job was planned ({}); its place is free", host, reason);
     const std::string id = w.identity;
+    forget_seq(id);
     workers_.erase(
         std::remove_if(workers_.begin(), workers_.end(), [&](const WorkerInfo& o) { return o.identity == id; }),
         workers_.end());
@@ -442,7 +551,8 @@ void Coordinator::declare_lost(WorkerInfo& w, WorkerInfo::State state, const std
   if (hooks_.on_worker_lost) later.push_back([this, copy = w, reason] { hooks_.on_worker_lost(copy, reason); });
 }
 
-void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later) {
+void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later,
+                                        const std::string& rejoined) {
   if (!planned_) return;  // already waiting for workers: the new vacancy is simply one more
   const int64_t left = epoch_++;
   planned_ = false;
@@ -459,9 +569,52 @@ void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<s
   for (auto& o : workers_)
     if (live(o)) {
       o.state = WorkerInfo::State::kRejoining;
-      send_raw(o.identity, Rollback{left, reason});
+      if (o.identity != rejoined) send_raw(o.identity, Rollback{left, reason});
     }
   if (hooks_.on_rollback) later.push_back([this, e = epoch_, reason] { hooks_.on_rollback(e, reason); });
+}
+
+std::map<std::pair<int, int>, std::string> Coordinator::find_stalls_locked(
+    std::chrono::steady_clock::time_point now) const {
+  std::map<std::pair<int, int>, std::string> out;
+  if (options_.stall_timeout.count() <= 0 || !all_ready_) return out;
+  const auto limit = uint32_t(std::min<int64_t>(options_.stall_timeout.count(), UINT32_MAX));
+  std::map<int, const WorkerInfo*> by_rank;
+  for (const WorkerInfo& w : workers_)
+    if (w.state == WorkerInfo::State::kReady && now - w.progress_at <= options_.heartbeat_timeout) by_rank[w.rank] = &w;
+  auto seconds = [](uint32_t ms) { return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s"; };
+  for (const auto& [rank, w] : by_rank)
+    for (const PendingLink& p : w->progress.pending) {
+      if (p.send || p.since_progress_ms < limit) continue;
+      const int src = p.peer, dst = rank;
+      std::string name = hooks_.link_name ? hooks_.link_name(src, dst) : std::string();
+      name = (name.empty() ? "" : name + " ") + "(rank " + std::to_string(src) + " → rank " + std::to_string(dst) + ")";
+      std::string what = "link " + name + ": nothing has moved for " + seconds(p.since_progress_ms) + "; ";
+      auto sender = by_rank.find(src);
+      const PendingLink* sending = nullptr;
+      if (sender != by_rank.end())
+        for (const PendingLink& q : sender->second->progress.pending)
+          if (q.send && q.peer == dst) sending = &q;
+      if (sending) {
+        if (sending->since_progress_ms < limit) continue;  // its sender sees it move
+        what += "rank " + std::to_string(src) + " has had a packet on its way for " + seconds(sending->pending_ms) +
+                " (a blocked or very slow link)";
+      } else if (sender == by_rank.end()) {
+        what +=
+            "rank " + std::to_string(dst) + " waits for rank " + std::to_string(src) + ", whose progress is unknown";
+      } else {
+        const Heartbeat& hb = sender->second->progress;
+        std::string waits;
+        for (const PendingLink& q : hb.pending)
+          if (!q.send) waits += (waits.empty() ? "" : ", ") + std::to_string(q.peer);
+        what += "rank " + std::to_string(dst) + " waits for rank " + std::to_string(src) +
+                ", which is not sending to it (rank " + std::to_string(src) + " finished step " +
+                std::to_string(hb.step) +
+                (waits.empty() ? ", and waits on no one" : ", and waits on rank(s) " + waits) + ")";
+      }
+      out[{src, dst}] = what;
+    }
+  return out;
 }
 
 void Coordinator::on_tick() {
@@ -492,6 +645,13 @@ void Coordinator::on_tick() {
         ++it;
       }
     }
+    auto stalls = find_stalls_locked(now);
+    for (const auto& [key, what] : stalls)
+      if (!stalls_.count(key)) LH_LOG_WARN("coordinator: stalled data-plane {}", what);
+    for (const auto& [key, what] : stalls_)
+      if (!stalls.count(key))
+        LH_LOG_INFO("coordinator: the link rank {} → rank {} is moving again", key.first, key.second);
+    stalls_ = std::move(stalls);
     if (recovering_ && !shut_down_ && now > recovery_deadline_) {
       std::string ranks;
       for (int v : vacant_) ranks += (ranks.empty() ? "" : ",") + std::to_string(v);
@@ -522,7 +682,7 @@ void Coordinator::on_tick() {
   }
   if (now - last_beat_ >= options_.heartbeat_interval) {
     last_beat_ = now;
-    for (auto& id : alive) send_raw(id, Heartbeat{0});
+    for (auto& id : alive) send_raw(id, Heartbeat{});
   }
   check_barriers();  // a death or departure may complete a barrier the lost worker never reached
 }
@@ -533,15 +693,21 @@ void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
   if (hooks_.on_ctl) {
     reply = hooks_.on_ctl(req);
   } else if (req.command == "status") {
-    reply = status_json().dump();
+    reply = status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   } else if (req.command == "set-codec") {
     auto j = nlohmann::json::parse(req.args, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
       reply = invalid_argument("set-codec: arguments are not a JSON object");
     } else {
-      SetCodec sc{j.value("src", -1), j.value("dst", -1), j.value("dir", std::string()), j.value("spec", std::string()),
-                  j.value("apply_at_step", int64_t(-1))};
-      auto check = decode_message(encode_message(sc));  // the same field checks workers apply
+      SetCodec sc;
+      Status fields;
+      try {
+        sc = SetCodec{j.value("src", -1), j.value("dst", -1), j.value("dir", std::string()),
+                      j.value("spec", std::string()), j.value("apply_at_step", int64_t(-1))};
+      } catch (const nlohmann::json::exception& e) {  // {"src":"0"}: a type_error
+        fields = invalid_argument(std::string("set-codec: ") + e.what());
+      }
+      auto check = fields.ok() ? decode_message(encode_message(sc)) : Result<ControlMessage>(fields);
       if (!check.ok())
         reply = check.status();
       else {
@@ -623,6 +789,12 @@ nlohmann::json Coordinator::status_json() const {
           {"running", all_ready_},
           {"shut_down", shut_down_},
           {"rejected", rejected_},
+          {"stalls",
+           [&] {
+             nlohmann::json a = nlohmann::json::array();
+             for (const auto& [key, what] : stalls_) a.push_back(what);
+             return a;
+           }()},
           {"workers", ws}};
 }
 

@@ -31,6 +31,10 @@ struct CoordinatorOptions {
   // (any that joins with the token), and the job is planned again (a new epoch) once every rank is back. A worker
   // that dies before the plan only frees its place.
   std::chrono::milliseconds replace_timeout{0};
+  // 0: off. Otherwise a data-plane link of a running job on which nothing has moved this long (judged from the
+  // workers' heartbeats: a receive waiting that long with no transfer with that peer finished) is named in the log
+  // and in status_json()'s "stalls", with what its sender is doing.
+  std::chrono::milliseconds stall_timeout{0};
 };
 
 struct WorkerInfo {
@@ -42,6 +46,9 @@ struct WorkerInfo {
   Join join;             // what it told us (token cleared)
   State state = State::kJoined;
   std::chrono::steady_clock::time_point last_seen{};
+  uint32_t next_seq = 1;  // the sequence number its next message must carry (ControlHeader::seq)
+  Heartbeat progress;     // its latest heartbeat (step, pending data-plane transfers)
+  std::chrono::steady_clock::time_point progress_at{};
 };
 const char* worker_state_name(WorkerInfo::State s);
 
@@ -68,6 +75,8 @@ struct CoordinatorHooks {
   std::function<void(const ShardSaved&)> on_shard;
   // A rollback began (replace_timeout > 0): `epoch` is the new epoch, `reason` names the lost worker.
   std::function<void(int64_t epoch, const std::string& reason)> on_rollback;
+  // The job's name for the data-plane link src → dst (stall reports). Unset: "rank SRC → rank DST".
+  std::function<std::string(int src, int dst)> link_name;
 };
 
 class Coordinator {
@@ -108,12 +117,25 @@ class Coordinator {
   // With mu_ held: marks `w` lost, tells the others, queues the hook into `later` (run unlocked).
   void declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,
                     std::vector<std::function<void()>>& later);
+  // Sends with the next sequence number for `identity` (0 when it is not a worker this coordinator knows).
   void send_raw(const std::string& identity, const ControlMessage& m);
+  // The next message to `identity` is number 0 (it sent a Join); forget_seq: it is gone.
+  void reset_seq(const std::string& identity);
+  void forget_seq(const std::string& identity);
+  // With mu_ held: checks a known worker's message number; a gap means messages were lost (a connection reset):
+  // returns a reason to roll the job back (or stop it), or "".
+  std::string check_seq_locked(WorkerInfo& w, const ControlHeader& h);
   WorkerInfo* find(const std::string& identity);
   // With mu_ held: every rank has a joined worker (a fresh job's or a rollback's), so plans can go out.
   bool complete_locked() const;
   // With mu_ held: the lost worker `w` starts a rollback (see CoordinatorOptions::replace_timeout).
-  void begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later);
+  // `rejoined`: a worker whose Join starts the rollback (it gets no Rollback message; it has left its epoch).
+  void begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later,
+                             const std::string& rejoined = "");
+  // With mu_ held, a running job's worker lost messages: rolls the job back (replace_timeout > 0); otherwise
+  // returns the reason the job must stop.
+  std::string on_lost_messages_locked(const std::string& reason, std::vector<std::function<void()>>& later,
+                                      const std::string& rejoined = "");
   bool all_finished_locked() const;
 
   CoordinatorOptions options_;
@@ -136,6 +158,13 @@ class Coordinator {
   // With mu_ held: moves standbys into the job while it has fewer than expected_workers.
   void promote_standbys_locked();
   std::chrono::steady_clock::time_point last_beat_{};  // loop thread only
+
+  // With mu_ held: the links that have stalled now, (src, dst) → what is known about it.
+  std::map<std::pair<int, int>, std::string> find_stalls_locked(std::chrono::steady_clock::time_point now) const;
+  std::map<std::pair<int, int>, std::string> stalls_;  // as last found (mu_)
+
+  std::mutex send_mu_;                        // taken after mu_, never before it: orders numbering and queueing
+  std::map<std::string, uint32_t> send_seq_;  // identity → the number of its next message
 };
 
 }  // namespace lh

@@ -4,10 +4,41 @@
 #include "transport/data_plane.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "core/cuda_runtime.h"
 
 namespace lh {
+
+struct DataPlane::Tracker {
+  std::mutex mu;
+  uint64_t next = 0;
+  std::map<uint64_t, std::tuple<int, bool, Clock::time_point>> pending;  // id → peer, send, start
+  std::map<int, Clock::time_point> last_done;                            // per peer
+};
+
+DataPlane::DataPlane() : tracker_(std::make_shared<Tracker>()) {}
+
+std::vector<DataPlane::PendingLink> DataPlane::pending_links(std::chrono::milliseconds min_age) const {
+  const auto now = Clock::now();
+  std::map<std::pair<int, bool>, Clock::time_point> oldest;
+  std::lock_guard<std::mutex> lock(tracker_->mu);
+  for (const auto& [id, p] : tracker_->pending) {
+    const auto& [peer, send, start] = p;
+    auto [it, fresh] = oldest.try_emplace({peer, send}, start);
+    if (!fresh && start < it->second) it->second = start;
+  }
+  std::vector<PendingLink> out;
+  for (const auto& [key, start] : oldest) {
+    if (now - start < min_age) continue;
+    auto done = tracker_->last_done.find(key.first);
+    const auto moved = done == tracker_->last_done.end() ? start : std::max(start, done->second);
+    out.push_back({key.first, key.second, std::chrono::duration_cast<std::chrono::milliseconds>(now - start),
+                   std::chrono::duration_cast<std::chrono::milliseconds>(now - moved)});
+  }
+  return out;
+}
 
 std::shared_ptr<TransferState> DataPlane::make_state(Direction dir, int peer, Tag tag, uint64_t raw_bytes) {
   auto st = std::make_shared<TransferState>();
@@ -16,6 +47,20 @@ std::shared_ptr<TransferState> DataPlane::make_state(Direction dir, int peer, Ta
   st->tag = tag;
   st->raw_bytes = raw_bytes;
   st->t_start = Clock::now();
+  {
+    std::shared_ptr<Tracker> tr = tracker_;
+    uint64_t id;
+    {
+      std::lock_guard<std::mutex> lock(tr->mu);
+      id = tr->next++;
+      tr->pending.emplace(id, std::make_tuple(peer, dir == Direction::kSend, st->t_start));
+    }
+    st->on_done([tr, id, peer](TransferState&) {
+      std::lock_guard<std::mutex> lock(tr->mu);
+      tr->pending.erase(id);
+      tr->last_done[peer] = Clock::now();
+    });
+  }
   // A meter handed over before the plan was known (e.g. by a LinkShaper) learns its rank here.
   if (meter_ && meter_->self_rank() < 0 && rank() >= 0) meter_->set_self_rank(rank());
   if (meter_) {

@@ -27,7 +27,7 @@ namespace lh {
 class DataPlane {
  public:
   virtual ~DataPlane() = default;
-  DataPlane() = default;
+  DataPlane();
   DataPlane(const DataPlane&) = delete;
   DataPlane& operator=(const DataPlane&) = delete;
 
@@ -71,6 +71,16 @@ class DataPlane {
   Result<Bytes> recv_blocking(int peer, Tag tag, std::chrono::milliseconds timeout = std::chrono::minutes(10),
                               uint64_t raw_bytes = 0);
 
+  // What this plane's callers are waiting on, per peer and way (for stall detection: heartbeats carry it). Only
+  // transfers pending at least `min_age`. since_progress: since a transfer with that peer last finished (either way)
+  // or this one started, whichever is later.
+  struct PendingLink {
+    int peer = -1;
+    bool send = false;
+    std::chrono::milliseconds pending{0}, since_progress{0};
+  };
+  std::vector<PendingLink> pending_links(std::chrono::milliseconds min_age = std::chrono::milliseconds(0)) const;
+
   // Every finished transfer is recorded here (may be null: no metering). Set before traffic starts.
   void set_meter(std::shared_ptr<LinkMeter> meter) { meter_ = std::move(meter); }
   const std::shared_ptr<LinkMeter>& meter() const { return meter_; }
@@ -84,6 +94,8 @@ class DataPlane {
 
  private:
   struct StagingPool;  // pinned host buffers for device transfers (data_plane.cpp)
+  struct Tracker;      // the transfers pending, for pending_links (data_plane.cpp)
+  std::shared_ptr<Tracker> tracker_;
   std::shared_ptr<TransferState> make_state(Direction dir, int peer, Tag tag, uint64_t raw_bytes);
   std::shared_ptr<StagingPool> staging();
   std::shared_ptr<LinkMeter> meter_;

@@ -24,10 +24,26 @@ Status check_rank(int32_t r, const char* what) {
   return Status::Ok();
 }
 
+// Names shown in status JSON and logs: valid UTF-8 without control characters (nlohmann::json::dump throws on
+// invalid UTF-8).
+Status check_name(const std::string& s, const char* what) {
+  LH_RETURN_IF_ERROR(check_len(s, what));
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return corrupt(std::string(what) + " is not valid UTF-8");
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return corrupt(std::string(what) + " is not valid UTF-8");
+    if (n == 1 && (c < 0x20 || c == 0x7f)) return corrupt(std::string(what) + " holds a control character");
+    i += n;
+  }
+  return Status::Ok();
+}
+
 Status validate(const Join& m) {
   LH_RETURN_IF_ERROR(check_len(m.token, "join token"));
-  LH_RETURN_IF_ERROR(check_len(m.hostname, "hostname"));
-  LH_RETURN_IF_ERROR(check_len(m.device, "device"));
+  LH_RETURN_IF_ERROR(check_name(m.hostname, "hostname"));
+  LH_RETURN_IF_ERROR(check_name(m.device, "device"));
   if (!(m.compute_speed >= 0) || m.compute_speed > 1e12)
     return corrupt("compute speed " + std::to_string(m.compute_speed) + " is not a speed");
   if (m.ucx_address.empty() || m.ucx_address.size() > (1u << 20))
@@ -53,7 +69,8 @@ Status validate(const Plan& m) {
     LH_RETURN_IF_ERROR(check_rank(p.rank, "plan peer rank"));
     if (p.rank >= m.world_size) return corrupt("plan peer rank " + std::to_string(p.rank) + " >= world size");
     if (!seen.insert(p.rank).second) return corrupt("plan lists rank " + std::to_string(p.rank) + " twice");
-    LH_RETURN_IF_ERROR(check_len(p.hostname, "peer hostname"));
+    LH_RETURN_IF_ERROR(check_name(p.hostname, "peer hostname"));
+    LH_RETURN_IF_ERROR(check_name(p.device, "peer device"));
   }
   for (const auto& c : m.codecs) {
     LH_RETURN_IF_ERROR(check_len(c.dir, "codec direction"));
@@ -79,7 +96,9 @@ Status validate(const Ready& m) {
 Status validate(const Barrier&) {
   return Status::Ok();
 }
-Status validate(const Heartbeat&) {
+Status validate(const Heartbeat& m) {
+  if (m.step < -1 || m.step >= (int64_t(1) << 24)) return corrupt("heartbeat step " + std::to_string(m.step));
+  for (const PendingLink& p : m.pending) LH_RETURN_IF_ERROR(check_rank(p.peer, "heartbeat pending peer"));
   return Status::Ok();
 }
 Status validate(const SetCodec& m) {
@@ -96,7 +115,7 @@ Status validate(const SetCodec& m) {
 }
 Status validate(const StepMetrics& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "metrics rank"));
-  if (m.step < 0) return corrupt("metrics step " + std::to_string(m.step));
+  if (m.step < 0 || m.step >= (int64_t(1) << 24)) return corrupt("metrics step " + std::to_string(m.step));
   return Status::Ok();
 }
 Status validate(const Shutdown& m) {
@@ -183,33 +202,43 @@ MsgType message_type(const ControlMessage& m) {
   return static_cast<MsgType>(m.index() + 1);
 }
 
-std::vector<uint8_t> encode_message(const ControlMessage& m) {
+std::vector<uint8_t> encode_message(const ControlMessage& m, uint32_t seq) {
   std::vector<uint8_t> out(kControlHeaderBytes);
   uint32_t magic = kControlMagic;
   uint16_t version = kProtocolVersion, type = static_cast<uint16_t>(message_type(m));
   std::memcpy(out.data(), &magic, 4);
   std::memcpy(out.data() + 4, &version, 2);
   std::memcpy(out.data() + 6, &type, 2);
+  std::memcpy(out.data() + 8, &seq, 4);
   WireOutputArchive ar(out);
   std::visit([&](const auto& msg) { ar(msg); }, m);
   return out;
 }
 
-Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
+Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (size < kControlHeaderBytes)
-    return corrupt("message of " + std::to_string(size) + " bytes is shorter than the 8-byte header");
+    return corrupt("message of " + std::to_string(size) + " bytes is shorter than the " +
+                   std::to_string(kControlHeaderBytes) + "-byte header");
   if (size > kMaxControlMessage) return corrupt("message of " + std::to_string(size) + " bytes exceeds the limit");
-  uint32_t magic;
+  uint32_t magic, seq;
   uint16_t version, type;
   std::memcpy(&magic, data, 4);
   std::memcpy(&version, data + 4, 2);
   std::memcpy(&type, data + 6, 2);
+  std::memcpy(&seq, data + 8, 4);
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kRollback))
+    return corrupt("unknown message type " + std::to_string(type));
+  return ControlHeader{static_cast<MsgType>(type), seq};
+}
+
+Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
+  LH_ASSIGN_OR_RETURN(ControlHeader h, decode_header(data, size));
   const uint8_t* body = data + kControlHeaderBytes;
   size_t n = size - kControlHeaderBytes;
-  switch (static_cast<MsgType>(type)) {
+  switch (h.type) {
     case MsgType::kJoin:
       return decode_as<Join>(body, n);
     case MsgType::kPlan:
@@ -239,7 +268,7 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
     case MsgType::kRollback:
       return decode_as<Rollback>(body, n);
   }
-  return corrupt("unknown message type " + std::to_string(type));
+  return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }
 
 }  // namespace lh

@@ -3,6 +3,7 @@
 // body. Used by Coordinator, ControlClient, `longhaul ctl` and the transport tests.
 #pragma once
 
+#include <cereal/cereal.hpp>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -13,11 +14,41 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 2;
-constexpr size_t kControlHeaderBytes = 8;  // magic u32, version u16, type u16
+constexpr uint16_t kProtocolVersion = 3;
+// magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
+// that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
+constexpr size_t kControlHeaderBytes = 12;
 constexpr size_t kMaxControlMessage = 64 << 20;
 // A checkpoint shard travels in one message (ShardSaved up, Plan down) with room for the rest.
 constexpr size_t kMaxShardMessageBytes = kMaxControlMessage - (1 << 20);
+
+// A vector whose element count is checked against `max` before anything is allocated (every count in a message
+// has its own bound; see messages.cpp). Same bytes as a plain vector.
+template <class T>
+struct BoundedVector {
+  std::vector<T>& v;
+  size_t max;
+  const char* what;
+};
+template <class T>
+BoundedVector<T> bounded(std::vector<T>& v, size_t max, const char* what) {
+  return {v, max, what};
+}
+template <class A, class T>
+void save(A& ar, const BoundedVector<T>& b) {
+  ar(cereal::make_size_tag(static_cast<cereal::size_type>(b.v.size())));
+  for (const T& e : b.v) ar(e);
+}
+template <class A, class T>
+void load(A& ar, BoundedVector<T>& b) {
+  cereal::size_type n = 0;
+  ar(cereal::make_size_tag(n));
+  if (n > b.max)
+    throw cereal::Exception(std::string(b.what) + ": " + std::to_string(n) + " entries (max " + std::to_string(b.max) +
+                            ")");
+  b.v.resize(static_cast<size_t>(n));
+  for (T& e : b.v) ar(e);
+}
 
 enum class MsgType : uint16_t {
   kJoin = 1,
@@ -87,6 +118,8 @@ struct SetCodec {
   }
 };
 
+constexpr size_t kMaxPlanCodecs = 65536;
+
 // coordinator → worker: who the worker is in the job and whom it talks to.
 struct Plan {
   int32_t rank = -1, world_size = 0;
@@ -106,8 +139,9 @@ struct Plan {
   std::vector<SetCodec> changes;
   template <class A>
   void serialize(A& ar) {
-    ar(rank, world_size, stage, tp_index, dp_index, pp, tp, dp, peers, codecs, config, heartbeat_interval_ms,
-       heartbeat_timeout_ms, epoch, resume_step, shard, changes);
+    ar(rank, world_size, stage, tp_index, dp_index, pp, tp, dp, bounded(peers, 4096, "plan peers"),
+       bounded(codecs, kMaxPlanCodecs, "plan codecs"), config, heartbeat_interval_ms, heartbeat_timeout_ms, epoch,
+       resume_step, shard, bounded(changes, kMaxPlanCodecs, "plan codec changes"));
   }
 };
 
@@ -130,12 +164,27 @@ struct Barrier {
   }
 };
 
-struct Heartbeat {  // both ways
-  uint64_t seq = 0;
+// A transfer a worker's data plane has been waiting on: the oldest pending receive from `peer` (send = false) or
+// send to it (send = true).
+struct PendingLink {
+  int32_t peer = -1;
+  bool send = false;
+  uint32_t pending_ms = 0;         // how long the oldest such transfer has been pending
+  uint32_t since_progress_ms = 0;  // since any transfer with `peer` last finished (either way)
   template <class A>
   void serialize(A& ar) {
-    ar(seq);
+    ar(peer, send, pending_ms, since_progress_ms);
   }
+};
+
+struct Heartbeat {  // both ways
+  uint64_t seq = 0;
+  // worker → coordinator: its progress, so the coordinator can name a stalled data-plane link. step: the last step
+  // it finished (−1: none yet); pending: what its data plane waits on (each peer and way at most once).
+  int64_t step = -1;
+  std::vector<PendingLink> pending;
+  template <class A>
+  void serialize(A& ar);
 };
 
 struct StepMetrics {  // worker → coordinator, one per step
@@ -220,12 +269,29 @@ struct Rollback {
   }
 };
 
+template <class A>
+void Heartbeat::serialize(A& ar) {
+  ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"));
+}
+
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,
                                     PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback>;
 
 MsgType message_type(const ControlMessage& m);
+
+// What the header says, checked (magic, version, a known type) before any of the body is read, so a receiver can
+// refuse a type its sender may not send without decoding it.
+struct ControlHeader {
+  MsgType type = MsgType::kHeartbeat;
+  // Numbers one sender's messages to one receiver: a Join is 0, and so is the coordinator's first message to a
+  // worker after handling its Join; each later message is one more. A Heartbeat does not take a number: it carries
+  // the number the sender's next message will have, so a receiver also notices lost messages that nothing followed.
+  uint32_t seq = 0;
+};
+Result<ControlHeader> decode_header(const uint8_t* data, size_t size);
+
 // Header + cereal body.
-std::vector<uint8_t> encode_message(const ControlMessage& m);
+std::vector<uint8_t> encode_message(const ControlMessage& m, uint32_t seq = 0);
 // Checks magic, version, type, body length and each message's fields; never trusts a length it has
 // not seen the bytes for. The error says what is wrong ("protocol version 7, expected 1").
 Result<ControlMessage> decode_message(const uint8_t* data, size_t size);

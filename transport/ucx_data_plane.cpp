@@ -1,16 +1,16 @@
 // UcxDataPlane: UCX tagged send/receive with our own matching by (peer, tag), a progress thread that
-// sleeps on epoll(UCX event fd + wake eventfd) when idle, and drop-and-log for ranks outside the plan.
-// Used by workers, `bench link` and tests.
+// sleeps on epoll(UCX event fd + wake eventfd) when idle, drop-and-log for ranks outside the plan, and
+// bounds on what a peer can make it buffer. Used by workers, `bench link` and tests.
 #include "transport/ucx_data_plane.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <optional>
 
 #include "core/log.h"
 #include "core/tensor.h"
@@ -18,27 +18,11 @@
 namespace lh {
 namespace {
 
-constexpr uint32_t kAddrMagic = 0x41554c48;  // "LHUA" little-endian
-constexpr uint16_t kAddrVersion = 1;
-constexpr size_t kAddrHeader = 4 + 2 + 2 + 4 + 8;
-constexpr size_t kMaxAddress = 1 << 20;
 constexpr int kRankShift = Tag::kBits;  // wire tag: [src rank:12][Tag:52]
 constexpr uint64_t kTagMask = (uint64_t(1) << Tag::kBits) - 1;
 
-template <class T>
-void put(Bytes& b, T v) {
-  uint8_t tmp[sizeof(T)];
-  std::memcpy(tmp, &v, sizeof(T));
-  b.insert(b.end(), tmp, tmp + sizeof(T));
-}
-template <class T>
-T get(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-
-uint8_t g_empty_byte = 0;  // a valid pointer for 0-byte packets
+uint8_t g_empty_byte = 0;                    // a valid pointer for 0-byte packets and for packets received into nothing
+constexpr uint64_t kDropsLoggedFreely = 10;  // then at most one line a second
 
 Status too_big(uint64_t length, uint64_t capacity, int peer) {
   return out_of_range("packet of " + std::to_string(length) + " bytes from rank " + std::to_string(peer) +
@@ -47,48 +31,32 @@ Status too_big(uint64_t length, uint64_t capacity, int peer) {
 
 }  // namespace
 
-Bytes wrap_worker_address(const void* ucx_address, size_t length) {
-  Bytes b;
-  b.reserve(kAddrHeader + length);
-  put<uint32_t>(b, kAddrMagic);
-  put<uint16_t>(b, kAddrVersion);
-  put<uint16_t>(b, 0);
-  put<uint32_t>(b, uint32_t(length));
-  put<uint64_t>(b, XXH64(ucx_address, length, 0));
-  const uint8_t* p = static_cast<const uint8_t*>(ucx_address);
-  b.insert(b.end(), p, p + length);
-  return b;
-}
-
-Result<Bytes> unwrap_worker_address(const Bytes& e) {
-  if (e.size() < kAddrHeader)
-    return corrupt("worker address: " + std::to_string(e.size()) + " bytes, shorter than its " +
-                   std::to_string(kAddrHeader) + "-byte header");
-  if (get<uint32_t>(e.data()) != kAddrMagic) return corrupt("worker address: bad magic (not a longhaul UCX address)");
-  if (get<uint16_t>(e.data() + 4) != kAddrVersion)
-    return corrupt("worker address: version " + std::to_string(get<uint16_t>(e.data() + 4)) + ", expected " +
-                   std::to_string(kAddrVersion));
-  uint32_t len = get<uint32_t>(e.data() + 8);
-  if (len == 0 || len > kMaxAddress || len != e.size() - kAddrHeader)
-    return corrupt("worker address: length field " + std::to_string(len) + " does not match the " +
-                   std::to_string(e.size() - kAddrHeader) + " bytes present");
-  if (XXH64(e.data() + kAddrHeader, len, 0) != get<uint64_t>(e.data() + 12))
-    return corrupt("worker address: checksum mismatch");
-  return Bytes(e.begin() + kAddrHeader, e.end());
-}
-
 struct UcxDataPlane::Inbound {
   UcxDataPlane* plane = nullptr;
   int peer = -1;
   uint64_t tag = 0;
-  bool discard = false;
-  Bytes bytes;
+  bool discard = false;  // thrown away: never delivered (a dropped packet is also received into nothing)
+  bool queued = false;   // in unexpected_, counted against its peer's bounds
+  Bytes bytes;           // the plane's buffer for the packet (not for direct receives)
   Clock::time_point arrived{}, finished{};
   bool done = false;
   ucs_status_t status = UCS_OK;
   std::shared_ptr<TransferState> target;  // the receive it was matched to, if any yet
   uint64_t length = 0;
   bool direct = false;  // received straight into target->dst
+  // The direct receive failed (fail_peer) while UCX was writing into target->dst. UCX cannot cancel a
+  // matched receive, so the target fails with this once UCX reports the request finished, never before.
+  std::optional<Status> aborted;
+  Clock::time_point aborted_at{};
+
+  // Hands `bytes` over (to a recv's Transfer) or frees them, for packet_buffer_bytes_peak's count.
+  Bytes release() {
+    plane->buffer_bytes_ -= bytes.size();
+    return std::move(bytes);
+  }
+  ~Inbound() {
+    if (plane) plane->buffer_bytes_ -= bytes.size();
+  }
 };
 
 Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& options) {
@@ -170,6 +138,14 @@ UcxDataPlane::~UcxDataPlane() {
     thread_.join();
   }
   if (worker_) ucp_worker_destroy(worker_);
+  // Only now can UCX no longer touch a buffer it was given: transfers it still held fail here, not before
+  // (a send_view's or recv_into's memory is the caller's again once its Transfer is done).
+  Status closed = unavailable("data plane closed");
+  for (auto& [raw, in] : inbound_in_flight_)
+    if (in->target) in->target->complete(in->aborted ? *in->aborted : closed);
+  for (auto& [p, ctx] : sends_in_flight_) ctx.st->complete(closed);
+  inbound_in_flight_.clear();
+  sends_in_flight_.clear();
   if (context_) ucp_cleanup(context_);
   if (wake_fd_ >= 0) close(wake_fd_);
   if (epoll_fd_ >= 0) close(epoll_fd_);
@@ -212,6 +188,7 @@ void UcxDataPlane::progress_loop() {
     while (ucp_worker_progress(worker_) != 0) busy = true;
     while (probe_inbound()) busy = true;
     Clock::time_point now = Clock::now();
+    release_abandoned_receives(now);
     if (busy || had_commands) {
       last_activity = now;
       continue;
@@ -238,12 +215,14 @@ void UcxDataPlane::progress_loop() {
       }
   }
   close_endpoints();
-  // Whatever is still pending can no longer finish.
+  // Receives not matched to a packet can no longer finish. Transfers UCX still holds fail in the
+  // destructor, once the worker is gone.
   Status closed = unavailable("data plane closed");
   for (auto& [k, v] : posted_)
     for (auto& st : v) st->complete(closed);
-  for (auto& [p, ctx] : sends_in_flight_) ctx.st->complete(closed);
   posted_.clear();
+  for (auto& [k, v] : unexpected_)
+    for (auto& in : v) unqueue_unexpected(*in);
   unexpected_.clear();
 }
 
@@ -327,12 +306,26 @@ void UcxDataPlane::fail_peer(int peer, const std::string& reason) {
   post([this, peer, reason] { fail_peer_locked(peer, reason); });
 }
 
+void UcxDataPlane::release_abandoned_receives(Clock::time_point now) {
+  // A live sender finishes a packet whose receive failed well within this; a dead one never does (UCX keeps an
+  // eager packet missing its last fragments forever). Its receive fails now rather than hang its caller until the
+  // plane closes; UCX keeps the request, and the caller's buffer is only written again if the dead sender's
+  // remaining fragments were still on their way after kAbandonAfter.
+  for (auto& [ptr, in] : inbound_in_flight_) {
+    if (!in->aborted || !in->target || now - in->aborted_at < kAbandonAfter) continue;
+    in->target->complete(*in->aborted);
+    in->target.reset();
+    in->discard = true;
+  }
+}
+
 void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
   auto it = peer_table_.find(peer);
   if (it == peer_table_.end() || it->second.failed) return;
   size_t pending = 0;
   for (auto& [key, v] : posted_) pending += key.first == peer ? v.size() : 0;
   for (auto& [ptr, ctx] : sends_in_flight_) pending += ctx.st->peer == peer;
+  for (auto& [ptr, in] : inbound_in_flight_) pending += in->peer == peer && in->target;
   // A peer that simply finished (its endpoint times out after it exits) is not news; one that leaves
   // transfers behind is.
   if (pending)
@@ -360,8 +353,33 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
     if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
     it->second.ep = nullptr;
   }
-  for (auto& [ptr, in] : inbound_in_flight_)
-    if (in->peer == peer && in->target) in->target->complete(why);
+  // Its packets that wait for receives will never be taken now; those still arriving are thrown away
+  // when UCX is done with them (inbound_in_flight_ keeps them alive until then).
+  for (auto u = unexpected_.begin(); u != unexpected_.end();) {
+    if (u->first.first != peer) {
+      ++u;
+      continue;
+    }
+    for (auto& in : u->second) {
+      unqueue_unexpected(*in);
+      in->discard = true;
+    }
+    u = unexpected_.erase(u);
+  }
+  for (auto& [ptr, in] : inbound_in_flight_) {
+    if (in->peer != peer || !in->target) continue;
+    if (in->direct) {
+      // UCX is writing into the caller's buffer and cannot cancel a receive it has matched (ucp_request_cancel
+      // only takes back unmatched ones): the receive fails in on_recv_done, once UCX lets go of the buffer.
+      // A sender that is still alive finishes the packet; one that died leaves it until the plane closes.
+      in->aborted = why;
+      in->aborted_at = Clock::now();
+      continue;
+    }
+    in->target->complete(why);  // it arrives into the plane's own buffer, which nobody will read
+    in->target.reset();
+    in->discard = true;
+  }
 }
 
 void UcxDataPlane::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -429,6 +447,7 @@ void UcxDataPlane::issue_recv(const std::shared_ptr<TransferState>& st) {
     std::shared_ptr<Inbound> in = u->second.front();
     u->second.erase(u->second.begin());
     if (u->second.empty()) unexpected_.erase(u);
+    unqueue_unexpected(*in);
     if (in->done) return deliver(in, st);
     in->target = st;  // still arriving; on_recv_done delivers
     return;
@@ -451,8 +470,61 @@ void UcxDataPlane::deliver(const std::shared_ptr<Inbound>& in, const std::shared
       return st->complete(copy_bytes(st->dst, st->memory, in->bytes.data(), Device::cpu, in->length));
     return st->complete(Status::Ok());
   }
-  st->owned = std::move(in->bytes);
+  st->owned = in->release();
   st->complete(Status::Ok());
+}
+
+std::string UcxDataPlane::drop_reason(int peer, uint64_t tag_bits) {
+  auto tag = Tag::unpack(tag_bits);
+  if (!tag.ok()) return tag.status().message();
+  auto pit = peer_table_.find(peer);
+  if (pit == peer_table_.end()) return "not in the current plan";
+  if (pit->second.failed) return "rank has failed";
+  return "";
+}
+
+void UcxDataPlane::note_drop(int peer, uint64_t length, const std::string& why) {
+  dropped_ += 1;
+  // A stranger or a broken peer can send many: the first few are logged one by one, then one line a second.
+  Clock::time_point now = Clock::now();
+  if (drops_logged_ >= kDropsLoggedFreely && now < next_drop_log_) {
+    ++drops_unlogged_;
+    return;
+  }
+  LH_LOG_WARN("data plane: dropping a {}-byte packet from rank {}: {}{}", length, peer, why,
+              drops_unlogged_ ? " (" + std::to_string(drops_unlogged_) + " more dropped since the last report)"
+                              : std::string());
+  ++drops_logged_;
+  drops_unlogged_ = 0;
+  next_drop_log_ = now + std::chrono::seconds(1);
+}
+
+void UcxDataPlane::allocate_packet(Inbound& in) {
+  in.bytes.resize(in.length);
+  uint64_t held = buffer_bytes_ += in.length;
+  if (held > buffer_bytes_peak_) buffer_bytes_peak_ = held;  // only the progress thread allocates
+}
+
+void UcxDataPlane::queue_unexpected(const std::shared_ptr<Inbound>& in) {
+  Peer& p = peer_table_.at(in->peer);
+  p.unexpected_bytes += in->length;
+  p.unexpected_packets += 1;
+  unexpected_bytes_ += in->length;
+  unexpected_packets_ += 1;
+  in->queued = true;
+  unexpected_[Key{in->peer, in->tag}].push_back(in);
+}
+
+void UcxDataPlane::unqueue_unexpected(Inbound& in) {
+  if (!in.queued) return;
+  in.queued = false;
+  auto pit = peer_table_.find(in.peer);
+  if (pit != peer_table_.end()) {
+    pit->second.unexpected_bytes -= in.length;
+    pit->second.unexpected_packets -= 1;
+  }
+  unexpected_bytes_ -= in.length;
+  unexpected_packets_ -= 1;
 }
 
 bool UcxDataPlane::probe_inbound() {
@@ -464,50 +536,71 @@ bool UcxDataPlane::probe_inbound() {
   in->arrived = Clock::now();
   in->peer = int(info.sender_tag >> kRankShift);
   in->tag = info.sender_tag & kTagMask;
-  auto tag = Tag::unpack(in->tag);
-  auto pit = peer_table_.find(in->peer);
-  if (!tag.ok() || pit == peer_table_.end() || pit->second.failed) {
-    in->discard = true;
-    dropped_ += 1;
-    LH_LOG_WARN("data plane: dropping a {}-byte packet from rank {}: {}", info.length, in->peer,
-                !tag.ok()                  ? tag.status().message()
-                : pit == peer_table_.end() ? std::string("not in the current plan")
-                                           : "rank has failed");
-  }
   in->length = info.length;
+  // Whether the packet is taken is decided before anything is allocated for it: `info.length` is the
+  // sender's word, and a dropped packet is received into nothing.
+  std::string drop = drop_reason(in->peer, in->tag);
+  if (drop.empty()) {
+    Key key{in->peer, in->tag};
+    auto posted = posted_.find(key);
+    if (posted != posted_.end() && !posted->second.empty()) {
+      std::shared_ptr<TransferState> target = posted->second.front();
+      posted->second.erase(posted->second.begin());
+      if (posted->second.empty()) posted_.erase(posted);
+      if (target->dst && info.length > target->capacity) {
+        target->complete(too_big(info.length, target->capacity, in->peer));
+        drop = "larger than the receive buffer posted for it";
+      } else if (!target->dst && info.length > options_.max_packet_bytes) {
+        drop = "over the bound of " + std::to_string(options_.max_packet_bytes) + " bytes per packet";
+        target->complete(out_of_range("packet of " + std::to_string(info.length) + " bytes from rank " +
+                                      std::to_string(in->peer) + " is " + drop));
+      } else {
+        in->target = std::move(target);
+        in->direct = in->target->dst != nullptr;
+        if (!in->direct) allocate_packet(*in);
+      }
+    } else {
+      const Peer& p = peer_table_.at(in->peer);
+      std::string over;
+      if (info.length > options_.max_packet_bytes)
+        over = "a packet of " + std::to_string(info.length) + " bytes, over the bound of " +
+               std::to_string(options_.max_packet_bytes) + " bytes per packet";
+      else if (p.unexpected_packets + 1 > options_.max_unexpected_packets)
+        over = "more than " + std::to_string(options_.max_unexpected_packets) +
+               " packets ahead of their receives, the bound per peer (max_unexpected_packets)";
+      else if (p.unexpected_bytes + info.length > options_.max_unexpected_bytes)
+        over = std::to_string(p.unexpected_bytes + info.length) + " bytes ahead of their receives, over the bound of " +
+               std::to_string(options_.max_unexpected_bytes) + " bytes per peer (max_unexpected_bytes)";
+      if (over.empty()) {
+        allocate_packet(*in);
+        queue_unexpected(in);
+      } else {
+        fail_peer_locked(in->peer, "sent " + over);
+        drop = "its sender went over a bound: sent " + over;
+      }
+    }
+  }
+  if (!drop.empty()) {
+    in->discard = true;
+    note_drop(in->peer, info.length, drop);
+  }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
   p.cb.recv = &UcxDataPlane::on_recv_done;
   p.user_data = in.get();
-  if (!in->discard) {
-    Key key{in->peer, in->tag};
-    auto posted = posted_.find(key);
-    if (posted != posted_.end() && !posted->second.empty()) {
-      in->target = posted->second.front();
-      posted->second.erase(posted->second.begin());
-      if (posted->second.empty()) posted_.erase(posted);
-      if (in->target->dst && info.length > in->target->capacity) {
-        in->target->complete(too_big(info.length, in->target->capacity, in->peer));
-        in->target.reset();
-        in->discard = true;
-      } else if (in->target->dst) {
-        in->direct = true;
-      }
-    } else {
-      unexpected_[key].push_back(in);
-    }
-  }
-  if (!in->direct) in->bytes.resize(info.length);
   inbound_in_flight_[in.get()] = in;
-  void* buf = !info.length ? static_cast<void*>(&g_empty_byte)
+  // A dropped packet goes into a 0-byte buffer: UCX consumes it (eager fragments, or the rendezvous
+  // answered without fetching the data) and reports UCS_ERR_MESSAGE_TRUNCATED, which on_recv_done ignores.
+  uint64_t count = in->discard ? 0 : info.length;
+  void* buf = !count       ? static_cast<void*>(&g_empty_byte)
               : in->direct ? static_cast<void*>(in->target->dst)
                            : static_cast<void*>(in->bytes.data());
-  if (in->direct && in->target->memory == Device::cuda && info.length) {
+  if (in->direct && in->target->memory == Device::cuda && count) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memory_type = UCS_MEMORY_TYPE_CUDA;
   }
-  ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, buf, info.length, msg, &p);
+  ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, buf, count, msg, &p);
   if (UCS_PTR_IS_PTR(r)) return true;
   on_recv_done(nullptr, UCS_PTR_STATUS(r), nullptr, in.get());
   return true;
@@ -527,6 +620,7 @@ void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, const ucp_ta
   if (in->discard) return;
   if (in->target) {
     auto target = std::move(in->target);
+    if (in->aborted) return target->complete(*in->aborted);  // UCX has let go of the caller's buffer only now
     self->deliver(in, target);
   }
 }

@@ -54,6 +54,19 @@ struct UcxOptions {
   // CUDA memory (DataPlane::send_device / recv_into_device) always goes through pinned host staging, even
   // when UCX could move it directly (for tests of the staged path, or a UCX whose CUDA transport misbehaves).
   bool force_device_staging = false;
+  // Bounds on what a peer can make this plane hold (a peer that is buggy or not ours must not exhaust
+  // memory). The largest packet the plane allocates a buffer for (a recv(), or a packet that arrived before
+  // its receive); a recv_into receives up to its own capacity whatever this says. A larger packet is dropped
+  // without being stored: a recv() it matches fails with OutOfRange, and one that arrived unexpected fails
+  // its sender.
+  uint64_t max_packet_bytes = kDefaultMaxPacketBytes;
+  // Packets that arrived before their receive was posted, per peer: a peer that would go over either
+  // bound is failed (fail_peer, the reason names the bound) and its queued packets are dropped.
+  uint64_t max_unexpected_bytes = kDefaultMaxUnexpectedBytes;
+  uint64_t max_unexpected_packets = kDefaultMaxUnexpectedPackets;
+  static constexpr uint64_t kDefaultMaxPacketBytes = uint64_t(16) << 30;
+  static constexpr uint64_t kDefaultMaxUnexpectedBytes = uint64_t(16) << 30;
+  static constexpr uint64_t kDefaultMaxUnexpectedPackets = 4096;
   // Largest rank that fits the wire tag (12 bits).
   static constexpr int kMaxRank = 4095;
 };
@@ -75,8 +88,15 @@ class UcxDataPlane final : public DataPlane {
   std::vector<int> peers() const override;
   void fail_peer(int peer, const std::string& reason) override;
 
-  // Packets received from ranks outside the plan (or with a malformed tag) and thrown away.
+  // Packets thrown away unread: from ranks outside the plan or failed, with a malformed tag, too large for
+  // their receive or over a bound. None of them costs a buffer of its length. Logged at a bounded rate.
   uint64_t dropped_packets() const { return dropped_.load(); }
+  // Packets (and their bytes) that arrived before their receive and wait in the plane, all peers together.
+  uint64_t unexpected_packets() const { return unexpected_packets_.load(); }
+  uint64_t unexpected_bytes() const { return unexpected_bytes_.load(); }
+  // The most bytes the plane has held at once in buffers it allocated for packets (not the callers' own
+  // recv_into buffers), for tests and logs: a dropped packet never shows here.
+  uint64_t packet_buffer_bytes_peak() const { return buffer_bytes_peak_.load(); }
   // The transports UCX chose, as "tcp" / "posix,sysv,cma,tcp"… (for logs and the bench).
   const std::string& transports() const { return tls_in_use_; }
   // Whether this UCX context handles CUDA memory (UCP_ATTR_FIELD_MEMORY_TYPES has UCS_MEMORY_TYPE_CUDA;
@@ -97,6 +117,7 @@ class UcxDataPlane final : public DataPlane {
     ucp_ep_h ep = nullptr;
     bool failed = false;
     std::string why;
+    uint64_t unexpected_bytes = 0, unexpected_packets = 0;  // its packets queued in unexpected_
   };
   using Key = std::pair<int, uint64_t>;  // peer, packed tag
 
@@ -111,6 +132,16 @@ class UcxDataPlane final : public DataPlane {
   void issue_send(const std::shared_ptr<TransferState>& st);
   void issue_recv(const std::shared_ptr<TransferState>& st);
   void deliver(const std::shared_ptr<Inbound>& in, const std::shared_ptr<TransferState>& st);
+  // Why a packet from `peer` with these tag bits is not for us, or "" (probe_inbound).
+  std::string drop_reason(int peer, uint64_t tag_bits);
+  void note_drop(int peer, uint64_t length, const std::string& why);
+  void allocate_packet(Inbound& in);
+  void queue_unexpected(const std::shared_ptr<Inbound>& in);
+  void unqueue_unexpected(Inbound& in);
+  // Fails the receives fail_peer left to UCX (writing into the caller's buffer) that are still unfinished
+  // kAbandonAfter later: their sender died mid-packet.
+  static constexpr std::chrono::milliseconds kAbandonAfter{2000};
+  void release_abandoned_receives(std::chrono::steady_clock::time_point now);
   void fail_peer_locked(int peer, const std::string& reason);
   void close_endpoints();
   static void on_send_done(void* request, ucs_status_t status, void* user);
@@ -127,6 +158,8 @@ class UcxDataPlane final : public DataPlane {
   bool cuda_direct_ = false;
   std::atomic<int> rank_{-1};
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> unexpected_packets_{0}, unexpected_bytes_{0};
+  std::atomic<uint64_t> buffer_bytes_{0}, buffer_bytes_peak_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 
@@ -146,6 +179,8 @@ class UcxDataPlane final : public DataPlane {
   std::map<TransferState*, SendCtx> sends_in_flight_;  // user_data of a UCX send points at its SendCtx
   std::vector<void*> closing_;                         // force-close requests of failed endpoints
   std::map<Inbound*, std::shared_ptr<Inbound>> inbound_in_flight_;
+  Clock::time_point next_drop_log_{};  // drops are logged at most once a second after the first few
+  uint64_t drops_logged_ = 0, drops_unlogged_ = 0;
 };
 
 }  // namespace lh

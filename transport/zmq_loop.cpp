@@ -1,13 +1,12 @@
 // ZmqLoop: a socket-owning thread polling the socket and a wake eventfd. Used by Coordinator and ControlClient.
 #include "transport/zmq_loop.h"
 
-#include <map>
-#include <set>
-
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <map>
+#include <set>
 
 #include "core/log.h"
 
@@ -35,7 +34,12 @@ Status ZmqLoop::init(const Options& options) {
   if (options.socket_type == ZMQ_ROUTER) {
     int mandatory = 1;  // a send to an unknown identity fails (and is logged) instead of vanishing
     LH_CHECK_CODE(zmq_call(zmq_setsockopt(sock_, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof(mandatory))));
+    int handover = 1;  // a worker whose connection was reset comes back under its id before the old one is gone
+    LH_CHECK_CODE(zmq_call(zmq_setsockopt(sock_, ZMQ_ROUTER_HANDOVER, &handover, sizeof(handover))));
   }
+  if (!options.routing_id.empty())
+    LH_CHECK_CODE(
+        zmq_call(zmq_setsockopt(sock_, ZMQ_ROUTING_ID, options.routing_id.data(), options.routing_id.size())));
   if (options.bind) {
     ZmqCall c = zmq_call(zmq_bind(sock_, options.endpoint.c_str()));
     if (c.rc == -1) return unavailable("cannot listen on '" + options.endpoint + "': " + zmq_strerror(c.err));

@@ -45,6 +45,9 @@ class ZmqLoop {
     bool bind = false;
     std::chrono::milliseconds tick{100};
     int64_t max_message_bytes = -1;  // ZMQ_MAXMSGSIZE: larger inbound messages drop the connection
+    // DEALER: the routing id the ROUTER knows this socket by, kept across reconnections (empty: ZeroMQ picks one
+    // per connection). A ROUTER takes over an id from a connection it still holds (ZMQ_ROUTER_HANDOVER).
+    std::string routing_id;
   };
   // Both run on the loop thread; they may call send().
   using MessageHandler = std::function<void(Frames&&)>;

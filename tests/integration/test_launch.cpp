@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -103,6 +104,15 @@ std::string wait_for_line(const std::string& path, const std::string& prefix, st
     std::this_thread::sleep_for(50ms);
   }
   return "";
+}
+
+// Spawns `$LH_BIN args` (a `coordinator`) with its output into `out`; *ep is the endpoint it listens on ("" if it
+// never said).
+pid_t spawn_coordinator(const std::vector<std::string>& args, const std::string& out, std::string* ep) {
+  pid_t pid = spawn(args, out);
+  *ep = wait_for_line(out, "listening on ", std::chrono::seconds(60));
+  *ep = ep->substr(0, ep->find_first_of("; "));
+  return pid;
 }
 
 // The tiny model of the in-process pipeline tests: a few steps take seconds.
@@ -299,9 +309,8 @@ TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
                                    "--workers",   "2",    "--token-file", token,      "--metrics",
                                    metrics};
   for (auto& f : model_flags(steps)) args.push_back(f);
-  pid_t coord = spawn(args, out);
-  std::string ep = wait_for_line(out, "listening on ", 60s);
-  ep = ep.substr(0, ep.find_first_of("; "));
+  std::string ep;
+  pid_t coord = spawn_coordinator(args, out, &ep);
   ASSERT_FALSE(ep.empty()) << slurp(out);
   // A worker with the wrong token is refused and says so.
   BinRun intruder =
@@ -331,9 +340,8 @@ TEST_F(Launch, WorkersJoiningApartAndAPausedWorkerFinishTheJob) {
       "--log-level",         "warn", "coordinator",  "--listen", "tcp://127.0.0.1:*", "--workers", "2",
       "--heartbeat-timeout", "3",    "--token-file", token,      "--metrics",         metrics};
   for (auto& f : model_flags(steps)) args.push_back(f);
-  pid_t coord = spawn(args, out);
-  std::string ep = wait_for_line(out, "listening on ", 60s);
-  ep = ep.substr(0, ep.find_first_of("; "));
+  std::string ep;
+  pid_t coord = spawn_coordinator(args, out, &ep);
   ASSERT_FALSE(ep.empty()) << slurp(out);
   auto worker = [&](int i) {
     return spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file", token,
@@ -341,7 +349,9 @@ TEST_F(Launch, WorkersJoiningApartAndAPausedWorkerFinishTheJob) {
                  temp_path("apart_worker" + std::to_string(i) + ".txt"));
   };
   std::vector<pid_t> workers = {worker(0)};
-  std::this_thread::sleep_for(6s);  // twice the heartbeat timeout
+  // Twice the heartbeat timeout (LH_JOIN_GAP_S; scripts/resilience_check.sh waits 60 s).
+  const char* gap = std::getenv("LH_JOIN_GAP_S");
+  std::this_thread::sleep_for(std::chrono::seconds(gap ? std::max(1, std::atoi(gap)) : 6));
   workers.push_back(worker(1));
   // Once a step is done, pause one worker for half the timeout.
   int64_t step = -1;
@@ -353,13 +363,58 @@ TEST_F(Launch, WorkersJoiningApartAndAPausedWorkerFinishTheJob) {
   }
   ASSERT_GE(step, 1) << slurp(out);
   ASSERT_EQ(::kill(workers[1], SIGSTOP), 0);
-  std::this_thread::sleep_for(1500ms);
+  std::this_thread::sleep_for(2000ms);
   ASSERT_EQ(::kill(workers[1], SIGCONT), 0);
   for (int i = 0; i < 2; ++i)
     EXPECT_EQ(wait_exit(workers[size_t(i)], 120s), 0) << slurp(temp_path("apart_worker" + std::to_string(i) + ".txt"));
   ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
   EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
   EXPECT_LT(step, steps) << "the pause came after the last step";
+}
+
+// A worker whose training thread stops for 6 s (its heartbeats going on, so it is not dead) leaves its neighbour
+// waiting: the coordinator names the stalled link by the job's link name, with what each end is doing, from the
+// progress the heartbeats carry (--stall-timeout 2); the job then completes.
+TEST_F(Launch, AStalledLinkIsNamedAndTheJobGoesOn) {
+  const int steps = 8;
+  std::string metrics = temp_path("stall.jsonl"), out = temp_path("stall.txt"), token = temp_path("stall_token");
+  std::ofstream(token) << "stuck\n";
+  std::vector<std::string> args = {"--log-level",
+                                   "warn",
+                                   "coordinator",
+                                   "--listen",
+                                   "tcp://127.0.0.1:*",
+                                   "--workers",
+                                   "2",
+                                   "--heartbeat-timeout",
+                                   "3",
+                                   "--stall-timeout",
+                                   "2",
+                                   "--token-file",
+                                   token,
+                                   "--metrics",
+                                   metrics};
+  for (auto& f : model_flags(steps)) args.push_back(f);
+  std::string ep;
+  pid_t coord = spawn_coordinator(args, out, &ep);
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  std::vector<pid_t> workers;
+  const std::vector<std::string> logs = {temp_path("stall_worker0.txt"), temp_path("stall_worker1.txt")};
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1) setenv("LH_FAULT_STALL", "3:6000", 1);  // inherited by this worker only
+    workers.push_back(spawn({"--threads", "1", "--log-level", "warn", "worker", "--coordinator", ep, "--token-file",
+                             token, "--ucx-tls", "tcp"},
+                            logs[size_t(i)]));
+    unsetenv("LH_FAULT_STALL");
+  }
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(wait_exit(workers[size_t(i)], 120s), 0) << slurp(logs[size_t(i)]);
+  ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
+  const std::string log = slurp(out);
+  EXPECT_NE(log.find("stalled data-plane link 0-1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("which is not sending to it"), std::string::npos) << log;
+  EXPECT_NE(log.find("finished step 3"), std::string::npos) << log;
+  EXPECT_NE(slurp(logs[1]).find("stalling for 6000 ms after step 3"), std::string::npos) << slurp(logs[1]);
+  EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
 }
 
 // A launch job steered through `ctl`: started over slow links, with its coordinator's endpoint found in its output.
@@ -788,6 +843,168 @@ TEST_F(Launch, ACoordinatorKilledAndStartedWithResumeFinishesTheJob) {
   EXPECT_EQ(losses_of(metrics).size(), size_t(steps));
   for (const auto& [key, n] : records_per_step(metrics))
     EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
+}
+
+// A TCP forwarder between workers and their coordinator that can reset every connection it carries (RST both ways,
+// what was buffered is lost), as a NAT or a flaky path does. It keeps listening: the workers' ZeroMQ reconnects.
+class ResettingProxy {
+ public:
+  explicit ResettingProxy(int target_port) : target_(target_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && listen(listen_fd_, 16) == 0 &&
+        getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+      port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~ResettingProxy() {
+    stop_ = true;
+    thread_.join();
+    for (auto& [a, b] : pairs_) {
+      close(a);
+      close(b);
+    }
+    close(listen_fd_);
+  }
+  int port() const { return port_; }
+  int accepted() const { return accepted_; }
+  // Resets every connection now; returns how many were reset.
+  int reset_all() {
+    reset_ = true;
+    while (reset_) std::this_thread::sleep_for(1ms);
+    return last_reset_;
+  }
+
+ private:
+  static void rst_close(int fd) {
+    linger l{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+    close(fd);
+  }
+  void run() {
+    std::vector<char> buf(1 << 16);
+    while (!stop_) {
+      if (reset_) {
+        for (auto& [a, b] : pairs_) {
+          rst_close(a);
+          rst_close(b);
+        }
+        last_reset_ = int(pairs_.size());
+        pairs_.clear();
+        reset_ = false;
+      }
+      std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}};
+      for (auto& [a, b] : pairs_) {
+        fds.push_back({a, POLLIN, 0});
+        fds.push_back({b, POLLIN, 0});
+      }
+      if (poll(fds.data(), fds.size(), 10) <= 0) continue;
+      if (fds[0].revents & POLLIN) {
+        int c = accept(listen_fd_, nullptr, nullptr);
+        int u = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in t{};
+        t.sin_family = AF_INET;
+        t.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        t.sin_port = htons(uint16_t(target_));
+        if (c >= 0 && connect(u, reinterpret_cast<sockaddr*>(&t), sizeof(t)) == 0) {
+          pairs_.emplace_back(c, u);
+          ++accepted_;
+        } else {
+          if (c >= 0) close(c);
+          close(u);
+        }
+      }
+      std::vector<size_t> dead;
+      for (size_t i = 0; i < pairs_.size(); ++i)
+        for (int side = 0; side < 2; ++side) {
+          const pollfd& p = fds[1 + 2 * i + size_t(side)];
+          if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          int from = side == 0 ? pairs_[i].first : pairs_[i].second,
+              to = side == 0 ? pairs_[i].second : pairs_[i].first;
+          ssize_t n = read(from, buf.data(), buf.size());
+          bool ok = n > 0;
+          for (ssize_t off = 0; ok && off < n;) {
+            ssize_t w = write(to, buf.data() + off, size_t(n - off));
+            ok = w > 0;
+            off += std::max<ssize_t>(w, 0);
+          }
+          if (!ok) dead.push_back(i);
+        }
+      std::sort(dead.begin(), dead.end());
+      dead.erase(std::unique(dead.begin(), dead.end()), dead.end());
+      for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
+        close(pairs_[*it].first);
+        close(pairs_[*it].second);
+        pairs_.erase(pairs_.begin() + long(*it));
+      }
+    }
+  }
+  int target_, listen_fd_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false}, reset_{false};
+  std::atomic<int> accepted_{0}, last_reset_{0};
+  std::vector<std::pair<int, int>> pairs_;  // proxy thread only
+  std::thread thread_;
+};
+
+// Workers whose TCP connections to the coordinator are reset mid-run (twice) reconnect as themselves: the job
+// completes with every step reported once and the losses of an uninterrupted run (messages lost with a connection
+// show as a gap in their numbering, and the job then rolls back to its last checkpoint rather than guess).
+TEST_F(Launch, WorkersWhoseConnectionsAreResetReconnectAsThemselves) {
+  const int steps = 24;
+  const std::string train_metrics = temp_path("reset_train.jsonl"), metrics = temp_path("reset.jsonl");
+  const std::string out = temp_path("reset_coord.txt"), dir = temp_path("reset_ckpt"), token = temp_path("reset_tok");
+  std::ofstream(token) << "bumpy-road\n";
+  std::vector<std::string> train = {"--threads", "1", "--log-level", "warn", "train", "--metrics", train_metrics};
+  for (auto& f : model_flags(steps)) train.push_back(f);
+  BinRun t = run(train);
+  ASSERT_EQ(t.code, 0) << t.output;
+  std::vector<std::string> args = {"--log-level",
+                                   "warn",
+                                   "coordinator",
+                                   "--listen",
+                                   "tcp://127.0.0.1:*",
+                                   "--workers",
+                                   "2",
+                                   "--token-file",
+                                   token,
+                                   "--metrics",
+                                   metrics,
+                                   "--checkpoint-dir",
+                                   dir,
+                                   "--checkpoint-every",
+                                   "4",
+                                   "--heartbeat-timeout",
+                                   "3"};
+  for (auto& f : model_flags(steps)) args.push_back(f);
+  std::string ep;
+  pid_t coord = spawn_coordinator(args, out, &ep);
+  ASSERT_FALSE(ep.empty()) << slurp(out);
+  ResettingProxy proxy(std::stoi(ep.substr(ep.rfind(':') + 1)));
+  ASSERT_GT(proxy.port(), 0);
+  const std::string via = "tcp://127.0.0.1:" + std::to_string(proxy.port());
+  std::vector<pid_t> workers;
+  std::vector<std::string> logs = {temp_path("reset_w0.txt"), temp_path("reset_w1.txt")};
+  for (const std::string& log : logs)
+    workers.push_back(spawn({"--threads", "1", "--log-level", "info", "worker", "--coordinator", via, "--token-file",
+                             token, "--ucx-tls", "tcp", "--link", "4M,1ms"},
+                            log));
+  int resets = 0;
+  for (int64_t at : {3, 12}) {
+    for (int i = 0; i < 4800 && (losses_of(metrics).empty() || losses_of(metrics).rbegin()->first < at); ++i)
+      std::this_thread::sleep_for(25ms);
+    resets += proxy.reset_all();
+  }
+  EXPECT_GE(resets, 2);
+  for (size_t i = 0; i < workers.size(); ++i) EXPECT_EQ(wait_exit(workers[i], 300s), 0) << slurp(logs[i]);
+  ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
+  EXPECT_GT(proxy.accepted(), 2) << "the workers did not reconnect";
+  expect_same_losses(losses_of(metrics), losses_of(train_metrics), steps);
+  for (const auto& [key, n] : records_per_step(metrics))
+    EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
+  EXPECT_EQ(records_per_step(metrics).size(), size_t(2 * steps));
 }
 
 // A raw ZeroMQ client floods the coordinator of a running job with malformed messages and never reads the rejections:

@@ -54,6 +54,9 @@ TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
       {[](PipelineJobConfig& c) { c.microbatches = 0; }, "--microbatches must be at least 1"},
       {[](PipelineJobConfig& c) { c.compress_link = {"3-4:fwd=int8"}; }, "'3-4'"},
       {[](PipelineJobConfig& c) { c.compress_fwd = "int3"; }, "--compress-fwd"},
+      // A job's links send no sample ids: delta is refused up front, not at the first step.
+      {[](PipelineJobConfig& c) { c.compress_bwd = "delta+int8"; }, "delta needs each sample's id"},
+      {[](PipelineJobConfig& c) { c.compress_link = {"1-2:fwd=delta"}; }, "delta needs each sample's id"},
       {[](PipelineJobConfig& c) { c.train.steps = 0; }, "--steps"},
       {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "with --subspace-k: tensor parallelism does not"},
       {[](PipelineJobConfig& c) { c.workers = 12, c.tp = 3, c.train.model.subspace_k = 0; },
@@ -135,6 +138,7 @@ TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
   expect_error(with("/model", 3), "field 'model': expected an object");
   expect_error(with("/workers", 5), "--workers 5");
   expect_error(PipelineJobConfig::from_json("{").status(), "not valid JSON");
+  expect_error(PipelineJobConfig::from_json(R"({"steps": 1e999})").status(), "not valid JSON");
   expect_error(PipelineJobConfig::from_json("[]").status(), "expected a JSON object");
 }
 

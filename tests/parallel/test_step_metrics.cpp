@@ -74,6 +74,8 @@ TEST(WorkerStepMetrics, MalformedLinesNameLineAndField) {
   };
   const Case cases[] = {
       {"{\"step\":1", "not valid JSON"},
+      {"{\"step\":1,\"loss\":1e999}", "not valid JSON"},  // out_of_range, not a crash
+      {"{\"step\":\"1\"}", "field 'step'"},
       {"[1,2]", "expected a JSON object"},
       {R"({"loss":1})", "field 'step': missing"},
       {R"({"step":-1})", "field 'step': must not be negative"},

@@ -83,6 +83,26 @@ struct RawDealer {
   }
 };
 
+// A bare ROUTER playing coordinator on a free loopback port.
+struct FakeCoordinator {
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  std::string endpoint;
+  FakeCoordinator() {
+    int linger = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof(linger));
+    EXPECT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
+    char ep[256];
+    size_t len = sizeof(ep);
+    zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len);
+    endpoint = ep;
+  }
+  ~FakeCoordinator() {
+    zmq_close(router);
+    zmq_ctx_term(ctx);
+  }
+};
+
 TEST(Coordinator, JoinPlanReadyBarrierMetricsSetCodecShutdown) {
   std::atomic<int> joins{0}, metrics{0};
   std::atomic<bool> all_ready{false};
@@ -194,16 +214,17 @@ TEST(Coordinator, GarbageAndProtocolErrorsAreRejectedWhileServing) {
   wrong_version[4] = 9;
   raw.send({wrong_version});
   EXPECT_NE(raw.reject_reason().find("protocol version 9"), std::string::npos);
-  auto unknown = encode_message(Heartbeat{1});
+  auto unknown = encode_message(Heartbeat{1, -1, {}});
   unknown[6] = 200;
   raw.send({unknown});
   EXPECT_NE(raw.reject_reason().find("unknown message type 200"), std::string::npos);
-  raw.send({encode_message(Heartbeat{1}), encode_message(Heartbeat{2})});
+  raw.send({encode_message(Heartbeat{1, -1, {}}), encode_message(Heartbeat{2, -1, {}})});
   EXPECT_NE(raw.reject_reason().find("one frame"), std::string::npos);
   raw.send({encode_message(Ready{0})});
   EXPECT_NE(raw.reject_reason().find("not joined"), std::string::npos);
-  raw.send({encode_message(Plan{})});  // invalid fields (rank -1)
-  EXPECT_NE(raw.reject_reason().find("plan rank -1"), std::string::npos);
+  // A type no worker sends is refused from its header, its body never decoded (here: invalid fields).
+  raw.send({encode_message(Plan{})});
+  EXPECT_NE(raw.reject_reason().find("Plan is not a message a worker sends"), std::string::npos);
   raw.send({{}});
   EXPECT_NE(raw.reject_reason().find("shorter than"), std::string::npos);
 
@@ -308,6 +329,102 @@ TEST(Coordinator, CtlStatusSetCodecAndRefusals) {
   EXPECT_NE(unknown->body.find("unknown ctl command"), std::string::npos);
   auto bad_token = ctl_request((*c)->endpoint(), CtlRequest{"nope", "status", ""}, 5s);
   EXPECT_FALSE(bad_token.ok());
+  // JSON of the wrong types or out of range is refused by name, and the coordinator goes on serving.
+  for (const char* args : {R"({"src":"0","dst":1,"dir":"bwd","spec":"int8"})", R"({"src":1e999})"}) {
+    auto wrong = ctl_request((*c)->endpoint(), CtlRequest{"secret", "set-codec", args}, 5s);
+    ASSERT_TRUE(wrong.ok()) << args;
+    EXPECT_FALSE(wrong->ok) << args;
+  }
+  auto again = ctl_request((*c)->endpoint(), CtlRequest{"secret", "status", ""}, 5s);
+  ASSERT_TRUE(again.ok() && again->ok);
+}
+
+// A worker that speaks the protocol by hand, numbering its messages itself.
+struct RawWorker : RawDealer {
+  using RawDealer::RawDealer;
+  uint32_t seq = 0;
+  void send_numbered(const ControlMessage& m, uint32_t number) { send({encode_message(m, number)}); }
+  void send_next(const ControlMessage& m) { send_numbered(m, seq++); }
+  // The first message of type T (skipping heartbeats and others), or nullopt.
+  template <class T>
+  std::optional<T> next(int timeout_ms = 3000) {
+    for (int i = 0; i < 200; ++i) {
+      auto r = reply(timeout_ms);
+      if (!r) return std::nullopt;
+      if (auto* t = std::get_if<T>(&*r)) return *t;
+    }
+    return std::nullopt;
+  }
+};
+
+// Messages lost on the way (a reset connection drops what was in flight) show as a gap in the worker's numbering:
+// the job rolls back (with a replace timeout) or stops naming the loss (without one).
+TEST(Coordinator, AGapInAWorkersMessageNumbersRollsTheJobBackOrStopsIt) {
+  for (bool replace : {true, false}) {
+    SCOPED_TRACE(replace ? "with a replace timeout" : "without");
+    CoordinatorOptions o = opts(1);
+    o.heartbeat_timeout = 5s;
+    if (replace) o.replace_timeout = 30s;
+    std::atomic<int> rollbacks{0};
+    CoordinatorHooks hooks;
+    hooks.on_rollback = [&](int64_t, const std::string&) { ++rollbacks; };
+    auto c = Coordinator::start(o, hooks);
+    ASSERT_TRUE(c.ok());
+    RawWorker w((*c)->endpoint());
+    w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
+    auto plan = w.next<Plan>();
+    ASSERT_TRUE(plan.has_value());
+    w.send_next(Ready{0});
+    ASSERT_TRUE(w.next<Barrier>().has_value());
+    w.send_next(StepMetrics{0, 1, "{}"});  // number 2
+    // Numbers 3 and 4 never arrive; the heartbeat says the next is 5.
+    w.send_numbered(Heartbeat{1, 1, {}}, 5);
+    if (replace) {
+      auto back = w.next<Rollback>();
+      ASSERT_TRUE(back.has_value());
+      EXPECT_NE(back->reason.find("2 of its control messages were lost"), std::string::npos) << back->reason;
+      EXPECT_EQ((*c)->epoch(), 2);
+      EXPECT_EQ(rollbacks.load(), 1);
+      // It joins again as itself and gets the next epoch's plan.
+      w.seq = 0;
+      w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), 0});
+      auto again = w.next<Plan>();
+      ASSERT_TRUE(again.has_value());
+      EXPECT_EQ(again->epoch, 2);
+    } else {
+      auto down = w.next<Shutdown>();
+      ASSERT_TRUE(down.has_value());
+      EXPECT_NE(down->reason.find("were lost"), std::string::npos) << down->reason;
+      EXPECT_TRUE((*c)->done());
+    }
+  }
+}
+
+// A worker of the running epoch that joins again as itself (it noticed lost messages and left its epoch) rolls the
+// job back and is planned again at once; it gets no Rollback of its own.
+TEST(Coordinator, ARunningWorkerJoiningAgainAsItselfRollsTheJobBack) {
+  CoordinatorOptions o = opts(1);
+  o.heartbeat_timeout = 5s;
+  o.replace_timeout = 30s;
+  auto c = Coordinator::start(o);
+  ASSERT_TRUE(c.ok());
+  RawWorker w((*c)->endpoint());
+  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
+  ASSERT_TRUE(w.next<Plan>().has_value());
+  w.send_next(Ready{0});
+  ASSERT_TRUE(w.next<Barrier>().has_value());
+  w.seq = 0;
+  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(1), 0});
+  for (int i = 0; i < 200; ++i) {
+    auto r = w.reply();
+    ASSERT_TRUE(r.has_value()) << "no plan for the next epoch";
+    ASSERT_FALSE(std::holds_alternative<Rollback>(*r)) << "the rejoined worker was told to roll back";
+    if (auto* p = std::get_if<Plan>(&*r)) {
+      EXPECT_EQ(p->epoch, 2);
+      EXPECT_EQ(p->peers.at(0).ucx_address, fake_address(1));
+      break;
+    }
+  }
 }
 
 TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
@@ -328,14 +445,9 @@ TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
 TEST(ControlClient, IgnoresGarbageFromAFakeCoordinator) {
   // A bare ROUTER plays coordinator: it answers the Join with garbage, a wrong-version Plan and a
   // two-frame message before the real Plan; the client must skip all three.
-  void* ctx = zmq_ctx_new();
-  void* router = zmq_socket(ctx, ZMQ_ROUTER);
-  int linger = 0;
-  zmq_setsockopt(router, ZMQ_LINGER, &linger, sizeof(linger));
-  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:*"), 0);
-  char ep[256];
-  size_t len = sizeof(ep);
-  zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len);
+  FakeCoordinator fc;
+  void* router = fc.router;
+  const std::string ep = fc.endpoint;
   std::thread fake([&] {
     zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
     if (zmq_poll(&item, 1, 5000) <= 0) return;
@@ -370,8 +482,62 @@ TEST(ControlClient, IgnoresGarbageFromAFakeCoordinator) {
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->config, "good");
   c->reset();
-  zmq_close(router);
-  zmq_ctx_term(ctx);
+}
+
+// The worker's side of the numbering: a gap in the coordinator's messages (a lost barrier release, codec change …)
+// makes the worker leave its epoch (a Rollback event) so that it joins again; its own messages are numbered from
+// its Join on, under one routing id for its whole life.
+TEST(ControlClient, AGapInTheCoordinatorsNumbersRollsTheWorkerBack) {
+  FakeCoordinator fc;
+  void* router = fc.router;
+  const std::string ep = fc.endpoint;
+  std::string identity;
+  uint32_t join_seq = 99;
+  std::atomic<bool> go_on{false};
+  std::thread fake([&] {
+    zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 5000) <= 0) return;
+    char id[256];
+    int idlen = zmq_recv(router, id, sizeof(id), 0);
+    identity.assign(id, size_t(std::max(idlen, 0)));
+    std::vector<uint8_t> body(4096);
+    int n = zmq_recv(router, body.data(), body.size(), 0);
+    if (auto h = decode_header(body.data(), size_t(std::max(n, 0))); h.ok()) join_seq = h->seq;
+    auto reply = [&](const ControlMessage& m, uint32_t seq) {
+      auto b = encode_message(m, seq);
+      zmq_send(router, id, size_t(idlen), ZMQ_SNDMORE);
+      zmq_send(router, b.data(), b.size(), 0);
+    };
+    Plan plan;
+    plan.rank = 0;
+    plan.world_size = 1;
+    plan.heartbeat_interval_ms = 50;
+    plan.heartbeat_timeout_ms = 5000;
+    reply(plan, 0);
+    reply(SetCodec{0, 1, "fwd", "int8", -1}, 1);
+    while (!go_on) std::this_thread::sleep_for(5ms);
+    reply(Heartbeat{}, 2);  // in step: nothing lost
+    reply(Heartbeat{}, 4);  // number 2 and 3 went missing
+  });
+  ControlClientOptions o;
+  o.coordinator = ep;
+  o.token = "secret";
+  auto c = ControlClient::connect(o);
+  ASSERT_TRUE(c.ok());
+  auto plan = (*c)->join(fake_address(0), 5s);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  auto ev = (*c)->wait_event(5s);
+  ASSERT_TRUE(ev.has_value() && std::holds_alternative<SetCodec>(*ev));
+  go_on = true;
+  ev = (*c)->wait_event(5s);
+  fake.join();
+  ASSERT_TRUE(ev.has_value() && std::holds_alternative<Rollback>(*ev));
+  EXPECT_NE(std::get<Rollback>(*ev).reason.find("2 message(s) from the coordinator were lost"), std::string::npos);
+  EXPECT_EQ((*c)->lost_messages(), 2u);
+  EXPECT_TRUE((*c)->rolled_back());
+  EXPECT_EQ(join_seq, 0u);
+  EXPECT_EQ(identity.rfind("lh-", 0), 0u) << identity;
+  c->reset();
 }
 
 TEST(ControlClient, UnreachableCoordinatorTimesOut) {

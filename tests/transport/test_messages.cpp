@@ -27,7 +27,7 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      sample_plan(),
                                      Ready{3},
                                      Barrier{42},
-                                     Heartbeat{7},
+                                     Heartbeat{7, -1, {}},
                                      SetCodec{0, 1, "fwd", "int4", 100},
                                      StepMetrics{2, 5, R"({"loss":1.5})"},
                                      Shutdown{"done"},
@@ -83,7 +83,7 @@ TEST(Messages, ResumeFieldsAreChecked) {
 }
 
 TEST(Messages, HeaderErrorsNameTheProblem) {
-  auto b = encode_message(Heartbeat{1});
+  auto b = encode_message(Heartbeat{1, -1, {}});
   auto bad_magic = b;
   bad_magic[0] ^= 1;
   EXPECT_NE(decode_message(bad_magic).status().message().find("magic"), std::string::npos);
@@ -135,6 +135,37 @@ TEST(Messages, InvalidFieldsAreRejected) {
             std::string::npos);
   EXPECT_FALSE(decode_message(encode_message(SetCodec{-1, 2, "grad", "int4", 3})).ok());
   EXPECT_FALSE(decode_message(encode_message(Join{std::string(10000, 't'), "h", "cpu", 1, {1}})).ok());
+  // Names end up in status JSON: valid UTF-8 without control characters.
+  EXPECT_NE(decode_message(encode_message(Join{"t", "h\xff\xfe", "cpu", 1, {1}})).status().message().find("UTF-8"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Join{"t", "h", "cpu\n", 1, {1}})).status().message().find("control"),
+            std::string::npos);
+  EXPECT_TRUE(decode_message(encode_message(Join{"t", "h\xc3\xa9te", "cpu", 1, {1}})).ok());
+  EXPECT_NE(decode_message(encode_message(StepMetrics{0, int64_t(1) << 40, "{}"})).status().message().find("step"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Heartbeat{1, int64_t(1) << 40, {}})).status().message().find("step"),
+            std::string::npos);
+}
+
+// Every count in a message has its own bound, checked before anything is allocated: 100 000 peers in a 12 MB Plan
+// (within the byte limit, each peer a few bytes) are refused from the count.
+TEST(Messages, CountsAreBoundedBeforeAllocating) {
+  Plan p = sample_plan();
+  p.peers.assign(100000, p.peers[0]);
+  auto b = encode_message(p);
+  ASSERT_LT(b.size(), kMaxControlMessage);
+  auto r = decode_message(b);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("plan peers: 100000 entries (max 4096)"), std::string::npos)
+      << r.status().message();
+  Heartbeat hb;
+  hb.pending.assign(10000, PendingLink{1, true, 5, 5});
+  EXPECT_NE(decode_message(encode_message(hb)).status().message().find("heartbeat pending links"), std::string::npos);
+  // The header alone tells the type and number.
+  auto h = decode_header(encode_message(Ready{3}, 77).data(), kControlHeaderBytes);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->type, MsgType::kReady);
+  EXPECT_EQ(h->seq, 77u);
 }
 
 TEST(Messages, RandomGarbageNeverCrashes) {
