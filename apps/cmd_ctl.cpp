@@ -1,6 +1,7 @@
 // `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC`: talk to a
 // running job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,7 @@ struct CtlFlags {
   std::string coordinator;
   std::string token, token_file;
   double timeout_s = 10;
+  bool timeout_given = false;
   bool json = false;
   std::string link, dir, role, spec;
 };
@@ -22,7 +24,10 @@ struct CtlFlags {
 nlohmann::json request(const CtlFlags& f, const std::string& command, const std::string& args) {
   if (f.coordinator.rfind("tcp://", 0) != 0) fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
   CtlRequest req{resolve_token(f.token, f.token_file, false), command, args};
-  auto reply = ctl_request(f.coordinator, req, std::chrono::milliseconds(int64_t(f.timeout_s * 1000)));
+  // set-codec replies once every worker has acknowledged the change, at its next step boundary: a step may take
+  // minutes over slow links.
+  const double timeout_s = command == "set-codec" && !f.timeout_given ? 600 : f.timeout_s;
+  auto reply = ctl_request(f.coordinator, req, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
   if (!reply.ok()) fail("--coordinator " + f.coordinator + ": " + reply.status().message());
   if (!reply->ok) fail(command + ": " + reply->body);
   auto j = nlohmann::json::parse(reply->body, nullptr, false);
@@ -61,15 +66,32 @@ void print_status(const nlohmann::json& j) {
                 x.value("state", std::string()).c_str(), static_cast<long long>(x.value("silent_ms", int64_t(0))));
 }
 
+// What the workers acknowledged: which ranks scheduled the change and from which step, or a note (a rollback).
+void print_acknowledgement(const nlohmann::json& j) {
+  if (j.contains("applied") && j["applied"].is_array()) {
+    std::map<int64_t, std::string> by_step;
+    for (const auto& a : j["applied"]) {
+      std::string& ranks = by_step[a.value("from_step", int64_t(-1))];
+      ranks += (ranks.empty() ? "" : ",") + std::to_string(a.value("rank", -1));
+    }
+    for (const auto& [step, ranks] : by_step)
+      std::printf("  acknowledged by rank(s) %s: applies from step %lld\n", ranks.c_str(),
+                  static_cast<long long>(step));
+  }
+  if (j.contains("note") && j["note"].is_string()) std::printf("  %s\n", j["note"].get<std::string>().c_str());
+}
+
 RegisterCommand reg("", 50, [](CLI::App& app) {
   auto f = std::make_shared<CtlFlags>();
   auto* cmd = app.add_subcommand("ctl", "query or steer a running job through its coordinator");
   cmd->add_option("--coordinator", f->coordinator, "the coordinator's tcp://HOST:PORT")->required();
   cmd->add_option("--token", f->token, "the job's token (default: --token-file, $LH_JOB_TOKEN, none)");
   cmd->add_option("--token-file", f->token_file, "read the token from this file's first line");
-  cmd->add_option("--timeout", f->timeout_s, "seconds to wait for the reply")
+  cmd->add_option("--timeout", f->timeout_s,
+                  "seconds to wait for the reply (set-codec: 600, since it waits for every worker's acknowledgement)")
       ->capture_default_str()
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(CLI::Range(0.1, 3600.0))
+      ->each([f](const std::string&) { f->timeout_given = true; });
   cmd->add_flag("--json", f->json, "print the coordinator's JSON reply as is");
   cmd->require_subcommand(1);
 
@@ -106,6 +128,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
       else
         std::printf("partial sums of the tp shards switch to %s from step %lld\n",
                     j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
+      if (!f->json) print_acknowledgement(j);
       return;
     }
     if (f->role == "grad") {
@@ -118,6 +141,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
       else
         std::printf("gradients of %s switch to %s from step %lld\n", j.value("link", std::string()).c_str(),
                     j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
+      if (!f->json) print_acknowledgement(j);
       return;
     }
     const std::string role_dir = f->role == "act" ? "fwd" : f->role == "act_grad" ? "bwd" : "";
@@ -133,6 +157,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
       std::printf("link %s %s switches to %s from step %lld\n", j.value("link", std::string()).c_str(),
                   j.value("dir", std::string()).c_str(), j.value("spec", std::string()).c_str(),
                   static_cast<long long>(j.value("from_step", int64_t(0))));
+    if (!f->json) print_acknowledgement(j);
   });
 });
 

@@ -151,26 +151,59 @@ Status DpReducer::set_spec(const std::string& spec) {
 
 namespace {
 
+// --sync delayed: one step's averaged gradients, drained at the save and applied after the load.
+struct DelayedBucketState {
+  int32_t bucket = 0;
+  std::string group;  // its parameter group's name, checked on load
+  std::vector<float> averaged;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(bucket, group, averaged);
+  }
+};
+struct DelayedStepState {
+  int64_t step = 0;
+  std::vector<DelayedBucketState> buckets;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(step, buckets);
+  }
+};
+
 // What a checkpoint keeps of one replica's reducer.
 struct ReducerState {
   std::string spec;
   std::map<ProcessGroup::StreamKey, compress::StreamState> streams;
   std::map<int, std::pair<std::vector<float>, std::vector<float>>> powersgd;  // bucket → (Q, error)
   std::vector<std::vector<float>> anchor, momentum;
+  std::vector<DelayedStepState> in_flight;  // oldest first
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(spec, streams, powersgd, anchor, momentum);
+    ar(spec, streams, powersgd, anchor, momentum, in_flight);
   }
 };
 
 }  // namespace
 
-Result<std::string> DpReducer::save_state() const {
+Result<std::string> DpReducer::save_state() {
   if (!powersgd_step_.empty()) return invalid_argument("dp reducer state: save it between steps");
-  if (!in_flight_.empty())
-    return invalid_argument("dp reducer state: " + std::to_string(in_flight_.size()) +
-                            " steps' gradients are still being averaged (--sync delayed); save after the last step");
   ReducerState st;
+  // Drain first (see the header): the stream states below then hold every step in flight's encodes.
+  for (InFlight& f : in_flight_) {
+    DelayedStepState saved;
+    saved.step = f.step;
+    for (InFlight::Bucket& b : f.buckets) {
+      if (b.op >= 0) {
+        Status s = group_->wait(b.op);
+        if (!s.ok())
+          return s.prepend("dp reducer state: averaging the gradients of " + b.group->name + " from step " +
+                           std::to_string(f.step));
+        b.op = -1;
+      }
+      saved.buckets.push_back({b.bucket, b.group->name, b.grads.to_vector()});
+    }
+    st.in_flight.push_back(std::move(saved));
+  }
   st.spec = spec_;
   st.streams = group_->stream_states();
   for (const auto& [bucket, b] : powersgd_state_) st.powersgd[bucket] = {b->q(), b->error()};
@@ -185,7 +218,7 @@ Result<std::string> DpReducer::save_state() const {
   return os.str();
 }
 
-Status DpReducer::load_state(const std::string& bytes) {
+Status DpReducer::load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets, int64_t last_step) {
   ReducerState st;
   try {
     std::istringstream is(bytes, std::ios::binary);
@@ -202,10 +235,49 @@ Status DpReducer::load_state(const std::string& bytes) {
       return corrupt("dp reducer state: DiLoCo group " + std::to_string(i) + " has " +
                      std::to_string(st.anchor[i].size()) + " values, this job's has " +
                      std::to_string(anchor_[i].size()));
+  // --sync delayed: the steps in flight are the last ones up to `last_step`, each with every bucket's average.
+  const size_t steps = st.in_flight.size();
+  if (steps > 0 && !sync_.delayed())
+    return invalid_argument("dp reducer state: " + std::to_string(steps) +
+                            " steps' averages in flight (--sync delayed), this job runs --sync " + sync_.to_string());
+  if (steps > size_t(sync_.D))
+    return invalid_argument("dp reducer state: " + std::to_string(steps) + " steps' averages in flight, --sync " +
+                            sync_.to_string() + " has at most " + std::to_string(sync_.D));
+  std::vector<InFlight> in_flight;
+  for (size_t i = 0; i < steps; ++i) {
+    DelayedStepState& saved = st.in_flight[i];
+    const int64_t expected = last_step - int64_t(steps - 1 - i);
+    if (saved.step != expected)
+      return corrupt("dp reducer state: step in flight " + std::to_string(saved.step) + " where step " +
+                     std::to_string(expected) + " was expected (the last " + std::to_string(steps) +
+                     " steps up to step " + std::to_string(last_step) + ")");
+    const std::string where = "dp reducer state: the average of step " + std::to_string(saved.step);
+    if (saved.buckets.size() != buckets.size())
+      return corrupt(where + " has " + std::to_string(saved.buckets.size()) + " buckets, this stage has " +
+                     std::to_string(buckets.size()));
+    InFlight f;
+    f.step = saved.step;
+    for (DelayedBucketState& b : saved.buckets) {
+      auto it = buckets.find(b.bucket);
+      if (it == buckets.end())
+        return corrupt(where + ": bucket " + std::to_string(b.bucket) + " ('" + b.group + "') is not this stage's");
+      ParamGroup* g = it->second;
+      if (b.group != g->name || int64_t(b.averaged.size()) != g->numel)
+        return corrupt(where + ": bucket " + std::to_string(b.bucket) + " holds '" + b.group + "' (" +
+                       std::to_string(b.averaged.size()) + " values), this stage's is '" + g->name + "' (" +
+                       std::to_string(g->numel) + " values)");
+      for (const InFlight::Bucket& seen : f.buckets)
+        if (seen.bucket == b.bucket)
+          return corrupt(where + ": bucket " + std::to_string(b.bucket) + " ('" + b.group + "') appears twice");
+      f.buckets.push_back({g, b.bucket, Tensor::from_vector(b.averaged, {g->numel}), -1});
+    }
+    in_flight.push_back(std::move(f));
+  }
   {
     Status s = set_spec(st.spec);
     if (!s.ok()) return s.prepend("dp reducer state");
   }
+  in_flight_ = std::move(in_flight);
   group_->set_stream_states(std::move(st.streams));
   powersgd_state_.clear();
   powersgd_restore_ = std::move(st.powersgd);
@@ -246,7 +318,7 @@ Status DpReducer::finish_step(int64_t step) {
   if (in_flight_.empty() || in_flight_.front().step != step)
     return invalid_argument("dp reducer: step " + std::to_string(step) + " is not the oldest step in flight");
   for (InFlight::Bucket& b : in_flight_.front().buckets) {
-    Status s = group_->wait(b.op);
+    Status s = b.op >= 0 ? group_->wait(b.op) : Status::Ok();
     if (!s.ok()) return s.prepend("averaging the gradients of " + b.group->name + " from step " + std::to_string(step));
     LH_RETURN_IF_ERROR(b.group->grads.copy_from(b.grads.view(b.group->grads.shape())));
   }
@@ -267,7 +339,7 @@ Status DpReducer::bucket_ready(ParamGroup& group, int bucket) {
     o.algo = CollectiveAlgo::kMesh;
     auto id = group_->start_all_reduce(copy, o);
     if (!id.ok()) return Status(id.status()).prepend("averaging the gradients of " + group.name);
-    in_flight_.back().buckets.push_back({&group, copy, *id});
+    in_flight_.back().buckets.push_back({&group, bucket, copy, *id});
     return group_->poll();
   }
   auto id = group_->start_all_reduce(group.grads, o);

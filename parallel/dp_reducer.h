@@ -97,11 +97,23 @@ class DpReducer {
   const std::string& spec() const { return spec_; }
 
   // Everything the reducer carries from step to step — the codec in force, every codec stream state (error
-  // feedback residuals), PowerSGD's Q and error per bucket, DiLoCo's θ_sync and outer momentum — as bytes for a
-  // checkpoint (cereal, portable binary), and back. load_state goes before the first step of the resumed job;
-  // bad bytes are an error naming what is wrong, and leave the reducer as it was.
-  Result<std::string> save_state() const;
-  Status load_state(const std::string& bytes);
+  // feedback residuals), PowerSGD's Q and error per bucket, DiLoCo's θ_sync and outer momentum, and with --sync
+  // delayed the averages of the steps in flight — as bytes for a checkpoint (cereal, portable binary), and back.
+  //
+  // The steps in flight are drained, not applied: save_state waits until their all-reduces have finished (every
+  // replica saves at the same step, so every one is waiting too) and saves the averages, which finish_step then
+  // applies at the same later steps as before, on this reducer or on one that loaded the bytes. Waiting early
+  // changes no result (an all-reduce's bits do not depend on when its packets arrive, and ops on one codec stream
+  // run in order), so the job goes on after a save exactly as it would have without one. The alternative, saving
+  // each replica's own gradients and starting their all-reduces again after a load, would need every codec
+  // stream state rolled back to before those steps; the averages are what every replica holds alike.
+  //
+  // load_state goes before the first step of the resumed job. `buckets` maps each stable bucket id to this stage's
+  // parameter group and `last_step` is the step the state was saved after: a step in flight must be one of the last
+  // D steps up to it and hold an average for every bucket, each the size of its group. Bad bytes are an error
+  // naming what is wrong, and leave the reducer as it was.
+  Result<std::string> save_state();
+  Status load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets = {}, int64_t last_step = 0);
   // Switches the codec (a --compress-grad spec) for the buckets started from now on; between steps only.
   Status set_spec(const std::string& spec);
   ProcessGroup& group() { return *group_; }
@@ -133,8 +145,9 @@ class DpReducer {
     int64_t step = 0;
     struct Bucket {
       ParamGroup* group = nullptr;
-      Tensor grads;  // host copy, averaged in place
-      int op = -1;
+      int bucket = 0;  // its stable id (bucket_ready's)
+      Tensor grads;    // host copy, averaged in place
+      int op = -1;     // -1 once the average is in `grads` (drained by save_state, or loaded)
     };
     std::vector<Bucket> buckets;
   };

@@ -203,11 +203,6 @@ Status PipelineJobConfig::validate() const {
   LH_RETURN_IF_ERROR(train.validate());
   if (checkpoint_every < 0)
     return invalid_argument("--checkpoint-every " + std::to_string(checkpoint_every) + ": expected 0 or more steps");
-  if (checkpoint_every > 0 && sync.rfind("delayed", 0) == 0)
-    return invalid_argument(
-        "--checkpoint-every with --sync " + sync +
-        ": a checkpoint of steps whose gradients are still in flight is not supported yet; use --sync every-step or "
-        "diloco, or no --checkpoint-dir");
   LH_RETURN_IF_ERROR(topology().status());
   LH_ASSIGN_OR_RETURN(Partition part, make_partition());
   if (tp_split != "" && tp_split != "speed" && tp == 1)

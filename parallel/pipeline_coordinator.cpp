@@ -70,7 +70,10 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     if (!s.ok()) LH_LOG_WARN("coordinator: {}", s.message());
   };
   hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
-  hooks.on_ctl = [self](const CtlRequest& r) { return self->handle_ctl(r.command, r.args); };
+  hooks.on_ctl_async = [self](const CtlRequest& r, CoordinatorHooks::CtlReplyFn reply) {
+    self->handle_ctl_async(r, std::move(reply));
+  };
+  hooks.on_codec_applied = [self](const CodecApplied& a) { self->on_codec_applied(a); };
   hooks.on_shard = [self](const ShardSaved& sh) { self->on_shard(sh); };
   hooks.on_rollback = [self](int64_t epoch, const std::string& reason) { self->on_rollback(epoch, reason); };
   hooks.link_name = [self](int src, int dst) {
@@ -249,6 +252,9 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
     std::lock_guard<std::mutex> lock(mu_);
     resume_ = std::move(from);
   }
+  settle_pending_acks(true, "the job rolled back to step " + std::to_string(step) +
+                                " before every worker acknowledged the change; it is part of the job's codec history, "
+                                "which every worker applies from its new plan");
   LH_LOG_WARN("coordinator: epoch {}: the job goes back to step {} ({}); {}", epoch, step,
               step > 0 ? "its last checkpoint"
               : store_ ? "no checkpoint yet"
@@ -258,6 +264,7 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
 
 Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
   if (!coordinator_->wait_done(timeout)) return unavailable("the job did not finish within the timeout");
+  settle_pending_acks(false, "the job ended before every worker reached the step boundary where it applies");
   std::lock_guard<std::mutex> lock(mu_);
   return failure_.value_or(Status::Ok());
 }
@@ -349,7 +356,8 @@ std::string PipelineCoordinator::group_label(int stage) const {
 
 // The replicas' gradient codec, from the next step boundary: every dp group's, or (with a link naming replica
 // links) the groups of the stages it touches — a group's all-reduce uses one codec.
-Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec, const std::string& link) {
+Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec, const std::string& link,
+                                                               uint64_t ack_id) {
   if (topology_.dp() < 2)
     return invalid_argument("set-codec --role grad: the job has one replica (--dp 1), so no gradients cross a link");
   LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job_.sync));
@@ -373,11 +381,11 @@ Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string
   const int64_t from = codecs_.current_step() + 1;
   if (stages.empty()) {
     grad_changes_.push_back({from, spec, -1});
-    coordinator_->broadcast(SetCodec{-1, -1, "grad", spec, from});
+    coordinator_->broadcast(SetCodec{-1, -1, "grad", spec, from, ack_id});
   } else {
     for (const auto& [stage, pair] : stages) {
       grad_changes_.push_back({from, spec, stage});
-      coordinator_->broadcast(SetCodec{pair.first, pair.second, "grad", spec, from});
+      coordinator_->broadcast(SetCodec{pair.first, pair.second, "grad", spec, from, ack_id});
     }
   }
   LH_LOG_INFO("coordinator: the replicas' gradients{} switch to {} at step {}", link.empty() ? "" : " of " + link, spec,
@@ -388,7 +396,8 @@ Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string
 }
 
 // The tp groups' codec, from the next step boundary: every group switches together.
-Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& spec, const std::string& link) {
+Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& spec, const std::string& link,
+                                                             uint64_t ack_id) {
   if (topology_.tp() < 2)
     return invalid_argument(
         "set-codec --role tp: the job has one tensor shard per stage (--tp 1), so no partial sums "
@@ -402,12 +411,13 @@ Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& 
   }
   const int64_t from = codecs_.current_step() + 1;
   tp_changes_.push_back({from, spec, -1});
-  coordinator_->broadcast(SetCodec{-1, -1, "tp", spec, from});
+  coordinator_->broadcast(SetCodec{-1, -1, "tp", spec, from, ack_id});
   LH_LOG_INFO("coordinator: the tp shards' partial sums switch to {} at step {}", spec, from);
   return nlohmann::json{{"role", "tp"}, {"link", "tp shards"}, {"spec", spec}, {"from_step", from}}.dump();
 }
 
-Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args) {
+Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args,
+                                                    uint64_t ack_id) {
   if (command == "status") return status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (command != "set-codec")
     return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec)");
@@ -422,17 +432,20 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   // Workers may be one step past the newest report; two ahead is a boundary none has begun.
   const int64_t newest = collector_->newest_step();
   if (newest + 1 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 1));
-  if (text("role") == "grad") return set_grad_codec_locked(text("spec"), text("link"));
-  if (text("role") == "tp") return set_tp_codec_locked(text("spec"), text("link"));
+  if (text("role") == "grad") return set_grad_codec_locked(text("spec"), text("link"), ack_id);
+  if (text("role") == "tp") return set_tp_codec_locked(text("spec"), text("link"), ack_id);
   CodecChange change;
   if (j.contains("link")) {
     LH_ASSIGN_OR_RETURN(change, codecs_.request_change(text("link"), text("dir"), text("spec")));
   } else {
-    SetCodec m{j.value("src", -1), j.value("dst", -1), text("dir"), text("spec"), -1};
+    auto rank_field = [&](const char* f) { return j.contains(f) && j[f].is_number_integer() ? j[f].get<int>() : -1; };
+    SetCodec m{rank_field("src"), rank_field("dst"), text("dir"), text("spec"), -1};
     LH_ASSIGN_OR_RETURN(change, codec_change_of(m, topology_, codecs_));
     LH_RETURN_IF_ERROR(codecs_.schedule_change(change));
   }
-  coordinator_->broadcast(set_codec_message(change, topology_));
+  SetCodec message = set_codec_message(change, topology_);
+  message.id = ack_id;
+  coordinator_->broadcast(message);
   LH_LOG_INFO("coordinator: link {} {} switches to {} at step {}", change.link.name(), link_dir_name(change.dir),
               change.spec, change.from_step);
   return nlohmann::json{{"link", change.link.name()},
@@ -440,6 +453,62 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
                         {"spec", change.spec},
                         {"from_step", change.from_step}}
       .dump();
+}
+
+PipelineCoordinator::~PipelineCoordinator() {
+  coordinator_.reset();  // no hook runs after this
+  std::lock_guard<std::mutex> lock(acks_mu_);
+  pending_acks_.clear();  // the replies' sockets are gone
+}
+
+void PipelineCoordinator::handle_ctl_async(const CtlRequest& req, CoordinatorHooks::CtlReplyFn reply) {
+  uint64_t id = 0;
+  if (req.command == "set-codec") {
+    std::lock_guard<std::mutex> lock(acks_mu_);
+    id = ++next_ack_id_;
+  }
+  Result<std::string> r = handle_ctl(req.command, req.args, id);
+  if (!r.ok() || id == 0) return reply(std::move(r));
+  auto body = nlohmann::json::parse(*r, nullptr, false);
+  std::lock_guard<std::mutex> lock(acks_mu_);
+  pending_acks_[id] = PendingAck{std::move(reply), std::move(body), {}};
+}
+
+void PipelineCoordinator::on_codec_applied(const CodecApplied& ack) {
+  CoordinatorHooks::CtlReplyFn reply;
+  Result<std::string> result = std::string();
+  {
+    std::lock_guard<std::mutex> lock(acks_mu_);
+    auto it = pending_acks_.find(ack.id);
+    if (it == pending_acks_.end()) return;  // settled already (a rollback), or a replay
+    PendingAck& p = it->second;
+    p.acks[ack.rank] = ack;
+    if (int(p.acks.size()) < topology_.workers()) return;
+    std::string refused;
+    nlohmann::json applied = nlohmann::json::array();
+    for (const auto& [rank, a] : p.acks) {
+      if (!a.ok) refused += (refused.empty() ? "" : "; ") + ("rank " + std::to_string(rank) + ": " + a.reason);
+      if (a.ok && a.from_step >= 0) applied.push_back({{"rank", rank}, {"from_step", a.from_step}});
+    }
+    p.body["applied"] = applied;
+    result = refused.empty() ? Result<std::string>(p.body.dump())
+                             : Result<std::string>(invalid_argument("set-codec could not be applied: " + refused));
+    reply = std::move(p.reply);
+    pending_acks_.erase(it);
+  }
+  reply(std::move(result));
+}
+
+void PipelineCoordinator::settle_pending_acks(bool ok, const std::string& note) {
+  std::map<uint64_t, PendingAck> pending;
+  {
+    std::lock_guard<std::mutex> lock(acks_mu_);
+    pending.swap(pending_acks_);
+  }
+  for (auto& [id, p] : pending) {
+    p.body["note"] = note;
+    p.reply(ok ? Result<std::string>(p.body.dump()) : Result<std::string>(unavailable("set-codec: " + note)));
+  }
 }
 
 }  // namespace lh

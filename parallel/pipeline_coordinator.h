@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -50,11 +51,19 @@ class PipelineCoordinator {
   //   status                                  → JSON: job, step, plan, codecs per link, measured bandwidth
   //   set-codec {"link":"1-2","dir":"fwd","spec":"int4"} (or "src"/"dst" ranks instead of "link")
   //                                           → JSON with the step the change takes effect
-  Result<std::string> handle_ctl(const std::string& command, const std::string& args);
+  // `ack_id` non-zero: the SetCodec messages carry it and every worker acknowledges it (CodecApplied).
+  Result<std::string> handle_ctl(const std::string& command, const std::string& args, uint64_t ack_id = 0);
+  ~PipelineCoordinator();
 
  private:
-  Result<std::string> set_grad_codec_locked(const std::string& spec, const std::string& link);  // holds mu_
-  Result<std::string> set_tp_codec_locked(const std::string& spec, const std::string& link);    // holds mu_
+  // Hold mu_; broadcast with `ack_id`.
+  Result<std::string> set_grad_codec_locked(const std::string& spec, const std::string& link, uint64_t ack_id);
+  Result<std::string> set_tp_codec_locked(const std::string& spec, const std::string& link, uint64_t ack_id);
+  // ctl through the control socket: set-codec replies once every worker acknowledged the change.
+  void handle_ctl_async(const CtlRequest& req, CoordinatorHooks::CtlReplyFn reply);
+  void on_codec_applied(const CodecApplied& ack);
+  // Completes every set-codec still waiting for acknowledgements (a rollback, the end of the job).
+  void settle_pending_acks(bool ok, const std::string& note);
   // "replicas" (pp = 1) or "s1 replicas": the status row of one stage's dp group.
   std::string group_label(int stage) const;
   PipelineCoordinator(PipelineJobConfig job, Topology topology, CodecSchedule schedule)
@@ -85,6 +94,15 @@ class PipelineCoordinator {
   std::unique_ptr<JobCheckpointStore> store_;
   std::optional<JobCheckpoint> resume_;  // what the next plans start from (guarded by mu_)
   int64_t resumed_from_ = 0;
+  // set-codec requests waiting for the workers' CodecApplied (coordinator thread only, like the hooks).
+  struct PendingAck {
+    CoordinatorHooks::CtlReplyFn reply;
+    nlohmann::json body;               // the reply, "applied" added
+    std::map<int, CodecApplied> acks;  // by rank
+  };
+  std::map<uint64_t, PendingAck> pending_acks_;
+  std::mutex acks_mu_;
+  uint64_t next_ack_id_ = 0;
   std::unique_ptr<Coordinator> coordinator_;
 };
 

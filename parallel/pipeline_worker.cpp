@@ -98,36 +98,35 @@ const FaultStall& fault_stall() {
 
 // Applies one set-codec message (live, or from a Plan's list) to the runner or the link schedule; refused ones are
 // logged. `resumed` is the step the epoch started after: grad and tp changes up to it are in the loaded state.
-void apply_codec_change(const SetCodec& m, int64_t step, int64_t resumed, int rank, const Topology& topology,
-                        CodecSchedule& codecs, StageRunner& runner) {
+// Returns the step it applies from (−1: not this worker's), or why it was refused.
+Result<int64_t> apply_codec_change(const SetCodec& m, int64_t step, int64_t resumed, int rank, const Topology& topology,
+                                   CodecSchedule& codecs, StageRunner& runner) {
+  auto refused = [](Status s) {
+    LH_LOG_WARN("set-codec ignored: {}", s.message());
+    return s;
+  };
   if (m.dir == "grad" || m.dir == "tp") {
     // A grad change naming a pair is for that stage's dp group only; tp changes are for every group.
     if (m.dir == "grad" && m.src >= 0) {
       auto c = topology.checked_coord_of(m.src);
-      if (!c.ok()) {
-        LH_LOG_WARN("set-codec ignored: {}", c.status().message());
-        return;
-      }
-      if (c->stage != topology.coord_of(rank).stage) return;
+      if (!c.ok()) return refused(c.status());
+      if (c->stage != topology.coord_of(rank).stage) return int64_t(-1);
     }
     const int64_t from = m.apply_at_step == -1 ? step : m.apply_at_step;
-    if (from <= resumed) return;
+    if (from <= resumed) return int64_t(-1);
     const bool tp = m.dir == "tp";
     Status s = tp ? runner.schedule_tp_codec(m.spec, from) : runner.schedule_grad_codec(m.spec, from);
-    if (!s.ok())
-      LH_LOG_WARN("set-codec ignored: {}", s.message());
-    else
-      LH_LOG_INFO("the {} codec becomes {} from step {}", tp ? "tp shards' partial-sum" : "replicas' gradient", m.spec,
-                  from);
-    return;
+    if (!s.ok()) return refused(s);
+    LH_LOG_INFO("the {} codec becomes {} from step {}", tp ? "tp shards' partial-sum" : "replicas' gradient", m.spec,
+                from);
+    return from;
   }
   auto change = codec_change_of(m, topology, codecs);
   Status s = change.ok() ? codecs.schedule_change(*change) : change.status();
-  if (!s.ok())
-    LH_LOG_WARN("set-codec ignored: {}", s.message());
-  else
-    LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(), link_dir_name(change->dir),
-                change->spec, change->from_step);
+  if (!s.ok()) return refused(s);
+  LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(), link_dir_name(change->dir),
+              change->spec, change->from_step);
+  return change->from_step;
 }
 
 // One epoch of the job: join (as `*rank` when it is set), connect, load the plan's state, train until the last step,
@@ -204,7 +203,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     LH_LOG_INFO("rank {}: resumed after step {} (epoch {})", plan.rank, plan.resume_step, plan.epoch);
   }
   for (const SetCodec& m : plan.changes)
-    apply_codec_change(m, plan.resume_step + 1, plan.resume_step, plan.rank, topology, codecs, *runner);
+    (void)apply_codec_change(m, plan.resume_step + 1, plan.resume_step, plan.rank, topology, codecs, *runner);
   {
     // What tensor parallelism is for: the model state this worker holds (fp32 parameters, gradients and AdamW's
     // two moments), and, at the end, its peak resident memory.
@@ -238,8 +237,12 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
         result = *why;
         break;
       }
-      for (const SetCodec& m : events.take_codec_changes())
-        apply_codec_change(m, step, plan.resume_step, plan.rank, topology, codecs, *runner);
+      for (const SetCodec& m : events.take_codec_changes()) {
+        auto applied = apply_codec_change(m, step, plan.resume_step, plan.rank, topology, codecs, *runner);
+        if (m.id != 0)
+          cc.acknowledge(CodecApplied{plan.rank, m.id, applied.ok() ? *applied : -1, applied.ok(),
+                                      applied.ok() ? "" : applied.status().message()});
+      }
       sampler.next(&tokens, &targets);
       auto r = runner->step(step, tokens.data(), targets.data());
       if (!r.ok()) {

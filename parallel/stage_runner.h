@@ -96,7 +96,9 @@ class StageRunner {
 
   // This worker's shard of a job checkpoint, between steps: parameters and AdamW moments, every codec stream state
   // (pipeline links, the replicas' reducer, the tp group), the codecs in force and scheduled, and `data_rng` (the
-  // caller's sampler position). Refused with --sync delayed steps in flight. Portable binary (cereal).
+  // caller's sampler position). With --sync delayed it waits for the averages of the steps in flight to finish and
+  // saves them (DpReducer::save_state) with the last update the weight prediction extrapolates; the job goes on
+  // from a save with the same bits as without one. Portable binary (cereal).
   Result<std::string> save_state(const Rng& data_rng);
   // Restores a save_state of the same rank, grid and stage span into a runner that has not stepped; the next step
   // is the saved step + 1. Returns the data sampler's position. Bad or foreign bytes are an error naming what is

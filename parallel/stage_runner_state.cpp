@@ -1,6 +1,7 @@
 // StageRunner::save_state / load_state: one worker's shard of a job checkpoint — its parameters and AdamW moments,
 // every codec stream state it holds (pipeline links, the dp reducer's, the tp group's), the codecs in force and
-// scheduled, and the data sampler's position. Used by `longhaul worker` (job checkpoints and rollbacks).
+// scheduled, --sync delayed's averages in flight and last update, and the data sampler's position. Used by
+// `longhaul worker` (job checkpoints and rollbacks).
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/types/map.hpp>
 #include <cereal/types/string.hpp>
@@ -14,7 +15,8 @@
 namespace lh {
 namespace {
 
-constexpr uint32_t kShardVersion = 1;
+// 2: --sync delayed's averages in flight (in the reducer's bytes) and last update.
+constexpr uint32_t kShardVersion = 2;
 
 struct StageShard {
   uint32_t version = kShardVersion;
@@ -29,10 +31,13 @@ struct StageShard {
   std::map<ProcessGroup::StreamKey, compress::StreamState> tp_streams;
   std::string tp_spec;
   std::map<int64_t, std::string> grad_changes, tp_changes;  // scheduled, not yet applied
+  std::vector<std::vector<float>> last_update;              // --sync delayed with predict, per group
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(version, step, rank, pp, tp, dp, first_block, end_block, data_rng, groups, links, has_reducer, reducer,
-       tp_streams, tp_spec, grad_changes, tp_changes);
+    ar(version);
+    if (version != kShardVersion) return;  // another layout: load_state names the version
+    ar(step, rank, pp, tp, dp, first_block, end_block, data_rng, groups, links, has_reducer, reducer, tp_streams,
+       tp_spec, grad_changes, tp_changes, last_update);
   }
 };
 
@@ -67,6 +72,8 @@ Result<std::string> StageRunner::save_state(const Rng& data_rng) {
   sh.tp_spec = tp_spec_;
   sh.grad_changes = grad_changes_;
   sh.tp_changes = tp_changes_;
+  // The weight prediction of the steps after this one extrapolates the last update.
+  sh.last_update = last_update_;
   std::ostringstream os(std::ios::binary);
   {
     cereal::PortableBinaryOutputArchive ar(os);
@@ -115,11 +122,27 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
                               " values) does not match this stage's '" + groups[i]->name + "' (" + std::to_string(n) +
                               " values)");
   }
+  if (!sh.last_update.empty()) {
+    if (!options_.sync.delayed() || !options_.sync.predict)
+      return invalid_argument(where + "holds the last update of --sync delayed's weight prediction; this job runs " +
+                              "--sync " + options_.sync.to_string());
+    if (sh.last_update.size() != groups.size())
+      return corrupt(where + "the last update has " + std::to_string(sh.last_update.size()) +
+                     " parameter groups, this stage has " + std::to_string(groups.size()));
+    for (size_t i = 0; i < groups.size(); ++i)
+      if (sh.last_update[i].size() != size_t(groups[i]->numel))
+        return corrupt(where + "the last update of group '" + groups[i]->name + "' has " +
+                       std::to_string(sh.last_update[i].size()) + " values, the group " +
+                       std::to_string(groups[i]->numel));
+  }
   Status links_ok = boundary_.check_streams(sh.links);
   if (!links_ok.ok()) return links_ok.prepend(where);
-  // Everything is checked; from here on the state is replaced.
+  // Everything is checked (the reducer checks its own state and changes nothing when it refuses it); from here on
+  // the state is replaced.
   if (reducer_) {
-    Status s = reducer_->load_state(sh.reducer);
+    std::map<int, ParamGroup*> buckets;
+    for (ParamGroup* g : groups) buckets[bucket_of(*g)] = g;
+    Status s = reducer_->load_state(sh.reducer, buckets, sh.step);
     if (!s.ok()) return s.prepend(where);
   }
   const Device d = model_.device();
@@ -135,6 +158,7 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
   tp_spec_ = sh.tp_spec;
   grad_changes_ = sh.grad_changes;
   tp_changes_ = sh.tp_changes;
+  last_update_ = std::move(sh.last_update);
   last_ = StageStepResult{};
   last_.step = sh.step;
   return sh.data_rng;

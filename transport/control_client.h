@@ -57,6 +57,8 @@ class ControlClient {
   // Waits until every live worker reached barrier `id` (> 0).
   Status barrier(uint64_t id, std::chrono::milliseconds timeout);
   void send_metrics(int64_t step, std::string json);
+  // What became of a SetCodec with an id (scheduled from a step, or refused), for `ctl set-codec`.
+  void acknowledge(const CodecApplied& ack) { send(ack); }
   // This worker's state after `step` (a job checkpoint's shard), queued like metrics.
   void send_shard(int64_t step, std::vector<uint8_t> bytes);
   // Whether a Rollback arrived since the last join (ready() and barrier() then return kAborted).

@@ -173,7 +173,8 @@ void Coordinator::on_message(Frames&& frames) {
     case MsgType::kBarrier:
     case MsgType::kStepMetrics:
     case MsgType::kShutdown:
-    case MsgType::kShardSaved: {
+    case MsgType::kShardSaved:
+    case MsgType::kCodecApplied: {
       std::lock_guard<std::mutex> lock(mu_);
       const bool known = find(id) != nullptr || std::any_of(standby_.begin(), standby_.end(),
                                                             [&](const WorkerInfo& o) { return o.identity == id; });
@@ -181,14 +182,14 @@ void Coordinator::on_message(Frames&& frames) {
       [[fallthrough]];
     }
     default:
-      return reject(
-          id,
-          std::string(msg_type_name(type)) + (type == MsgType::kHeartbeat || type == MsgType::kReady ||
-                                                      type == MsgType::kBarrier || type == MsgType::kStepMetrics ||
-                                                      type == MsgType::kShutdown || type == MsgType::kShardSaved
-                                                  ? " from a sender that has not joined"
-                                                  : " is not a message a worker sends"),
-          type);
+      return reject(id,
+                    std::string(msg_type_name(type)) +
+                        (type == MsgType::kHeartbeat || type == MsgType::kReady || type == MsgType::kBarrier ||
+                                 type == MsgType::kStepMetrics || type == MsgType::kShutdown ||
+                                 type == MsgType::kShardSaved || type == MsgType::kCodecApplied
+                             ? " from a sender that has not joined"
+                             : " is not a message a worker sends"),
+                    type);
   }
   auto decoded = decode_message(frames[1]);
   if (!decoded.ok()) return reject(id, decoded.status().message(), type);
@@ -280,6 +281,16 @@ void Coordinator::on_message(Frames&& frames) {
       }
       case MsgType::kShutdown: {
         declare_lost(*w, WorkerInfo::State::kLeft, "left: " + std::get<Shutdown>(m).reason, later);
+        break;
+      }
+      case MsgType::kCodecApplied: {
+        auto& ca = std::get<CodecApplied>(m);
+        if (ca.rank != w->rank) {
+          lock.unlock();
+          return reject(id,
+                        "CodecApplied for rank " + std::to_string(ca.rank) + " from rank " + std::to_string(w->rank));
+        }
+        if (hooks_.on_codec_applied) later.push_back([this, ca] { hooks_.on_codec_applied(ca); });
         break;
       }
       default: {
@@ -689,6 +700,13 @@ void Coordinator::on_tick() {
 
 void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
   if (req.token != options_.token) return reject(id, "wrong token on a ctl request");
+  if (hooks_.on_ctl_async) {
+    hooks_.on_ctl_async(req, [this, id, command = req.command](Result<std::string> r) {
+      if (!r.ok()) LH_LOG_WARN("coordinator: ctl '{}' failed: {}", command, r.status().message());
+      send_raw(id, r.ok() ? CtlReply{true, r.value()} : CtlReply{false, r.status().message()});
+    });
+    return;
+  }
   Result<std::string> reply = std::string();
   if (hooks_.on_ctl) {
     reply = hooks_.on_ctl(req);

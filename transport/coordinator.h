@@ -71,6 +71,12 @@ struct CoordinatorHooks {
   // status_json(), "set-codec" (args: a SetCodec as {"src","dst","dir","spec","apply_at_step"}) is
   // broadcast to the workers, anything else is refused.
   std::function<Result<std::string>(const CtlRequest&)> on_ctl;
+  // Takes precedence over on_ctl: the reply may come later (call `reply` once, from any thread, while the
+  // coordinator lives), e.g. once the workers acknowledged a codec change.
+  using CtlReplyFn = std::function<void(Result<std::string>)>;
+  std::function<void(const CtlRequest&, CtlReplyFn reply)> on_ctl_async;
+  // A worker acknowledged a SetCodec with an id (CodecApplied).
+  std::function<void(const CodecApplied&)> on_codec_applied;
   // A worker's checkpoint shard (only from a worker of the current epoch).
   std::function<void(const ShardSaved&)> on_shard;
   // A rollback began (replace_timeout > 0): `epoch` is the new epoch, `reason` names the lost worker.

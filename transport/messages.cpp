@@ -148,6 +148,14 @@ Status validate(const Rollback& m) {
   return check_len(m.reason, "rollback reason");
 }
 
+Status validate(const CodecApplied& m) {
+  LH_RETURN_IF_ERROR(check_rank(m.rank, "codec-applied rank"));
+  if (m.id == 0) return corrupt("codec-applied for change 0");
+  if (m.from_step < -1 || m.from_step >= (int64_t(1) << 24))
+    return corrupt("codec-applied step " + std::to_string(m.from_step));
+  return check_len(m.reason, "codec-applied reason");
+}
+
 template <class T>
 Result<ControlMessage> decode_as(const uint8_t* body, size_t size) {
   T m;
@@ -194,6 +202,8 @@ const char* msg_type_name(MsgType t) {
       return "ShardSaved";
     case MsgType::kRollback:
       return "Rollback";
+    case MsgType::kCodecApplied:
+      return "CodecApplied";
   }
   return "unknown";
 }
@@ -229,7 +239,7 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
-  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kRollback))
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kCodecApplied))
     return corrupt("unknown message type " + std::to_string(type));
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
@@ -267,6 +277,8 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<ShardSaved>(body, n);
     case MsgType::kRollback:
       return decode_as<Rollback>(body, n);
+    case MsgType::kCodecApplied:
+      return decode_as<CodecApplied>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }

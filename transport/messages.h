@@ -65,6 +65,7 @@ enum class MsgType : uint16_t {
   kCtlReply = 12,
   kShardSaved = 13,
   kRollback = 14,
+  kCodecApplied = 15,
 };
 const char* msg_type_name(MsgType t);
 
@@ -112,9 +113,26 @@ struct SetCodec {
   std::string dir;
   std::string spec;
   int64_t apply_at_step = -1;  // -1: the next step boundary the worker reaches
+  // Non-zero: every worker acknowledges it (CodecApplied with this id) once it has scheduled it, so `ctl set-codec`
+  // can say where it applies, or that it could not.
+  uint64_t id = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(src, dst, dir, spec, apply_at_step);
+    ar(src, dst, dir, spec, apply_at_step, id);
+  }
+};
+
+// worker → coordinator: what became of SetCodec `id`: scheduled from `from_step` (−1: not this worker's link), or
+// refused (ok false, with the reason).
+struct CodecApplied {
+  int32_t rank = -1;
+  uint64_t id = 0;
+  int64_t from_step = -1;
+  bool ok = false;
+  std::string reason;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rank, id, from_step, ok, reason);
   }
 };
 
@@ -275,7 +293,7 @@ void Heartbeat::serialize(A& ar) {
 }
 
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,
-                                    PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback>;
+                                    PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback, CodecApplied>;
 
 MsgType message_type(const ControlMessage& m);
 

@@ -1,10 +1,13 @@
 // Tests for DpReducer's state across a checkpoint: two replicas that save their reducers after three steps and
 // resume in fresh reducers take the same fourth step, bit for bit, as the ones that kept going — with error
-// feedback, PowerSGD (Q and error) and DiLoCo (θ_sync, momentum); without the saved state they would not; bad
-// bytes are refused naming the problem. Replicas run on threads joined by LocalDataPlane. Label `parallel`.
+// feedback, PowerSGD (Q and error), DiLoCo (θ_sync, momentum) and --sync delayed (the averages in flight); without
+// the saved state they would not; bad bytes are refused naming the problem. Replicas run on threads joined by
+// LocalDataPlane. Label `parallel`.
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <iterator>
+#include <map>
 #include <thread>
 
 #include "core/rng.h"
@@ -52,6 +55,10 @@ std::vector<Status> with_replicas(const std::string& spec, const std::string& sy
       SyncConfig sc = value_of(parse_sync(sync));
       if (sc.diloco()) {
         out[r] = rep.reducer->start_diloco({&rep.group}, sc);
+        if (!out[r].ok()) return;
+      }
+      if (sc.delayed()) {
+        out[r] = rep.reducer->start_delayed(sc);
         if (!out[r].ok()) return;
       }
       out[r] = body(rep, r);
@@ -133,6 +140,80 @@ TEST(DpReducerState, BadBytesAreRefusedNamingTheProblem) {
     return take_step(rep, r, 2, true, &out);
   });
   for (const Status& s : st) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+// --sync delayed step `step` of replica `r`: a fresh gradient starts averaging, and every average due (from steps
+// up to step − D) is finished; `applied` gets each one.
+Status delayed_step(Replica& rep, int r, int step, int D, std::vector<std::vector<float>>* applied) {
+  LH_RETURN_IF_ERROR(rep.reducer->begin_step(step));
+  LH_RETURN_IF_ERROR(
+      rep.group.grads.copy_from(Tensor::from_vector(noise(100 * r + step, rep.group.numel), {rep.group.numel})));
+  LH_RETURN_IF_ERROR(rep.reducer->bucket_ready(rep.group, 1));
+  for (int64_t from : rep.reducer->steps_in_flight()) {
+    if (from > step - D) break;
+    LH_RETURN_IF_ERROR(rep.reducer->finish_step(from));
+    applied->push_back(rep.group.grads.to_vector());
+  }
+  return Status::Ok();
+}
+
+// Saved after step 3 with D steps in flight, the reducer goes on (a checkpoint) or a fresh one loads the bytes (a
+// rollback): both apply the same averages at steps 4..6 as one that never saved. Bytes that do not fit the job are
+// refused naming why, and the reducer still loads the good ones afterwards.
+TEST(DpReducerState, DelayedAveragesInFlightAreSavedAndAppliedLater) {
+  for (int D : {1, 2}) {
+    const std::string sync = "delayed:D=" + std::to_string(D);
+    std::vector<std::string> saved(2);
+    std::vector<std::vector<std::vector<float>>> straight(2), kept(2), resumed(2);
+    auto a = with_replicas("ef+int8", sync, [&](Replica& rep, int r) -> Status {
+      std::vector<std::vector<float>> warm;
+      for (int step = 1; step <= 3; ++step) LH_RETURN_IF_ERROR(delayed_step(rep, r, step, D, &warm));
+      if (rep.reducer->steps_in_flight().size() != size_t(D))
+        return internal_error("expected " + std::to_string(D) + " steps in flight at the save");
+      LH_ASSIGN_OR_RETURN(saved[r], rep.reducer->save_state());
+      for (int step = 4; step <= 6; ++step) LH_RETURN_IF_ERROR(delayed_step(rep, r, step, D, &kept[r]));
+      return Status::Ok();
+    });
+    for (const Status& s : a) ASSERT_TRUE(s.ok()) << sync << ": " << s.to_string();
+    auto b = with_replicas("ef+int8", sync, [&](Replica& rep, int r) -> Status {
+      std::vector<std::vector<float>> warm;
+      for (int step = 1; step <= 6; ++step)
+        LH_RETURN_IF_ERROR(delayed_step(rep, r, step, D, step <= 3 ? &warm : &straight[r]));
+      return Status::Ok();
+    });
+    for (const Status& s : b) ASSERT_TRUE(s.ok()) << sync << ": " << s.to_string();
+    auto c = with_replicas("ef+int8", sync, [&](Replica& rep, int r) -> Status {
+      ParamGroup other = matrix_and_bias_group(kRows, kCols + 1);
+      const std::pair<std::map<int, ParamGroup*>, int64_t> bad[] = {
+          {{}, 3}, {{{2, &rep.group}}, 3}, {{{1, &other}}, 3}, {{{1, &rep.group}}, 5}};
+      const char* why[] = {"has 1 buckets, this stage has 0", "bucket 1 ('block.0') is not this stage's",
+                           "this stage's is 'block.0' (6305 values)", "was expected (the last"};
+      for (size_t i = 0; i < std::size(bad); ++i) {
+        Status s = rep.reducer->load_state(saved[r], bad[i].first, bad[i].second);
+        if (s.ok() || s.message().find(why[i]) == std::string::npos)
+          return internal_error("case " + std::to_string(i) + " accepted or unnamed: " + s.to_string());
+      }
+      LH_RETURN_IF_ERROR(rep.reducer->load_state(saved[r], {{1, &rep.group}}, 3));
+      for (int step = 4; step <= 6; ++step) LH_RETURN_IF_ERROR(delayed_step(rep, r, step, D, &resumed[r]));
+      return Status::Ok();
+    });
+    for (const Status& s : c) ASSERT_TRUE(s.ok()) << sync << ": " << s.to_string();
+    // Without --sync delayed the averages have nowhere to go.
+    auto e = with_replicas("ef+int8", "every-step", [&](Replica& rep, int r) -> Status {
+      Status s = rep.reducer->load_state(saved[r], {{1, &rep.group}}, 3);
+      if (s.ok() || s.message().find("this job runs --sync every-step") == std::string::npos)
+        return internal_error("accepted or unnamed: " + s.to_string());
+      return Status::Ok();
+    });
+    for (const Status& s : e) ASSERT_TRUE(s.ok()) << sync << ": " << s.to_string();
+    for (int r = 0; r < 2; ++r) {
+      // Steps 4 and 5 apply the averages of steps 4 − D and 5 − D (in flight at the save); step 6, 6 − D.
+      ASSERT_EQ(straight[r].size(), 3u) << sync;
+      EXPECT_EQ(kept[r], straight[r]) << sync << " replica " << r;
+      EXPECT_EQ(resumed[r], straight[r]) << sync << " replica " << r;
+    }
+    EXPECT_EQ(straight[0], straight[1]) << sync;
+  }
 }
 
 }  // namespace

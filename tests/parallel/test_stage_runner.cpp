@@ -74,9 +74,13 @@ struct GridSpec {
   int change_at = 0;  // > 0: link 0-1 fwd switches to new_spec at this step
   std::string new_spec;
   // > 0: after this step every rank saves its state, drops its runner and codec schedule, and goes on with fresh
-  // ones loaded from the saved bytes (as a worker does after a rollback); `state_bytes` gets each rank's size.
+  // ones loaded from the saved bytes (as a worker does after a rollback); `state_bytes` gets each rank's size and
+  // `states` (if set) the bytes. With `keep_going` the ranks save and go on with the runner they have (as after a
+  // job checkpoint).
   int reload_after = 0;
+  bool keep_going = false;
   std::vector<size_t>* state_bytes = nullptr;
+  std::vector<std::string>* states = nullptr;
 };
 
 // Bits of every parameter a rank holds, for comparing replicas.
@@ -146,20 +150,23 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
             return;
           }
           if (g.state_bytes) (*g.state_bytes)[size_t(rank)] = bytes->size();
-          runner = Result<std::unique_ptr<StageRunner>>(internal_error("dropped"));
-          schedule = std::make_unique<CodecSchedule>(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
-          // The link codec history comes back from the job (a Plan lists every change); the rest from the bytes.
-          if (change_at > 0 && change_at <= g.reload_after && S > 1) {
-            EXPECT_TRUE(schedule->schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, change_at}).ok());
+          if (g.states) (*g.states)[size_t(rank)] = *bytes;
+          if (!g.keep_going) {
+            runner = Result<std::unique_ptr<StageRunner>>(internal_error("dropped"));
+            schedule = std::make_unique<CodecSchedule>(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
+            // The link codec history comes back from the job (a Plan lists every change); the rest from the bytes.
+            if (change_at > 0 && change_at <= g.reload_after && S > 1) {
+              EXPECT_TRUE(schedule->schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, change_at}).ok());
+            }
+            runner = StageRunner::create(cfg, topo, part, rank, opts, plane, *schedule);
+            Result<Rng> pos = runner.ok() ? (*runner)->load_state(*bytes) : Result<Rng>(runner.status());
+            Status s = pos.ok() ? sampler.restore(*pos) : pos.status();
+            if (!s.ok()) {
+              run.statuses[rank] = s;
+              return;
+            }
+            EXPECT_EQ((*runner)->last_step(), g.reload_after);
           }
-          runner = StageRunner::create(cfg, topo, part, rank, opts, plane, *schedule);
-          Result<Rng> pos = runner.ok() ? (*runner)->load_state(*bytes) : Result<Rng>(runner.status());
-          Status s = pos.ok() ? sampler.restore(*pos) : pos.status();
-          if (!s.ok()) {
-            run.statuses[rank] = s;
-            return;
-          }
-          EXPECT_EQ((*runner)->last_step(), g.reload_after);
         }
         if (step == change_at && S > 1) {
           Status s = schedule->schedule_change({PipelineLink{0, 1}, LinkDir::kFwd, new_spec, step});
@@ -359,9 +366,14 @@ TEST_F(StageRunnerTest, CompressedGradientsKeepReplicasIdenticalAndSendFewerByte
 
 // A worker that rolls back to a job checkpoint rebuilds its runner and loads its saved state: the run must go on
 // with the same bits as one that never stopped, for every kind of state a stage carries (error feedback on links,
-// in the replicas' reducer and in the tp sums, PowerSGD's warm start, DiLoCo's anchor, a live codec change).
+// in the replicas' reducer and in the tp sums, PowerSGD's warm start, DiLoCo's anchor, --sync delayed's averages in
+// flight and weight prediction, a live codec change). A worker that saves and goes on (a job checkpoint) must not
+// change its run either.
 TEST_F(StageRunnerTest, AReloadedStateContinuesWithTheSameBits) {
-  const TrainConfig cfg = tiny_config();
+  TrainConfig cfg = tiny_config();
+  // As long as the runs: --sync delayed applies each average D steps late until the last step, which applies every
+  // one in flight.
+  cfg.steps = 6;
   struct Case {
     const char* what;
     GridSpec g;
@@ -400,21 +412,41 @@ TEST_F(StageRunnerTest, AReloadedStateContinuesWithTheSameBits) {
     g.sync = value_of(parse_sync("diloco:H=2,outer_lr=0.7,outer_momentum=0.9"));
     cases.push_back({"dp2 diloco H=2", g});
   }
+  {
+    // Warmup 1, so the reload after step 3 has averages in flight: step 3's with D=1, steps 2 and 3's with D=2.
+    GridSpec g;
+    g.S = 2;
+    g.dp = 2;
+    g.M = 2;
+    g.grad = "ef+int8";
+    g.sync = value_of(parse_sync("delayed:D=1"));
+    cases.push_back({"pp2 dp2 delayed:D=1, ef+int8 gradients", g});
+    g.S = 1;
+    g.sync = value_of(parse_sync("delayed:D=2"));
+    cases.push_back({"dp2 delayed:D=2, ef+int8 gradients", g});
+  }
   for (Case& c : cases) {
     c.g.steps = 6;
-    std::vector<std::vector<float>> straight_params, reloaded_params;
+    std::vector<std::vector<float>> straight_params, saved_params, reloaded_params;
     PipelineRun straight = run_grid(cfg, c.g, &straight_params);
     const int W = c.g.S * c.g.dp * c.g.tp;
     std::vector<size_t> sizes(size_t(W), 0);
     c.g.reload_after = 3;
+    c.g.keep_going = true;
+    PipelineRun saved = run_grid(cfg, c.g, &saved_params);
+    c.g.keep_going = false;
     c.g.state_bytes = &sizes;
     PipelineRun reloaded = run_grid(cfg, c.g, &reloaded_params);
     for (const Status& st : straight.statuses) ASSERT_TRUE(st.ok()) << c.what << ": " << st.to_string();
+    for (const Status& st : saved.statuses) ASSERT_TRUE(st.ok()) << c.what << ": " << st.to_string();
     for (const Status& st : reloaded.statuses) ASSERT_TRUE(st.ok()) << c.what << ": " << st.to_string();
     ASSERT_EQ(reloaded.losses.size(), 6u) << c.what;
     EXPECT_EQ(reloaded.losses, straight.losses) << c.what;
     EXPECT_EQ(reloaded.grad_norms, straight.grad_norms) << c.what;
     EXPECT_EQ(reloaded_params, straight_params) << c.what;
+    EXPECT_EQ(saved.losses, straight.losses) << c.what << ", saved and kept going";
+    EXPECT_EQ(saved.grad_norms, straight.grad_norms) << c.what << ", saved and kept going";
+    EXPECT_EQ(saved_params, straight_params) << c.what << ", saved and kept going";
     for (size_t r = 0; r < sizes.size(); ++r) EXPECT_GT(sizes[r], 0u) << c.what << " rank " << r;
   }
   // The reload is not a no-op: a runner that did not load the state would start over from its initial weights.
@@ -436,24 +468,73 @@ TEST_F(StageRunnerTest, ABadOrForeignStateIsRefusedNamingWhy) {
   CodecSchedule codecs2(two, value_of(CodecPlan::create(two, "none", "none", {})));
   StageRunnerOptions opts;
   opts.microbatches = 2;
-  auto a = value_of(StageRunner::create(cfg, one, value_of(Partition::even(cfg.model.layers, 1)), 0, opts, plane,
-                                        codecs1));
+  auto a =
+      value_of(StageRunner::create(cfg, one, value_of(Partition::even(cfg.model.layers, 1)), 0, opts, plane, codecs1));
   const std::string bytes = value_of(a->save_state(Rng(cfg.seed)));
-  auto b = value_of(StageRunner::create(cfg, one, value_of(Partition::even(cfg.model.layers, 1)), 0, opts, plane,
-                                        codecs1));
+  auto b =
+      value_of(StageRunner::create(cfg, one, value_of(Partition::even(cfg.model.layers, 1)), 0, opts, plane, codecs1));
   const std::vector<float> before = all_params(b->model());
   Result<Rng> bad = b->load_state(bytes.substr(0, bytes.size() / 2));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("cannot read"), std::string::npos) << bad.status().message();
   EXPECT_EQ(b->load_state("").status().code(), StatusCode::kCorrupt);
-  auto other = value_of(StageRunner::create(cfg, two, value_of(Partition::even(cfg.model.layers, 2)), 0, opts, plane,
-                                            codecs2));
+  auto other =
+      value_of(StageRunner::create(cfg, two, value_of(Partition::even(cfg.model.layers, 2)), 0, opts, plane, codecs2));
   Result<Rng> foreign = other->load_state(bytes);
   ASSERT_FALSE(foreign.ok());
   EXPECT_NE(foreign.status().message().find("pp 1"), std::string::npos) << foreign.status().message();
   EXPECT_EQ(all_params(b->model()), before);  // nothing was changed by the refused loads
   ASSERT_TRUE(b->load_state(bytes).ok());
   EXPECT_EQ(b->last_step(), 0);
+}
+
+// A --sync delayed state holds the averages in flight and the last update the weight prediction extrapolates: a
+// runner whose --sync cannot take them refuses the bytes naming why and changes nothing; the same job's takes them.
+TEST_F(StageRunnerTest, AForeignDelayedStateIsRefusedNamingWhy) {
+  TrainConfig cfg = tiny_config();
+  cfg.steps = 6;
+  GridSpec g;
+  g.dp = 2;
+  g.M = 2;
+  g.grad = "ef+int8";
+  g.sync = value_of(parse_sync("delayed:D=2"));
+  g.steps = 4;
+  g.reload_after = 3;  // steps 2 and 3 in flight
+  g.keep_going = true;
+  std::vector<std::string> states(2);
+  g.states = &states;
+  PipelineRun run = run_grid(cfg, g);
+  for (const Status& st : run.statuses) ASSERT_TRUE(st.ok()) << st.to_string();
+  Topology topo = value_of(Topology::create(2, 1, 1, 2));
+  Partition part = value_of(Partition::even(cfg.model.layers, 1));
+  auto fabric = std::make_shared<LocalFabric>();
+  LocalDataPlane plane(fabric, 0, 2);
+  CodecSchedule codecs(topo, value_of(CodecPlan::create(topo, "none", "none", {})));
+  auto runner_with = [&](const std::string& sync) {
+    StageRunnerOptions opts;
+    opts.microbatches = 2;
+    opts.compress_grad = "ef+int8";
+    opts.sync = value_of(parse_sync(sync));
+    return value_of(StageRunner::create(cfg, topo, part, 0, opts, plane, codecs));
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {"every-step", "last update of --sync delayed's weight prediction; this job runs --sync every-step"},
+      {"delayed:D=2,predict=off", "this job runs --sync delayed:D=2,predict=off"},
+      {"delayed:D=1", "2 steps' averages in flight, --sync delayed:D=1 has at most 1"},
+  };
+  for (const auto& [sync, why] : cases) {
+    auto r = runner_with(sync);
+    const std::vector<float> before = all_params(r->model());
+    Result<Rng> bad = r->load_state(states[0]);
+    ASSERT_FALSE(bad.ok()) << sync;
+    EXPECT_NE(bad.status().message().find(why), std::string::npos) << sync << ": " << bad.status().message();
+    EXPECT_EQ(all_params(r->model()), before) << sync;
+    EXPECT_EQ(r->last_step(), 0) << sync;
+  }
+  auto same = runner_with("delayed:D=2");
+  Result<Rng> good = same->load_state(states[0]);
+  ASSERT_TRUE(good.ok()) << good.status().to_string();
+  EXPECT_EQ(same->last_step(), 3);
 }
 
 TEST_F(StageRunnerTest, DilocoWithOneReplicaAndUnitOuterStepIsPlainTraining) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "transport/control_client.h"
@@ -398,6 +399,37 @@ TEST(Coordinator, AGapInAWorkersMessageNumbersRollsTheJobBackOrStopsIt) {
       EXPECT_TRUE((*c)->done());
     }
   }
+}
+
+// A worker's CodecApplied reaches the hook (ctl set-codec waits for them); one naming another rank, or from a
+// stranger, is refused.
+TEST(Coordinator, CodecAcknowledgementsReachTheHookFromTheirOwnRankOnly) {
+  std::vector<CodecApplied> acks;
+  std::mutex mu;
+  CoordinatorHooks hooks;
+  hooks.on_codec_applied = [&](const CodecApplied& a) {
+    std::lock_guard<std::mutex> lock(mu);
+    acks.push_back(a);
+  };
+  CoordinatorOptions o = opts(1);
+  o.heartbeat_timeout = 5s;
+  auto c = Coordinator::start(o, hooks);
+  ASSERT_TRUE(c.ok());
+  RawWorker w((*c)->endpoint());
+  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
+  ASSERT_TRUE(w.next<Plan>().has_value());
+  w.send_next(Ready{0});
+  ASSERT_TRUE(w.next<Barrier>().has_value());
+  w.send_next(CodecApplied{0, 7, 12, true, ""});
+  w.send_next(CodecApplied{3, 7, 12, true, ""});
+  EXPECT_NE(w.reject_reason().find("CodecApplied for rank 3 from rank 0"), std::string::npos);
+  RawDealer stranger((*c)->endpoint());
+  stranger.send({encode_message(CodecApplied{0, 7, 12, true, ""})});
+  EXPECT_NE(stranger.reject_reason().find("from a sender that has not joined"), std::string::npos);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].id, 7u);
+  EXPECT_EQ(acks[0].from_step, 12);
 }
 
 // A worker of the running epoch that joins again as itself (it noticed lost messages and left its epoch) rolls the
