@@ -219,8 +219,17 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   const char* level = spdlog::level::to_string_view(spdlog::get_level()).data();
   std::map<pid_t, int> slot_of;  // worker process → its slot (its network namespace with --netns)
   auto start_worker = [&](int i) -> Result<pid_t> {
-    std::vector<std::string> argv = {exe,   "--threads", std::to_string(threads), "--log-level",
-                                     level, "worker",    "--coordinator",         ep};
+    // launch's workers live and die with it (and its coordinator): they do not wait for another coordinator.
+    std::vector<std::string> argv = {exe,
+                                     "--threads",
+                                     std::to_string(threads),
+                                     "--log-level",
+                                     level,
+                                     "worker",
+                                     "--coordinator",
+                                     ep,
+                                     "--coordinator-timeout",
+                                     "0"};
     std::vector<std::string> prefix;
     if (!f.link.empty()) argv.insert(argv.end(), {"--link", f.link});
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});

@@ -20,7 +20,7 @@ struct WorkerFlags {
   std::string link;
   std::string ucx_tls;
   double compute_speed = 0;
-  double join_timeout_s = 600, receive_timeout_s = 600, coordinator_timeout_s = 0;
+  double join_timeout_s = 600, receive_timeout_s = 600, coordinator_timeout_s = 600;
 };
 
 void run_worker(const WorkerFlags& f) {
@@ -76,7 +76,7 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
       ->check(CLI::Range(0.1, 86400.0));
   cmd->add_option("--coordinator-timeout", f->coordinator_timeout_s,
                   "seconds to wait for a lost coordinator to come back at the same address (restarted with --resume); "
-                  "the job rolls back to its last checkpoint meanwhile (0: stop at once; experimental, see README)")
+                  "the job rolls back to its last checkpoint meanwhile (0: stop at once)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 7.0 * 86400));
   cmd->callback([f] { run_worker(*f); });

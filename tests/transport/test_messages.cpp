@@ -27,8 +27,8 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      sample_plan(),
                                      Ready{3},
                                      Barrier{42},
-                                     Heartbeat{7, -1, {}},
-                                     SetCodec{0, 1, "fwd", "int4", 100},
+                                     Heartbeat{7, 12, {PendingLink{1, true, 900, 800}}},
+                                     SetCodec{0, 1, "fwd", "int4", 100, 5},
                                      StepMetrics{2, 5, R"({"loss":1.5})"},
                                      Shutdown{"done"},
                                      Reject{"no"},
@@ -36,7 +36,8 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      CtlRequest{"tok", "status", "{}"},
                                      CtlReply{true, "{}"},
                                      ShardSaved{2, 10, {1, 2, 3}},
-                                     Rollback{3, "worker 2 lost"}};
+                                     Rollback{3, "worker 2 lost"},
+                                     CodecApplied{1, 5, 100, true, ""}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
