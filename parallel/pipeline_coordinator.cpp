@@ -66,6 +66,13 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   CoordinatorHooks hooks;
   hooks.make_plans = [self](const std::vector<WorkerInfo>& w) { return self->make_plans(w); };
   hooks.on_metrics = [self](const StepMetrics& m) {
+    // A step outside the job is a worker's bug or a stranger's lie: it must not move the job's newest step (which
+    // schedules codec changes) or reach the metrics file.
+    if (m.step < 1 || m.step > self->job_.train.steps) {
+      LH_LOG_WARN("coordinator: metrics from rank {} for step {} refused: the job has steps 1..{}", m.rank, m.step,
+                  self->job_.train.steps);
+      return;
+    }
     Status s = self->collector_->add(m.rank, m.step, m.json);
     if (!s.ok()) LH_LOG_WARN("coordinator: {}", s.message());
   };

@@ -40,6 +40,8 @@ class PipelineCoordinator {
   // the lost worker (the others are told to stop). Unavailable on timeout.
   Status wait(std::chrono::milliseconds timeout);
   Result<MetricsSummary> summary() const { return collector_->summary(); }
+  // The newest step any worker reported.
+  int64_t newest_step() const { return collector_->newest_step(); }
   // Tells every worker the job is over (they stop; a worker would otherwise wait for its coordinator to come back).
   void stop(const std::string& reason) { coordinator_->shutdown(reason); }
   // The step the job started from (0, or the checkpoint --resume found) and the newest committed checkpoint.

@@ -180,8 +180,14 @@ TEST_F(PipelineJob, ASilentWorkerStopsTheJobNamingIt) {
   auto cc = value_of(ControlClient::connect(co));
   Plan plan = value_of(cc->join(plane->address(), 30s));
   ASSERT_TRUE(cc->ready(30s).ok());
+  // Steps outside the job are refused before they reach the metrics (they would move the job's newest step).
+  for (int64_t step : {int64_t(0), int64_t(999)})
+    cc->send_metrics(step, R"({"step":)" + std::to_string(step) + R"(,"worker":)" + std::to_string(plan.rank) +
+                               R"(,"tokens_per_s":1})");
+  std::this_thread::sleep_for(300ms);
   cc->stop_heartbeats_for_test();
   worker.join();
+  EXPECT_LT(coord->newest_step(), 50) << "a step outside the job was recorded";
   ASSERT_FALSE(real.ok());
   const std::string who = "worker " + std::to_string(plan.rank);
   EXPECT_NE(real.message().find(who), std::string::npos) << real.message();
