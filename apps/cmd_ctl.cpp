@@ -64,6 +64,12 @@ void print_status(const nlohmann::json& j) {
   for (const auto& x : w.value("workers", nlohmann::json::array()))
     std::printf("%-5d %-32s %-8s %lld\n", x.value("rank", -1), x.value("hostname", std::string()).c_str(),
                 x.value("state", std::string()).c_str(), static_cast<long long>(x.value("silent_ms", int64_t(0))));
+  const auto& stalls = w.value("stalls", nlohmann::json::array());
+  if (!stalls.empty()) {
+    std::printf("\nstalled links\n");
+    for (const auto& st : stalls)
+      if (st.is_string()) std::printf("  %s\n", st.get<std::string>().c_str());
+  }
 }
 
 // What the workers acknowledged: which ranks scheduled the change and from which step, or a note (a rollback).

@@ -407,6 +407,13 @@ TEST_F(Launch, AStalledLinkIsNamedAndTheJobGoesOn) {
                             logs[size_t(i)]));
     unsetenv("LH_FAULT_STALL");
   }
+  // While it lasts, `ctl status` shows it too.
+  std::string shown;
+  for (int i = 0; i < 400 && shown.find("stalled links") == std::string::npos; ++i) {
+    shown = run({"ctl", "--coordinator", ep, "--token-file", token, "status"}, 30s).output;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(shown.find("which is not sending to it"), std::string::npos) << shown;
   for (int i = 0; i < 2; ++i) EXPECT_EQ(wait_exit(workers[size_t(i)], 120s), 0) << slurp(logs[size_t(i)]);
   ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(out);
   const std::string log = slurp(out);
