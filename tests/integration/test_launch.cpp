@@ -686,17 +686,19 @@ void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int
   for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
 }
 
-class RecoveredWorker : public Launch, public ::testing::WithParamInterface<bool> {};
+class RecoveredWorker : public Launch, public ::testing::WithParamInterface<std::string> {};
 
 // SIGKILL one worker at a random step: launch starts another process, the coordinator rolls the job back to its last
 // checkpoint, every worker loads its state, and the job completes with the same per-step losses as a run that was
 // never interrupted (1e-6 relative); no step is reported twice. A 4-stage pipeline with error-feedback codecs on its
-// links (param false), and 2 stages × 2 replicas with compressed gradients (true).
+// links ("stages"), 2 stages × 2 replicas with compressed gradients ("replicas"), and the same averaged two steps
+// late (--sync delayed:D=2: the checkpoints hold the averages still in flight; "delayed").
 TEST_P(RecoveredWorker, GoesOnFromTheLastCheckpointWithTheSameLosses) {
   const int steps = 24;
-  const std::string kind = GetParam() ? "replicas" : "stages";
+  const std::string kind = GetParam();
   std::vector<std::string> grid = {"--compress-fwd", "ef+int4", "--compress-bwd", "int8", "--link", "20M,1ms"};
-  if (GetParam()) grid.insert(grid.end(), {"--pp", "2", "--dp", "2", "--compress-grad", "ef+int4"});
+  if (kind != "stages") grid.insert(grid.end(), {"--pp", "2", "--dp", "2", "--compress-grad", "ef+int4"});
+  if (kind == "delayed") grid.insert(grid.end(), {"--sync", "delayed:D=2"});
   const std::string straight = temp_path("straight_" + kind + ".jsonl");
   BinRun ref = run(launch_args(4, steps, straight, grid), 300s);
   ASSERT_EQ(ref.code, 0) << ref.output;
@@ -732,8 +734,8 @@ TEST_P(RecoveredWorker, GoesOnFromTheLastCheckpointWithTheSameLosses) {
     EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second << " reported " << n << " times";
   EXPECT_EQ(records_per_step(metrics).size(), size_t(4 * steps));
 }
-INSTANTIATE_TEST_SUITE_P(StagesOrReplicas, RecoveredWorker, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Replicas" : "Stages"; });
+INSTANTIATE_TEST_SUITE_P(StagesOrReplicas, RecoveredWorker, ::testing::Values("stages", "replicas", "delayed"),
+                         [](const auto& info) { return info.param; });
 
 // A job's newest checkpoint is damaged after it was committed: --resume warns, names it, falls back to the one before,
 // re-runs the steps after it, and ends with the losses of the run that wrote them; the metrics file keeps one record
