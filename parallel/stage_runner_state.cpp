@@ -136,14 +136,14 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
                        std::to_string(groups[i]->numel));
   }
   Status links_ok = boundary_.check_streams(sh.links);
-  if (!links_ok.ok()) return links_ok.prepend(where);
+  if (!links_ok.ok()) return links_ok.prepend(where.substr(0, where.size() - 2));
   // Everything is checked (the reducer checks its own state and changes nothing when it refuses it); from here on
   // the state is replaced.
   if (reducer_) {
     std::map<int, ParamGroup*> buckets;
     for (ParamGroup* g : groups) buckets[bucket_of(*g)] = g;
     Status s = reducer_->load_state(sh.reducer, buckets, sh.step);
-    if (!s.ok()) return s.prepend(where);
+    if (!s.ok()) return s.prepend(where.substr(0, where.size() - 2));
   }
   const Device d = model_.device();
   for (size_t i = 0; i < groups.size(); ++i) {
