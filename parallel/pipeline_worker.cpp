@@ -274,7 +274,8 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
       if (job->checkpoint_every > 0 && (step % job->checkpoint_every == 0 || step == train.steps)) {
         auto bytes = runner->save_state(sampler.rng());
         if (!bytes.ok()) {
-          result = Status(bytes.status()).prepend("checkpoint of step " + std::to_string(step));
+          // Draining --sync delayed's exchanges waits on the replicas: a lost one is the coordinator's to judge.
+          result = failed(Status(bytes.status()).prepend("checkpoint of step " + std::to_string(step)));
           break;
         }
         if (bytes->size() > kMaxShardMessageBytes) {
