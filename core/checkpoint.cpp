@@ -67,12 +67,7 @@ std::string dir_of(const std::string& path) {
 }  // namespace
 
 Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
-  std::ostringstream os(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(ckpt);
-  }
-  const std::string payload = os.str();
+  const std::string payload = to_portable_bytes(ckpt);
   unsigned char header[kCheckpointHeaderBytes] = {};
   std::memcpy(header, kMagic, 8);
   put_u32(header + 8, kCheckpointVersion);
@@ -155,13 +150,8 @@ Result<Checkpoint> load_checkpoint(const std::string& path) {
   if (XXH64(payload, length, 0) != hash) return corrupt(where + "checksum mismatch: the payload is corrupted");
 
   Checkpoint c;
-  try {
-    std::istringstream is(std::string(payload, length), std::ios::binary);
-    cereal::PortableBinaryInputArchive ar(is);
-    ar(c);
-  } catch (const std::exception& e) {
-    return corrupt(where + "payload does not decode: " + e.what());
-  }
+  Status decoded = from_portable_bytes(std::string(payload, length), &c, "payload");
+  if (!decoded.ok()) return corrupt(where + decoded.message());
   Status cs = c.model.validate();
   if (!cs.ok()) return corrupt(where + cs.message());
   if (c.step < 0) return corrupt(where + "negative step " + std::to_string(c.step));

@@ -2,7 +2,9 @@
 // checksummed file format. Used by the trainer (`longhaul train --checkpoint-dir/--resume`) and stages.
 #pragma once
 
+#include <cereal/archives/portable_binary.hpp>
 #include <cstdint>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,31 @@ namespace lh {
 // as cereal; cereal's own failures are caught too.
 constexpr uint32_t kCheckpointVersion = 1;
 constexpr size_t kCheckpointHeaderBytes = 32;
+
+// `value` as a cereal portable-binary archive: the payload of a checkpoint, a worker's shard, a reducer's state.
+template <class T>
+std::string to_portable_bytes(const T& value) {
+  std::ostringstream os(std::ios::binary);
+  {
+    cereal::PortableBinaryOutputArchive ar(os);
+    ar(value);
+  }
+  return os.str();
+}
+
+// Reads what to_portable_bytes wrote into *value; a Corrupt status "WHAT does not decode (why)" when the bytes do
+// not decode (cereal's exceptions and allocation failures are caught).
+template <class T>
+Status from_portable_bytes(const std::string& bytes, T* value, const std::string& what) {
+  try {
+    std::istringstream is(bytes, std::ios::binary);
+    cereal::PortableBinaryInputArchive ar(is);
+    ar(*value);
+  } catch (const std::exception& e) {
+    return corrupt(what + " does not decode (" + e.what() + ")");
+  }
+  return Status::Ok();
+}
 
 struct CheckpointGroup {
   std::string name;  // ParamGroup::name

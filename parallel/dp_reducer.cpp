@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "compress/codec_chain.h"
+#include "core/checkpoint.h"
 #include "parallel/parse_number.h"
 
 namespace lh {
@@ -210,23 +211,12 @@ Result<std::string> DpReducer::save_state() {
   for (const auto& [bucket, saved] : powersgd_restore_) st.powersgd.emplace(bucket, saved);
   st.anchor = anchor_;
   st.momentum = momentum_;
-  std::ostringstream os(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(st);
-  }
-  return os.str();
+  return to_portable_bytes(st);
 }
 
 Status DpReducer::load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets, int64_t last_step) {
   ReducerState st;
-  try {
-    std::istringstream is(bytes, std::ios::binary);
-    cereal::PortableBinaryInputArchive ar(is);
-    ar(st);
-  } catch (const std::exception& e) {
-    return corrupt(std::string("dp reducer state: cannot read it (") + e.what() + ")");
-  }
+  LH_RETURN_IF_ERROR(from_portable_bytes(bytes, &st, "dp reducer state"));
   if (st.anchor.size() != anchor_.size() || st.momentum.size() != anchor_.size())
     return corrupt("dp reducer state: DiLoCo state for " + std::to_string(st.anchor.size()) + " groups, this job has " +
                    std::to_string(anchor_.size()));

@@ -74,23 +74,12 @@ Result<std::string> StageRunner::save_state(const Rng& data_rng) {
   sh.tp_changes = tp_changes_;
   // The weight prediction of the steps after this one extrapolates the last update.
   sh.last_update = last_update_;
-  std::ostringstream os(std::ios::binary);
-  {
-    cereal::PortableBinaryOutputArchive ar(os);
-    ar(sh);
-  }
-  return os.str();
+  return to_portable_bytes(sh);
 }
 
 Result<Rng> StageRunner::load_state(const std::string& bytes) {
   StageShard sh;
-  try {
-    std::istringstream is(bytes, std::ios::binary);
-    cereal::PortableBinaryInputArchive ar(is);
-    ar(sh);
-  } catch (const std::exception& e) {
-    return corrupt(std::string("stage state: cannot read it (") + e.what() + ")");
-  }
+  LH_RETURN_IF_ERROR(from_portable_bytes(bytes, &sh, "stage state"));
   const std::string where = "stage state of rank " + std::to_string(sh.rank) + ": ";
   if (sh.version != kShardVersion)
     return corrupt(where + "format version " + std::to_string(sh.version) + ", this build reads " +
