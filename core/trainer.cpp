@@ -193,16 +193,27 @@ Result<Checkpoint> Trainer::make_checkpoint() {
   c.step = step_;
   c.data_rng = sampler_.rng();
   c.data_fingerprint = data_.fingerprint();
-  auto groups = model_.param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) {
-    CheckpointGroup g;
-    g.name = groups[i]->name;
-    g.params = groups[i]->params.to_vector();
-    g.adam_m = opt_.m(i).to_vector();
-    g.adam_v = opt_.v(i).to_vector();
-    c.groups.push_back(std::move(g));
-  }
+  c.groups = opt_.save_groups(model_.param_groups());
   return c;
+}
+
+std::vector<CheckpointGroup> AdamW::save_groups(const std::vector<ParamGroup*>& groups) {
+  std::vector<CheckpointGroup> out;
+  for (size_t i = 0; i < groups.size(); ++i)
+    out.push_back({groups[i]->name, groups[i]->params.to_vector(), m(i).to_vector(), v(i).to_vector()});
+  return out;
+}
+
+Status AdamW::load_groups(const std::vector<CheckpointGroup>& saved, const std::vector<ParamGroup*>& groups,
+                          Device device) {
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const CheckpointGroup& g = saved.at(i);
+    const size_t bytes = g.params.size() * sizeof(float);
+    LH_RETURN_IF_ERROR(copy_bytes(groups[i]->params.raw_data(), device, g.params.data(), Device::cpu, bytes));
+    LH_RETURN_IF_ERROR(copy_bytes(m(i).raw_data(), device, g.adam_m.data(), Device::cpu, bytes));
+    LH_RETURN_IF_ERROR(copy_bytes(v(i).raw_data(), device, g.adam_v.data(), Device::cpu, bytes));
+  }
+  return Status::Ok();
 }
 
 Status Trainer::restore(const Checkpoint& c) {
@@ -230,14 +241,7 @@ Status Trainer::restore(const Checkpoint& c) {
   // Sampler first: it is the only step that can still refuse (another seed), and nothing is changed yet.
   BatchSampler sampler(&data_, Split::train, cfg_.batch, cfg_.model.seq, c.data_rng.seed());
   LH_RETURN_IF_ERROR(sampler.restore(c.data_rng));
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const CheckpointGroup& g = c.groups[i];
-    const size_t bytes = g.params.size() * sizeof(float);
-    const Device d = model_.device();
-    LH_RETURN_IF_ERROR(copy_bytes(groups[i]->params.raw_data(), d, g.params.data(), Device::cpu, bytes));
-    LH_RETURN_IF_ERROR(copy_bytes(opt_.m(i).raw_data(), d, g.adam_m.data(), Device::cpu, bytes));
-    LH_RETURN_IF_ERROR(copy_bytes(opt_.v(i).raw_data(), d, g.adam_v.data(), Device::cpu, bytes));
-  }
+  LH_RETURN_IF_ERROR(opt_.load_groups(c.groups, groups, model_.device()));
   sampler_ = sampler;
   cfg_.seed = c.data_rng.seed();
   step_ = c.step;

@@ -55,6 +55,11 @@ class AdamW {
   Tensor& m(size_t i) { return m_.at(i); }
   Tensor& v(size_t i) { return v_.at(i); }
 
+  // Each group's parameters and moments as a checkpoint holds them (the trainer's checkpoints, a worker's shard).
+  std::vector<CheckpointGroup> save_groups(const std::vector<ParamGroup*>& groups);
+  // Copies `saved` back into the groups and moments on `device`; the caller has checked names and sizes.
+  Status load_groups(const std::vector<CheckpointGroup>& saved, const std::vector<ParamGroup*>& groups, Device device);
+
  private:
   std::vector<Tensor> m_, v_;
 };

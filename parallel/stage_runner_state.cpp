@@ -54,15 +54,7 @@ Result<std::string> StageRunner::save_state(const Rng& data_rng) {
   sh.first_block = span_.first_block;
   sh.end_block = span_.end_block();
   sh.data_rng = data_rng;
-  auto groups = model_.param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) {
-    CheckpointGroup g;
-    g.name = groups[i]->name;
-    g.params = groups[i]->params.to_vector();
-    g.adam_m = opt_.m(i).to_vector();
-    g.adam_v = opt_.v(i).to_vector();
-    sh.groups.push_back(std::move(g));
-  }
+  sh.groups = opt_.save_groups(model_.param_groups());
   sh.links = boundary_.streams();
   if (reducer_) {
     sh.has_reducer = true;
@@ -134,14 +126,7 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
     Status s = reducer_->load_state(sh.reducer, buckets, sh.step);
     if (!s.ok()) return s.prepend(where.substr(0, where.size() - 2));
   }
-  const Device d = model_.device();
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const CheckpointGroup& g = sh.groups[i];
-    const size_t nbytes = g.params.size() * sizeof(float);
-    LH_RETURN_IF_ERROR(copy_bytes(groups[i]->params.raw_data(), d, g.params.data(), Device::cpu, nbytes));
-    LH_RETURN_IF_ERROR(copy_bytes(opt_.m(i).raw_data(), d, g.adam_m.data(), Device::cpu, nbytes));
-    LH_RETURN_IF_ERROR(copy_bytes(opt_.v(i).raw_data(), d, g.adam_v.data(), Device::cpu, nbytes));
-  }
+  LH_RETURN_IF_ERROR(opt_.load_groups(sh.groups, groups, model_.device()));
   boundary_.set_streams(std::move(sh.links));
   if (tp_group_) tp_group_->set_stream_states(std::move(sh.tp_streams));
   tp_spec_ = sh.tp_spec;
