@@ -436,9 +436,11 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   if (coordinator_->recovering())
     return unavailable("set-codec: the job is rolling back to its last checkpoint; try again once it steps");
   std::lock_guard<std::mutex> lock(mu_);
-  // Workers may be one step past the newest report; two ahead is a boundary none has begun.
+  // A worker may have finished a step whose report is still on its way and begun the next: changes take effect three
+  // steps past the newest report. (A pipeline link's end that began that step anyway switches at its next one;
+  // the replicas' and shards' collectives need every member at one step, and a worker that cannot refuses.)
   const int64_t newest = collector_->newest_step();
-  if (newest + 1 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 1));
+  if (newest + 2 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 2));
   if (text("role") == "grad") return set_grad_codec_locked(text("spec"), text("link"), ack_id);
   if (text("role") == "tp") return set_tp_codec_locked(text("spec"), text("link"), ack_id);
   CodecChange change;

@@ -122,6 +122,14 @@ Result<int64_t> apply_codec_change(const SetCodec& m, int64_t step, int64_t resu
     return from;
   }
   auto change = codec_change_of(m, topology, codecs);
+  if (change.ok() && change->from_step <= codecs.current_step()) {
+    // It arrived after its step began here (the coordinator saw this worker's progress late). A link's packets say
+    // how they were encoded, so its two ends need not switch at one step: this end switches at its next one, and
+    // its acknowledgement says so.
+    LH_LOG_INFO("set-codec for step {} arrived after step {} began; it applies from step {} here", change->from_step,
+                codecs.current_step(), codecs.current_step() + 1);
+    change->from_step = codecs.current_step() + 1;
+  }
   Status s = change.ok() ? codecs.schedule_change(*change) : change.status();
   if (!s.ok()) return refused(s);
   LH_LOG_INFO("codec of link {} {} becomes {} from step {}", change->link.name(), link_dir_name(change->dir),
