@@ -49,8 +49,7 @@ void ControlClient::send(const ControlMessage& m) {
   std::lock_guard<std::mutex> lock(send_mu_);
   const MsgType type = message_type(m);
   if (type == MsgType::kJoin) send_seq_ = 0;
-  const uint32_t seq = type == MsgType::kHeartbeat ? send_seq_ : send_seq_++;
-  loop_->send({encode_message(m, seq)});
+  loop_->send({encode_message(m, take_seq(type, &send_seq_))});
 }
 
 void ControlClient::set_progress_source(std::function<Heartbeat()> source) {
@@ -71,10 +70,8 @@ void ControlClient::check_seq_locked(const ControlHeader& h) {
     return;
   }
   if (!rx_known_) return;
-  const uint32_t expected = rx_next_;
-  rx_next_ = beat ? h.seq : h.seq + 1;
-  if (h.seq == expected) return;
-  const int64_t gap = int64_t(h.seq) - int64_t(expected);
+  const int64_t gap = advance_seq(h, &rx_next_);
+  if (gap == 0) return;
   lost_messages_ += gap > 0 ? uint64_t(gap) : 1;
   // Whatever was lost (a barrier release, a codec change …) leaves this worker's epoch unreliable: it leaves the
   // epoch and joins again as itself, which rolls the job back to its last checkpoint.

@@ -20,6 +20,22 @@ bool live(const WorkerInfo& w) {
   return w.state != WorkerInfo::State::kDead && w.state != WorkerInfo::State::kLeft;
 }
 
+// What a joined worker (or standby) may send after its Join.
+bool sent_by_workers(MsgType t) {
+  switch (t) {
+    case MsgType::kHeartbeat:
+    case MsgType::kReady:
+    case MsgType::kBarrier:
+    case MsgType::kStepMetrics:
+    case MsgType::kShutdown:
+    case MsgType::kShardSaved:
+    case MsgType::kCodecApplied:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::string printable_id(const std::string& id) {
   static const char* hex = "0123456789abcdef";
   std::string s;
@@ -80,7 +96,7 @@ void Coordinator::send_raw(const std::string& identity, const ControlMessage& m)
   std::lock_guard<std::mutex> lock(send_mu_);
   uint32_t seq = 0;
   auto it = send_seq_.find(identity);
-  if (it != send_seq_.end()) seq = message_type(m) == MsgType::kHeartbeat ? it->second : it->second++;
+  if (it != send_seq_.end()) seq = take_seq(message_type(m), &it->second);
   loop_->send({std::vector<uint8_t>(identity.begin(), identity.end()), encode_message(m, seq)});
 }
 
@@ -95,13 +111,11 @@ void Coordinator::forget_seq(const std::string& identity) {
 }
 
 std::string Coordinator::check_seq_locked(WorkerInfo& w, const ControlHeader& h) {
-  const bool beat = h.type == MsgType::kHeartbeat;
   const uint32_t expected = w.next_seq;
-  w.next_seq = beat ? h.seq : h.seq + 1;
-  if (h.seq == expected) return "";
+  const int64_t gap = advance_seq(h, &w.next_seq);
+  if (gap == 0) return "";
   // Only a worker of a running epoch has anything to lose; before its plan, or rolling back, it just resyncs.
   if (w.state != WorkerInfo::State::kPlanned && w.state != WorkerInfo::State::kReady) return "";
-  const int64_t gap = int64_t(h.seq) - int64_t(expected);
   return "rank " + std::to_string(w.rank) + " ('" + w.join.hostname + "'): " +
          (gap > 0 ? std::to_string(gap) + " of its control messages were lost on the way (a reset connection?)"
                   : "its control messages arrived out of order (number " + std::to_string(h.seq) + ", expected " +
@@ -164,32 +178,16 @@ void Coordinator::on_message(Frames&& frames) {
     return reject(id, header.status().message(), MsgType(claimed));
   }
   const MsgType type = header->type;
-  switch (type) {
-    case MsgType::kJoin:
-    case MsgType::kCtlRequest:  // anyone may ask (the token decides)
-      break;
-    case MsgType::kHeartbeat:
-    case MsgType::kReady:
-    case MsgType::kBarrier:
-    case MsgType::kStepMetrics:
-    case MsgType::kShutdown:
-    case MsgType::kShardSaved:
-    case MsgType::kCodecApplied: {
+  if (type != MsgType::kJoin && type != MsgType::kCtlRequest) {  // anyone may ask those (the token decides)
+    if (!sent_by_workers(type))
+      return reject(id, std::string(msg_type_name(type)) + " is not a message a worker sends", type);
+    bool known;
+    {
       std::lock_guard<std::mutex> lock(mu_);
-      const bool known = find(id) != nullptr || std::any_of(standby_.begin(), standby_.end(),
-                                                            [&](const WorkerInfo& o) { return o.identity == id; });
-      if (known) break;
-      [[fallthrough]];
+      known = find(id) != nullptr ||
+              std::any_of(standby_.begin(), standby_.end(), [&](const WorkerInfo& o) { return o.identity == id; });
     }
-    default:
-      return reject(id,
-                    std::string(msg_type_name(type)) +
-                        (type == MsgType::kHeartbeat || type == MsgType::kReady || type == MsgType::kBarrier ||
-                                 type == MsgType::kStepMetrics || type == MsgType::kShutdown ||
-                                 type == MsgType::kShardSaved || type == MsgType::kCodecApplied
-                             ? " from a sender that has not joined"
-                             : " is not a message a worker sends"),
-                    type);
+    if (!known) return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined", type);
   }
   auto decoded = decode_message(frames[1]);
   if (!decoded.ok()) return reject(id, decoded.status().message(), type);
@@ -204,7 +202,7 @@ void Coordinator::on_message(Frames&& frames) {
     for (auto& sb : standby_)
       if (sb.identity == id) {  // a standby only keeps itself alive until it is needed
         sb.last_seen = std::chrono::steady_clock::now();
-        sb.next_seq = header->type == MsgType::kHeartbeat ? header->seq : header->seq + 1;
+        advance_seq(*header, &sb.next_seq);
         if (type == MsgType::kShutdown) {
           LH_LOG_INFO("coordinator: the standby worker from '{}' left", sb.join.hostname);
           standby_.erase(

@@ -244,6 +244,16 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
 
+uint32_t take_seq(MsgType type, uint32_t* next) {
+  return type == MsgType::kHeartbeat ? *next : (*next)++;
+}
+
+int64_t advance_seq(const ControlHeader& h, uint32_t* next) {
+  const int64_t skipped = int64_t(h.seq) - int64_t(*next);
+  *next = h.type == MsgType::kHeartbeat ? h.seq : h.seq + 1;
+  return skipped;
+}
+
 Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
   LH_ASSIGN_OR_RETURN(ControlHeader h, decode_header(data, size));
   const uint8_t* body = data + kControlHeaderBytes;

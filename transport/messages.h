@@ -308,6 +308,13 @@ struct ControlHeader {
 };
 Result<ControlHeader> decode_header(const uint8_t* data, size_t size);
 
+// The numbering rule of ControlHeader::seq, one copy for both ends. take_seq: the number a message of `type` gets
+// from a sender whose next number is *next (a Heartbeat takes none; a Join restarts at 0, reset by the caller).
+// advance_seq: a receiver expecting *next moves past `h` and returns what was skipped (0: in order; < 0: a number
+// already seen, out of order).
+uint32_t take_seq(MsgType type, uint32_t* next);
+int64_t advance_seq(const ControlHeader& h, uint32_t* next);
+
 // Header + cereal body.
 std::vector<uint8_t> encode_message(const ControlMessage& m, uint32_t seq = 0);
 // Checks magic, version, type, body length and each message's fields; never trusts a length it has

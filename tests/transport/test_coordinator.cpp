@@ -346,6 +346,13 @@ struct RawWorker : RawDealer {
   uint32_t seq = 0;
   void send_numbered(const ControlMessage& m, uint32_t number) { send({encode_message(m, number)}); }
   void send_next(const ControlMessage& m) { send_numbered(m, seq++); }
+  // Joins with `address` as a new worker, says Ready and waits for the start (a one-worker job).
+  void join_and_start(const std::vector<uint8_t>& address) {
+    send_next(Join{"secret", "raw", "cpu", 1, address, -1});
+    ASSERT_TRUE(next<Plan>().has_value());
+    send_next(Ready{0});
+    ASSERT_TRUE(next<Barrier>().has_value());
+  }
   // The first message of type T (skipping heartbeats and others), or nullopt.
   template <class T>
   std::optional<T> next(int timeout_ms = 3000) {
@@ -372,11 +379,7 @@ TEST(Coordinator, AGapInAWorkersMessageNumbersRollsTheJobBackOrStopsIt) {
     auto c = Coordinator::start(o, hooks);
     ASSERT_TRUE(c.ok());
     RawWorker w((*c)->endpoint());
-    w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
-    auto plan = w.next<Plan>();
-    ASSERT_TRUE(plan.has_value());
-    w.send_next(Ready{0});
-    ASSERT_TRUE(w.next<Barrier>().has_value());
+    ASSERT_NO_FATAL_FAILURE(w.join_and_start(fake_address(0)));
     w.send_next(StepMetrics{0, 1, "{}"});  // number 2
     // Numbers 3 and 4 never arrive; the heartbeat says the next is 5.
     w.send_numbered(Heartbeat{1, 1, {}}, 5);
@@ -416,10 +419,7 @@ TEST(Coordinator, CodecAcknowledgementsReachTheHookFromTheirOwnRankOnly) {
   auto c = Coordinator::start(o, hooks);
   ASSERT_TRUE(c.ok());
   RawWorker w((*c)->endpoint());
-  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
-  ASSERT_TRUE(w.next<Plan>().has_value());
-  w.send_next(Ready{0});
-  ASSERT_TRUE(w.next<Barrier>().has_value());
+  ASSERT_NO_FATAL_FAILURE(w.join_and_start(fake_address(0)));
   w.send_next(CodecApplied{0, 7, 12, true, ""});
   w.send_next(CodecApplied{3, 7, 12, true, ""});
   EXPECT_NE(w.reject_reason().find("CodecApplied for rank 3 from rank 0"), std::string::npos);
@@ -441,10 +441,7 @@ TEST(Coordinator, ARunningWorkerJoiningAgainAsItselfRollsTheJobBack) {
   auto c = Coordinator::start(o);
   ASSERT_TRUE(c.ok());
   RawWorker w((*c)->endpoint());
-  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
-  ASSERT_TRUE(w.next<Plan>().has_value());
-  w.send_next(Ready{0});
-  ASSERT_TRUE(w.next<Barrier>().has_value());
+  ASSERT_NO_FATAL_FAILURE(w.join_and_start(fake_address(0)));
   w.seq = 0;
   w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(1), 0});
   for (int i = 0; i < 200; ++i) {
