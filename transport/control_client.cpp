@@ -9,6 +9,11 @@
 #include "core/log.h"
 
 namespace lh {
+namespace {
+// A Join the coordinator's heartbeats say it has not received is sent again after twice the heartbeat interval, and
+// never more often than this (a heartbeat may have left the coordinator before the Join arrived).
+constexpr std::chrono::milliseconds kJoinResendMin{500};
+}  // namespace
 
 Result<std::unique_ptr<ControlClient>> ControlClient::connect(const ControlClientOptions& options) {
   std::unique_ptr<ControlClient> c(new ControlClient());
@@ -85,6 +90,32 @@ void ControlClient::check_seq_locked(const ControlHeader& h) {
   }
 }
 
+void ControlClient::check_join_locked(const ControlHeader& h, const ControlMessage& m) {
+  if (!join_sent_ || joined_ || join_reply_ || shutdown_) return;  // not waiting for a Plan
+  const auto now = std::chrono::steady_clock::now();
+  std::string why;
+  if (const auto* hb = std::get_if<Heartbeat>(&m)) {
+    if (hb->join_attempt == attempt_ && h.seq > 0 && !rx_known_) {
+      // The coordinator has handled this Join and sent something (its Plan) that never came: a new attempt, which
+      // it takes as this worker joining again.
+      ++attempt_;
+      join_msg_.attempt = attempt_;
+      why = "the coordinator's answer to it was lost";
+    } else if (hb->join_attempt < attempt_ && now - join_last_sent_ > std::max(2 * interval_, kJoinResendMin)) {
+      why = "the coordinator has not received it";
+    }
+  } else if (const auto* r = std::get_if<Reject>(&m); r && r->about == uint16_t(MsgType::kHeartbeat)) {
+    // A heartbeat refused as coming from a stranger: the coordinator does not know this worker (yet).
+    if (now - join_last_sent_ > std::max(2 * interval_, kJoinResendMin))
+      why = "the coordinator does not know this worker";
+  }
+  if (why.empty()) return;
+  LH_LOG_WARN("control: sending the Join again, as attempt {} ({}; a reset connection?)", attempt_, why);
+  join_last_sent_ = now;
+  rx_known_ = false;
+  send(join_msg_);  // send_mu_ is never held while mu_ is taken
+}
+
 void ControlClient::on_message(Frames&& frames) {
   if (frames.size() != 1) {
     LH_LOG_WARN("control: ignoring a {}-frame message from the coordinator", frames.size());
@@ -118,6 +149,7 @@ void ControlClient::on_message(Frames&& frames) {
   }
   ControlMessage& m = decoded.value();
   std::lock_guard<std::mutex> lock(mu_);
+  check_join_locked(*header, m);
   check_seq_locked(*header);
   // A refusal of anything but a Join says the coordinator does not know this worker (e.g. one restarted after a
   // loss): it is not a sign of a live coordinator of this worker's job.
@@ -215,6 +247,7 @@ void ControlClient::on_tick() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (progress_ && joined_) hb = progress_();
+      hb.join_attempt = attempt_;
     }
     hb.seq = ++seq_;
     send(hb);
@@ -238,7 +271,14 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
     join_sent_ = true;
   }
   plan_.reset();
-  send(Join{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address, rank});
+  Join j{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address, rank};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    j.attempt = ++attempt_;
+    join_msg_ = j;
+    join_last_sent_ = std::chrono::steady_clock::now();
+    send(j);  // under mu_, so a heartbeat's check_join_locked sees this attempt and its Join in one state
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return join_reply_.has_value() || shutdown_; }))
     return unavailable("no Plan from the coordinator at " + options_.coordinator + " within " +

@@ -89,6 +89,10 @@ class ControlClient {
   void send(const ControlMessage& m);
   // With mu_ held: the coordinator's message numbering (ControlHeader::seq).
   void check_seq_locked(const ControlHeader& h);
+  // With mu_ held, while join() waits for its Plan: what the coordinator's heartbeat (or refusal of ours) says about
+  // our Join. A Join it never got is sent again (same attempt); a first reply it sent that never came makes a new
+  // attempt.
+  void check_join_locked(const ControlHeader& h, const ControlMessage& m);
 
   ControlClientOptions options_;
   std::unique_ptr<ZmqLoop> loop_;
@@ -116,6 +120,9 @@ class ControlClient {
   bool rx_known_ = false;  // the coordinator's numbering is known (since its message number 0)
   uint32_t rx_next_ = 0;
   uint64_t lost_messages_ = 0;
+  uint32_t attempt_ = 0;  // this worker's join attempts so far (Join::attempt)
+  Join join_msg_;         // the Join of the current attempt, sent again if it went missing
+  std::chrono::steady_clock::time_point join_last_sent_{};
   std::function<Heartbeat()> progress_;  // guarded by mu_
 };
 

@@ -316,7 +316,30 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
     std::string why;
     WorkerInfo* known = find(id);
     if (known && live(*known)) known->next_seq = 1;  // a Join is number 0
-    if (known && planned_ && join.rank == known->rank &&
+    WorkerInfo* standby = nullptr;
+    for (auto& sb : standby_)
+      if (sb.identity == id) standby = &sb;
+    if (standby) standby->next_seq = 1;
+    if (WorkerInfo* same = known && live(*known) ? known : standby; same && join.attempt > 0) {
+      if (join.attempt == same->join.attempt) {
+        // The same join again: the worker resent it because our heartbeats crossed it on the way. Nothing to do.
+        same->last_seen = std::chrono::steady_clock::now();
+        LH_LOG_DEBUG("coordinator: a repeated Join (attempt {}) from '{}'", join.attempt, join.hostname);
+        return;
+      }
+      if (join.attempt > same->join.attempt && (same == standby || same->state == WorkerInfo::State::kJoined)) {
+        // Not planned yet: a newer attempt (what we sent it went missing) replaces the old one.
+        LH_LOG_INFO("coordinator: worker from '{}' joined again (attempt {}) before its plan", join.hostname,
+                    join.attempt);
+        same->join = std::move(join);
+        same->last_seen = std::chrono::steady_clock::now();
+        lock.unlock();
+        reset_seq(id);
+        return;
+      }
+    }
+    // (A new attempt from a worker whose first Plan went missing names no rank yet; it is the same worker.)
+    if (known && planned_ && (join.rank == known->rank || (join.attempt > known->join.attempt && join.rank < 0)) &&
         (known->state == WorkerInfo::State::kPlanned || known->state == WorkerInfo::State::kReady)) {
       // A worker of the running epoch joins again as itself: it lost control messages (a reset connection) and
       // left its epoch. The job rolls back; it takes its place again at once.
@@ -628,7 +651,7 @@ std::map<std::pair<int, int>, std::string> Coordinator::find_stalls_locked(
 
 void Coordinator::on_tick() {
   auto now = std::chrono::steady_clock::now();
-  std::vector<std::string> alive;
+  std::vector<std::pair<std::string, uint32_t>> alive;  // identity, the newest Join attempt handled from it
   Deferred later;
   std::string give_up;
   {
@@ -641,7 +664,7 @@ void Coordinator::on_tick() {
         silent_ones.emplace_back(w.identity, "no message for " + std::to_string(silent.count()) + " ms (timeout " +
                                                  std::to_string(options_.heartbeat_timeout.count()) + " ms)");
       else
-        alive.push_back(w.identity);
+        alive.emplace_back(w.identity, w.join.attempt);
     }
     for (const auto& [id, why] : silent_ones)
       if (WorkerInfo* w = find(id)) declare_lost(*w, WorkerInfo::State::kDead, why, later);
@@ -650,7 +673,7 @@ void Coordinator::on_tick() {
         LH_LOG_WARN("coordinator: the standby worker from '{}' went silent; dropped", it->join.hostname);
         it = standby_.erase(it);
       } else {
-        alive.push_back(it->identity);
+        alive.emplace_back(it->identity, it->join.attempt);
         ++it;
       }
     }
@@ -691,7 +714,11 @@ void Coordinator::on_tick() {
   }
   if (now - last_beat_ >= options_.heartbeat_interval) {
     last_beat_ = now;
-    for (auto& id : alive) send_raw(id, Heartbeat{});
+    for (auto& [id, attempt] : alive) {
+      Heartbeat hb;
+      hb.join_attempt = attempt;
+      send_raw(id, hb);
+    }
   }
   check_barriers();  // a death or departure may complete a barrier the lost worker never reached
 }

@@ -14,7 +14,7 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 3;
+constexpr uint16_t kProtocolVersion = 4;
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
@@ -79,9 +79,12 @@ struct Join {
   // −1 for a new worker; a worker coming back after a Rollback (or to a restarted coordinator) names the rank it
   // held, and gets it again.
   int32_t rank = -1;
+  // Which of this worker's joins it is (1, 2, …; 0: unnumbered). A Join lost with a reset connection is sent again
+  // with the same number, and the coordinator takes a repeated number as the same join, not a new one.
+  uint32_t attempt = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(token, hostname, device, compute_speed, ucx_address, rank);
+    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt);
   }
 };
 
@@ -201,6 +204,9 @@ struct Heartbeat {  // both ways
   // it finished (−1: none yet); pending: what its data plane waits on (each peer and way at most once).
   int64_t step = -1;
   std::vector<PendingLink> pending;
+  // The sender's newest join attempt (worker → coordinator) / the newest Join attempt the coordinator has handled
+  // from this worker (coordinator → worker): a worker whose Join went missing sees it and sends it again.
+  uint32_t join_attempt = 0;
   template <class A>
   void serialize(A& ar);
 };
@@ -289,7 +295,7 @@ struct Rollback {
 
 template <class A>
 void Heartbeat::serialize(A& ar) {
-  ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"));
+  ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt);
 }
 
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,

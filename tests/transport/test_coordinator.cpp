@@ -456,6 +456,135 @@ TEST(Coordinator, ARunningWorkerJoiningAgainAsItselfRollsTheJobBack) {
   }
 }
 
+// Joins are numbered attempts, so a worker can send one again when a reset connection may have lost it: the same
+// attempt again changes nothing; a newer one before the plan replaces the old; a newer one from a planned worker
+// (its Plan went missing) rolls the job back and plans it again. The coordinator's heartbeats say which attempt it
+// has handled.
+TEST(Coordinator, JoinAttemptsRepeatReplaceOrRejoin) {
+  CoordinatorOptions o = opts(2);
+  o.heartbeat_timeout = 5s;
+  o.replace_timeout = 30s;
+  auto c = Coordinator::start(o);
+  ASSERT_TRUE(c.ok());
+  RawWorker w((*c)->endpoint());
+  auto join = [&](uint32_t attempt, int address) {
+    Join j{"secret", "raw", "cpu", 1, fake_address(address), -1};
+    j.attempt = attempt;
+    w.seq = 0;
+    w.send_next(j);
+  };
+  auto handled_attempt = [&]() -> int64_t {
+    for (int i = 0; i < 50; ++i) {
+      auto r = w.reply();
+      if (!r) return -1;
+      if (auto* rej = std::get_if<Reject>(&*r)) {
+        ADD_FAILURE() << "refused: " << rej->reason;
+        return -1;
+      }
+      if (auto* hb = std::get_if<Heartbeat>(&*r)) return hb->join_attempt;
+    }
+    return -1;
+  };
+  join(1, 0);
+  EXPECT_EQ(handled_attempt(), 1);
+  join(1, 0);  // the same join again: no refusal, still one worker
+  EXPECT_EQ(handled_attempt(), 1);
+  ASSERT_EQ((*c)->workers().size(), 1u);
+  join(2, 5);  // a newer attempt before the plan replaces the first
+  for (int i = 0; i < 20 && handled_attempt() != 2; ++i) {
+  }
+  ASSERT_EQ((*c)->workers().size(), 1u);
+  EXPECT_EQ((*c)->workers()[0].join.ucx_address, fake_address(5));
+  RawWorker other((*c)->endpoint());
+  other.send_next(Join{"secret", "raw2", "cpu", 1, fake_address(1), -1});
+  auto plan = w.next<Plan>();
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(plan->epoch, 1);
+  EXPECT_EQ(plan->peers.at(size_t(plan->rank)).ucx_address, fake_address(5));
+  // Its Plan "went missing": a newer attempt that names no rank rolls the job back; it is planned again at once,
+  // with its old rank, and is not told to roll back itself.
+  const int rank = plan->rank;
+  join(3, 6);
+  auto back = other.next<Rollback>();
+  ASSERT_TRUE(back.has_value());
+  EXPECT_NE(back->reason.find("joined again"), std::string::npos) << back->reason;
+  other.seq = 0;
+  other.send_next(Join{"secret", "raw2", "cpu", 1, fake_address(1), 1 - rank});
+  for (int i = 0; i < 200; ++i) {
+    auto r = w.reply();
+    ASSERT_TRUE(r.has_value()) << "no plan for the next epoch";
+    ASSERT_FALSE(std::holds_alternative<Rollback>(*r)) << "the rejoined worker was told to roll back";
+    if (auto* p = std::get_if<Plan>(&*r)) {
+      EXPECT_EQ(p->epoch, 2);
+      EXPECT_EQ(p->rank, rank);
+      EXPECT_EQ(p->peers.at(size_t(rank)).ucx_address, fake_address(6));
+      break;
+    }
+  }
+}
+
+// The worker's side: a Join that never reached the coordinator (its heartbeats still name an older attempt) is sent
+// again, the same attempt; a Join the coordinator handled whose answer went missing (its heartbeat names this
+// attempt and a numbered message this worker never got) becomes a new attempt.
+TEST(ControlClient, AJoinOrItsAnswerLostOnTheWayIsSentAgain) {
+  FakeCoordinator fc;
+  void* router = fc.router;
+  std::vector<std::pair<uint32_t, uint32_t>> joins;  // attempt, sequence number
+  std::thread fake([&] {
+    std::string id;
+    auto send = [&](const ControlMessage& m, uint32_t seq) {
+      auto b = encode_message(m, seq);
+      zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
+      zmq_send(router, b.data(), b.size(), 0);
+    };
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline && joins.size() < 3) {
+      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 20) > 0) {
+        char buf[256];
+        int idlen = zmq_recv(router, buf, sizeof(buf), 0);
+        id.assign(buf, size_t(std::max(idlen, 0)));
+        std::vector<uint8_t> body(4096);
+        int n = zmq_recv(router, body.data(), body.size(), 0);
+        body.resize(size_t(std::max(n, 0)));
+        auto h = decode_header(body.data(), body.size());
+        auto m = decode_message(body);
+        if (h.ok() && m.ok())
+          if (auto* j = std::get_if<Join>(&*m)) joins.emplace_back(j->attempt, h->seq);
+      }
+      if (id.empty()) continue;
+      Heartbeat hb;
+      if (joins.size() == 1) {
+        hb.join_attempt = 0;  // the first Join "never arrived"
+        send(hb, 0);
+      } else if (joins.size() == 2) {
+        hb.join_attempt = joins[1].first;  // handled it; its answer (number 0) "went missing"
+        send(hb, 1);
+      }
+    }
+    Plan plan;
+    plan.rank = 0;
+    plan.world_size = 1;
+    plan.config = "third";
+    send(plan, 0);
+  });
+  ControlClientOptions o;
+  o.coordinator = fc.endpoint;
+  o.token = "secret";
+  o.heartbeat_interval = 50ms;
+  auto c = ControlClient::connect(o);
+  ASSERT_TRUE(c.ok());
+  auto plan = (*c)->join(fake_address(0), 15s);
+  fake.join();
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->config, "third");
+  ASSERT_EQ(joins.size(), 3u);
+  EXPECT_EQ(joins[0], std::make_pair(1u, 0u));
+  EXPECT_EQ(joins[1], std::make_pair(1u, 0u));  // sent again, the same attempt
+  EXPECT_EQ(joins[2], std::make_pair(2u, 0u));  // a new attempt
+  c->reset();
+}
+
 TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
   auto c = Coordinator::start(opts(1));
   ASSERT_TRUE(c.ok());
