@@ -188,6 +188,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   set_log_role("launch");
   auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, listen, token));
   if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
+  job = (*coord)->job();  // an --elastic job resumed with fewer replicas than its flags say
   const std::string ep = (*coord)->endpoint();
   std::printf(
       "longhaul launch: %s, %d workers (pp %d × tp %d × dp %d, %d thread%s each), %lld steps, schedule %s, %d "
@@ -294,6 +295,16 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
       // A worker process killed (a crash, the OOM killer, kill -9) is restarted: the coordinator rolls the job back
       // to its last checkpoint and gives the new process the lost worker's place.
       const bool killed = WIFSIGNALED(bad->second);
+      if (killed && f.job.elastic) {
+        // --elastic: the coordinator goes on without the lost worker's replica (its other workers leave).
+        const int rank = rank_of_pid(**coord, bad->first);
+        group.forgive(bad->first);
+        std::printf("worker %s(pid %d) %s; --elastic: the job goes on without its replica\n",
+                    rank >= 0 ? (std::to_string(rank) + " ").c_str() : "", int(bad->first),
+                    describe_exit(bad->second).c_str());
+        std::fflush(stdout);
+        continue;
+      }
       if (killed && restarts_left > 0 && f.job.replace_timeout_s > 0) {
         --restarts_left;
         const int rank = rank_of_pid(**coord, bad->first);

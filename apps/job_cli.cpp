@@ -100,6 +100,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->check(CLI::Range(0.0, 7.0 * 24 * 3600))
       ->group(r);
+  cmd->add_flag("--elastic", f.elastic,
+                "with --dp > 1: when a worker is lost and no standby waits, go on without its replica at once "
+                "(dp − 1; that replica's other workers leave; its slice of each global batch is skipped, the "
+                "learning rate is unchanged) instead of waiting for a replacement")
+      ->group(r);
 
   add_model_flags(cmd, f.model, c);
 }
@@ -175,6 +180,7 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
   o.checkpoint_dir = f.checkpoint_dir;
   o.keep_checkpoints = f.keep_checkpoints;
   o.resume = f.resume;
+  o.elastic = f.elastic;
   return o;
 }
 

@@ -26,6 +26,7 @@ struct JobFlags {
   int keep_checkpoints = 3;
   bool resume = false;
   double replace_timeout_s = 600;
+  bool elastic = false;
   // The grid as set here stands when neither --workers nor --pp is given (`demo`); otherwise one of
   // them is required.
   bool grid_has_defaults = false;

@@ -214,7 +214,8 @@ Result<std::string> DpReducer::save_state() {
   return to_portable_bytes(st);
 }
 
-Status DpReducer::load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets, int64_t last_step) {
+Status DpReducer::load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets, int64_t last_step,
+                             bool keep_streams) {
   ReducerState st;
   LH_RETURN_IF_ERROR(from_portable_bytes(bytes, &st, "dp reducer state"));
   if (st.anchor.size() != anchor_.size() || st.momentum.size() != anchor_.size())
@@ -268,7 +269,7 @@ Status DpReducer::load_state(const std::string& bytes, const std::map<int, Param
     if (!s.ok()) return s.prepend("dp reducer state");
   }
   in_flight_ = std::move(in_flight);
-  group_->set_stream_states(std::move(st.streams));
+  group_->set_stream_states(keep_streams ? std::move(st.streams) : decltype(st.streams)());
   powersgd_state_.clear();
   powersgd_restore_ = std::move(st.powersgd);
   anchor_ = std::move(st.anchor);

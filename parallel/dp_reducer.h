@@ -113,7 +113,10 @@ class DpReducer {
   // D steps up to it and hold an average for every bucket, each the size of its group. Bad bytes are an error
   // naming what is wrong, and leave the reducer as it was.
   Result<std::string> save_state();
-  Status load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets = {}, int64_t last_step = 0);
+  // `keep_streams` false: the collectives' codec streams (error-feedback residuals of the old group's chunks) start
+  // afresh — an --elastic job whose group lost members.
+  Status load_state(const std::string& bytes, const std::map<int, ParamGroup*>& buckets = {}, int64_t last_step = 0,
+                    bool keep_streams = true);
   // Switches the codec (a --compress-grad spec) for the buckets started from now on; between steps only.
   Status set_spec(const std::string& spec);
   ProcessGroup& group() { return *group_; }

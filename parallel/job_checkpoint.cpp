@@ -140,31 +140,43 @@ int64_t JobCheckpointStore::last_committed() const {
   return committed_;
 }
 
-Result<JobCheckpoint> JobCheckpointStore::load(int64_t step) const {
+void JobCheckpointStore::set_workers(int workers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  workers_ = workers;
+  pending_.clear();
+}
+
+Result<JobCheckpoint> JobCheckpointStore::load(int64_t step, const GridCheck& fits) const {
   const std::string where = step_dir(step) + ": ";
   LH_ASSIGN_OR_RETURN(std::string text, read_whole_file(step_dir(step) + "/manifest.json", kMaxManifestBytes));
   nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded() || !m.is_object()) return corrupt(where + "manifest.json is not a JSON object");
   try {
     if (m.at("step").get<int64_t>() != step) return corrupt(where + "the manifest says step " + m.at("step").dump());
-    if (m.at("workers").get<int>() != workers_)
+    const int workers = m.at("workers").get<int>();
+    if (fits) {
+      Status f = fits(m);
+      if (!f.ok()) return f.prepend(where.substr(0, where.size() - 2));
+    } else if (workers != workers_) {
       return invalid_argument(where + "a checkpoint of " + m.at("workers").dump() + " workers; this job has " +
                               std::to_string(workers_));
+    }
+    if (workers < 1 || workers > 4096) return corrupt(where + "a checkpoint of " + m.at("workers").dump() + " workers");
     if (m.at("resume_hash").get<std::string>() != hash_)
       return invalid_argument(where +
                               "a checkpoint of another job configuration (model, data, grid, codecs or "
                               "optimizer differ; resume hash " +
                               m.at("resume_hash").get<std::string>() + ", this job's " + hash_ + ")");
     const nlohmann::json& shards = m.at("shards");
-    if (!shards.is_array() || int(shards.size()) != workers_)
+    if (!shards.is_array() || int(shards.size()) != workers)
       return corrupt(where + "the manifest lists " + std::to_string(shards.is_array() ? shards.size() : 0) +
-                     " shards for " + std::to_string(workers_) + " workers");
+                     " shards for " + std::to_string(workers) + " workers");
     JobCheckpoint c;
     c.step = step;
-    c.shards.assign(size_t(workers_), std::string());
+    c.shards.assign(size_t(workers), std::string());
     for (const auto& e : shards) {
       const int rank = e.at("rank").get<int>();
-      if (rank < 0 || rank >= workers_ || !c.shards[size_t(rank)].empty())
+      if (rank < 0 || rank >= workers || !c.shards[size_t(rank)].empty())
         return corrupt(where + "the manifest lists rank " + std::to_string(rank) + " twice or out of range");
       const std::string file = step_dir(step) + "/" + shard_name(rank);
       const uint64_t bytes = e.at("bytes").get<uint64_t>();
@@ -185,10 +197,10 @@ Result<JobCheckpoint> JobCheckpointStore::load(int64_t step) const {
   }
 }
 
-Result<JobCheckpoint> JobCheckpointStore::load_latest(std::vector<std::string>* warnings) {
+Result<JobCheckpoint> JobCheckpointStore::load_latest(std::vector<std::string>* warnings, const GridCheck& fits) {
   std::vector<int64_t> steps = steps_on_disk(true);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    auto c = load(*it);
+    auto c = load(*it, fits);
     if (c.ok()) {
       // Newer checkpoints that failed are moved aside (kept for inspection), so the job's next commits of those
       // steps do not mix with them.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,7 +47,12 @@ class JobCheckpointStore {
   // The newest committed checkpoint that verifies (manifest parses, same grid size and resume hash, every shard
   // present with its recorded size and hash). Each one skipped adds a warning naming the step and why; kNotFound
   // when none is usable. Becomes the store's last committed step.
-  Result<JobCheckpoint> load_latest(std::vector<std::string>* warnings);
+  // `fits` (when set) judges a manifest's grid instead of "the same number of workers": an --elastic job's grid
+  // shrinks, and a checkpoint of its bigger grid still fits. The checkpoint then has the manifest's worker count.
+  using GridCheck = std::function<Status(const nlohmann::json& manifest)>;
+  Result<JobCheckpoint> load_latest(std::vector<std::string>* warnings, const GridCheck& fits = nullptr);
+  // The job now has `workers` workers (an --elastic job that lost replicas): shards of steps not yet committed go.
+  void set_workers(int workers);
   const std::string& dir() const { return dir_; }
 
   static std::string step_dir_name(int64_t step);  // "step_00000100"
@@ -55,7 +61,7 @@ class JobCheckpointStore {
   JobCheckpointStore() = default;
   std::string step_dir(int64_t step) const { return dir_ + "/" + step_dir_name(step); }
   std::vector<int64_t> steps_on_disk(bool committed) const;
-  Result<JobCheckpoint> load(int64_t step) const;
+  Result<JobCheckpoint> load(int64_t step, const GridCheck& fits) const;
 
   std::string dir_, hash_;
   int workers_ = 0, keep_ = 3;

@@ -69,6 +69,18 @@ class JobFieldReader {
     out = v->get<std::string>();
     return Status::Ok();
   }
+  Status integers(const std::string& f, std::vector<int>& out) const {
+    const nlohmann::json* v = find(f);
+    if (!v) return error(f, "missing");
+    if (!v->is_array() || v->size() > 4096) return error(f, "expected an array of integers, got " + v->dump());
+    out.clear();
+    for (const auto& e : *v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX)
+        return error(f, "expected an array of integers, got " + v->dump());
+      out.push_back(e.get<int>());
+    }
+    return Status::Ok();
+  }
   Status strings(const std::string& f, std::vector<std::string>& out) const {
     const nlohmann::json* v = find(f);
     if (!v) return error(f, "missing");
@@ -228,9 +240,19 @@ Status PipelineJobConfig::validate() const {
   }
   if (microbatches < 1)
     return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
-  if (train.batch % (dp * microbatches) != 0)
+  if (batch_slices != 0 || !replica_slices.empty()) {
+    // An --elastic job that lost replicas (set by the coordinator, never by a flag).
+    if (batch_slices < dp || int(replica_slices.size()) != dp)
+      return invalid_argument("job config: " + std::to_string(replica_slices.size()) + " replica slices of " +
+                              std::to_string(batch_slices) + " for --dp " + std::to_string(dp));
+    for (size_t i = 0; i < replica_slices.size(); ++i)
+      if (replica_slices[i] < 0 || replica_slices[i] >= batch_slices ||
+          (i > 0 && replica_slices[i] <= replica_slices[i - 1]))
+        return invalid_argument("job config: replica slices must rise within 0.." + std::to_string(batch_slices - 1));
+  }
+  if (train.batch % (slices() * microbatches) != 0)
     return invalid_argument("--batch " + std::to_string(train.batch) + " does not split into --dp " +
-                            std::to_string(dp) + " replicas × --microbatches " + std::to_string(microbatches) +
+                            std::to_string(slices()) + " replicas × --microbatches " + std::to_string(microbatches) +
                             " equal parts");
   LH_RETURN_IF_ERROR(codec_plan().status());
   {
@@ -280,7 +302,24 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"sync", sync},
           {"tp_split", tp_split},
           {"compress_tp", compress_tp},
-          {"checkpoint_every", checkpoint_every}};
+          {"checkpoint_every", checkpoint_every},
+          {"batch_slices", batch_slices},
+          {"replica_slices", replica_slices}};
+}
+
+Result<PipelineJobConfig> PipelineJobConfig::without_replica(int replica) const {
+  if (dp < 2) return invalid_argument("the job has one replica; it cannot go on without it");
+  if (replica < 0 || replica >= dp)
+    return invalid_argument("replica " + std::to_string(replica) + " outside 0.." + std::to_string(dp - 1));
+  PipelineJobConfig c = *this;
+  c.batch_slices = slices();
+  c.replica_slices.clear();
+  for (int d = 0; d < dp; ++d)
+    if (d != replica) c.replica_slices.push_back(slice_of(d));
+  c.dp = dp - 1;
+  c.workers = pp * tp * c.dp;
+  LH_RETURN_IF_ERROR(c.validate());
+  return c;
 }
 
 std::string PipelineJobConfig::resume_hash() const {
@@ -291,6 +330,7 @@ std::string PipelineJobConfig::resume_hash() const {
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
+  for (const char* f : {"dp", "workers", "batch_slices", "replica_slices"}) j.erase(f);
   const std::string text = j.dump();
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
@@ -361,6 +401,8 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.string("tp_split", c.tp_split));
   LH_RETURN_IF_ERROR(r.string("compress_tp", c.compress_tp));
   LH_RETURN_IF_ERROR(r.integer("checkpoint_every", c.checkpoint_every));
+  LH_RETURN_IF_ERROR(r.integer("batch_slices", c.batch_slices));
+  LH_RETURN_IF_ERROR(r.integers("replica_slices", c.replica_slices));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

@@ -39,6 +39,15 @@ struct PipelineJobConfig {
   // Workers send their state to the coordinator after every this many steps and after the last (a job checkpoint,
   // committed by the coordinator once every shard is durable); 0: never.
   int64_t checkpoint_every = 0;
+  // --elastic: the job went on without lost replicas. The sampler still draws the original global batch, cut into
+  // `batch_slices` equal slices (0: dp), and replica d trains on slice replica_slices[d] (empty: slice d); the
+  // lost replicas' slices are skipped, so the global batch shrinks and the data order stays the original job's.
+  int batch_slices = 0;
+  std::vector<int> replica_slices;
+  int slices() const { return batch_slices > 0 ? batch_slices : dp; }
+  int slice_of(int replica) const { return replica_slices.empty() ? replica : replica_slices.at(size_t(replica)); }
+  // The job without replica `replica` (dp − 1 replicas; the others keep their slices), validated.
+  Result<PipelineJobConfig> without_replica(int replica) const;
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
@@ -59,7 +68,8 @@ struct PipelineJobConfig {
 
   // What a checkpoint of this job must agree with to be resumed: every field but the step count, the checkpoint
   // interval, the evaluation cadence, the partition and the tp split (each worker's state checks its own blocks and
-  // heads), hashed (hex).
+  // heads), and the replicas (dp, workers and slices: a checkpoint's grid is checked on its own, so that an
+  // --elastic job's smaller grid still resumes from its bigger one's checkpoints), hashed (hex).
   std::string resume_hash() const;
 
   // Every field; from_json refuses missing or mistyped fields, naming them, then validates.

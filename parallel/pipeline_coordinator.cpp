@@ -2,6 +2,7 @@
 // Used by `longhaul coordinator` and `longhaul launch`.
 #include "parallel/pipeline_coordinator.h"
 
+#include <algorithm>
 #include <functional>
 
 #include "core/log.h"
@@ -17,13 +18,20 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   std::unique_ptr<PipelineCoordinator> c(new PipelineCoordinator(job, topology, CodecSchedule(topology, plan)));
   if (options.resume && options.checkpoint_dir.empty())
     return invalid_argument("--resume needs --checkpoint-dir (where the job's checkpoints are)");
+  c->elastic_ = options.elastic;
+  if (options.elastic && job.dp < 2)
+    return invalid_argument("--elastic: the job has one replica (--dp 1), so there is none to go on without");
+  if (options.elastic && options.control.replace_timeout.count() <= 0)
+    return invalid_argument(
+        "--elastic needs --replace-timeout > 0: the job rolls back to its last checkpoint before it goes on");
   if (!options.checkpoint_dir.empty()) {
     LH_ASSIGN_OR_RETURN(c->store_, JobCheckpointStore::open(options.checkpoint_dir, job.workers, job.resume_hash(),
                                                             options.keep_checkpoints));
   }
   std::vector<std::string> warnings;
   if (options.resume) {
-    auto ck = c->store_->load_latest(&warnings);
+    PipelineCoordinator* self = c.get();
+    auto ck = c->store_->load_latest(&warnings, [self](const nlohmann::json& m) { return self->grid_fits(m, true); });
     for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
     // Checkpoints that exist but none of which fits: starting over would prune them, so refuse.
     if (!ck.ok() && !warnings.empty())
@@ -32,6 +40,21 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     warnings.clear();
     if (ck.ok()) {
       const nlohmann::json& saved_job = ck->manifest.contains("job") ? ck->manifest["job"] : nlohmann::json();
+      if (auto saved = PipelineJobConfig::from_json(saved_job.dump()); saved.ok() && saved->dp < c->job_.dp) {
+        // An --elastic job that went on with fewer replicas goes on with them.
+        PipelineJobConfig next = c->job_;
+        next.dp = saved->dp;
+        next.workers = saved->workers;
+        next.batch_slices = saved->batch_slices;
+        next.replica_slices = saved->replica_slices;
+        LH_RETURN_IF_ERROR(next.validate());
+        std::lock_guard<std::mutex> lock(c->mu_);
+        LH_RETURN_IF_ERROR(c->regrid_locked(next));
+        LH_LOG_WARN(
+            "coordinator: --elastic: the checkpoint of step {} is of {} replica(s) (slices {} of {}); the job "
+            "goes on with them",
+            ck->step, next.dp, nlohmann::json(next.replica_slices).dump(), next.slices());
+      }
       if (c->job_.partition == "speed" && saved_job.is_object() && saved_job.value("partition", "") != "speed")
         c->job_.partition = saved_job.value("partition", "");
       if (c->job_.tp_split == "speed" && saved_job.is_object() && saved_job.value("tp_split", "") != "speed")
@@ -61,7 +84,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     LH_ASSIGN_OR_RETURN(c->collector_, MetricsCollector::open(options.metrics_path));
   }
   CoordinatorOptions control = options.control;
-  control.expected_workers = job.workers;
+  control.expected_workers = c->job_.workers;
   PipelineCoordinator* self = c.get();
   CoordinatorHooks hooks;
   hooks.make_plans = [self](const std::vector<WorkerInfo>& w) { return self->make_plans(w); };
@@ -123,7 +146,8 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
     p.changes = changes;
     if (resume_ && resume_->step > 0) {
       p.resume_step = resume_->step;
-      const std::string& bytes = resume_->shards.at(i);
+      LH_ASSIGN_OR_RETURN(int from, checkpoint_rank(*resume_, int(i)));
+      const std::string& bytes = resume_->shards.at(size_t(from));
       p.shard.assign(bytes.begin(), bytes.end());
     }
     p.rank = static_cast<int>(i);
@@ -177,7 +201,8 @@ std::vector<SetCodec> PipelineCoordinator::changes_locked() const {
     }
     out.push_back(m);
   };
-  for (const GradChange& c : grad_changes_) role_change(c, "grad");
+  if (topology_.dp() > 1)  // (an --elastic job down to one replica has no gradient exchange left)
+    for (const GradChange& c : grad_changes_) role_change(c, "grad");
   for (const GradChange& c : tp_changes_) role_change(c, "tp");
   return out;
 }
@@ -244,7 +269,7 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
   if (store_) {
     std::vector<std::string> warnings;
     store_->discard_uncommitted_after(store_->last_committed());
-    auto ck = store_->load_latest(&warnings);
+    auto ck = store_->load_latest(&warnings, [this](const nlohmann::json& m) { return grid_fits(m, false); });
     for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
     if (ck.ok()) {
       step = ck->step;
@@ -267,6 +292,121 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
               : store_ ? "no checkpoint yet"
                        : "no --checkpoint-dir",
               reason);
+  if (elastic_) {
+    const std::set<int> vacant = coordinator_->vacant_ranks();
+    if (!vacant.empty()) drop_replicas(vacant);
+  }
+}
+
+namespace {
+std::vector<int> slice_list(const PipelineJobConfig& j) {
+  std::vector<int> out;
+  for (int d = 0; d < j.dp; ++d) out.push_back(j.slice_of(d));
+  return out;
+}
+bool includes_all(const std::vector<int>& big, const std::vector<int>& small) {
+  return std::includes(big.begin(), big.end(), small.begin(), small.end());
+}
+}  // namespace
+
+Status PipelineCoordinator::grid_fits(const nlohmann::json& manifest, bool smaller_too) const {
+  if (!manifest.contains("job")) return corrupt("the manifest has no job");
+  auto ck = PipelineJobConfig::from_json(manifest["job"].dump());
+  if (!ck.ok()) return Status(ck.status()).prepend("the manifest's job");
+  const std::string grid = "pp " + std::to_string(ck->pp) + " × tp " + std::to_string(ck->tp) + " × dp " +
+                           std::to_string(ck->dp) + " (" + std::to_string(ck->workers) + " workers)";
+  const std::string mine = "pp " + std::to_string(job_.pp) + " × tp " + std::to_string(job_.tp) + " × dp " +
+                           std::to_string(job_.dp) + " (" + std::to_string(job_.workers) + " workers)";
+  if (manifest.value("workers", -1) != ck->workers) return corrupt("the manifest's worker count is not its job's");
+  if (ck->pp != job_.pp || ck->tp != job_.tp || ck->slices() != job_.slices())
+    return invalid_argument("a checkpoint of a " + grid + " grid; this job's is " + mine);
+  const std::vector<int> theirs = slice_list(*ck), ours = slice_list(job_);
+  if (theirs == ours) return Status::Ok();
+  if (elastic_ && includes_all(theirs, ours)) return Status::Ok();                 // from before replicas were dropped
+  if (elastic_ && smaller_too && includes_all(ours, theirs)) return Status::Ok();  // a resume after they were
+  return invalid_argument("a checkpoint of a " + grid + " grid; this job's is " + mine +
+                          (elastic_ ? "" : " (an --elastic job that lost replicas resumes with --elastic)"));
+}
+
+Result<int> PipelineCoordinator::checkpoint_rank(const JobCheckpoint& ck, int rank) const {
+  if (int(ck.shards.size()) == topology_.workers() && ck.manifest.contains("job")) {
+    auto same = PipelineJobConfig::from_json(ck.manifest["job"].dump());
+    if (same.ok() && slice_list(*same) == slice_list(job_)) return rank;
+  }
+  if (!ck.manifest.contains("job")) return corrupt("checkpoint step " + std::to_string(ck.step) + ": no job");
+  auto saved = PipelineJobConfig::from_json(ck.manifest["job"].dump());
+  if (!saved.ok()) return Status(saved.status()).prepend("checkpoint step " + std::to_string(ck.step));
+  LH_ASSIGN_OR_RETURN(Topology theirs, saved->topology());
+  const WorkerCoord c = topology_.coord_of(rank);
+  const int slice = job_.slice_of(c.dp);
+  for (int d = 0; d < saved->dp; ++d)
+    if (saved->slice_of(d) == slice) {
+      const int from = theirs.rank_of({c.stage, c.tp, d});
+      if (from < 0 || size_t(from) >= ck.shards.size()) break;
+      return from;
+    }
+  return invalid_argument("checkpoint step " + std::to_string(ck.step) + " holds no state for slice " +
+                          std::to_string(slice) + " of the batch (rank " + std::to_string(rank) + ")");
+}
+
+Status PipelineCoordinator::regrid_locked(const PipelineJobConfig& next) {
+  LH_ASSIGN_OR_RETURN(Topology topology, next.topology());
+  CodecSchedule codecs(topology, codecs_.initial());
+  for (const CodecChange& c : codecs_.changes()) LH_RETURN_IF_ERROR(codecs.schedule_change(c));
+  if (codecs_.current_step() >= 0) LH_RETURN_IF_ERROR(codecs.begin_step(codecs_.current_step()));
+  job_ = next;
+  topology_ = topology;
+  codecs_ = std::move(codecs);
+  if (store_) store_->set_workers(next.workers);
+  return Status::Ok();
+}
+
+void PipelineCoordinator::drop_replicas(const std::set<int>& vacant) {
+  std::set<int> lost;
+  for (int r : vacant)
+    if (r >= 0 && r < topology_.workers()) lost.insert(topology_.coord_of(r).dp);
+  if (lost.empty()) return;
+  if (int(lost.size()) >= topology_.dp()) {
+    LH_LOG_WARN("coordinator: --elastic: every replica lost a worker; the job waits for replacements");
+    return;
+  }
+  PipelineJobConfig next = job_;
+  for (auto it = lost.rbegin(); it != lost.rend(); ++it) {
+    auto smaller = next.without_replica(*it);
+    if (!smaller.ok()) {
+      LH_LOG_ERROR("coordinator: --elastic: {}; the job waits for replacements", smaller.status().message());
+      return;
+    }
+    next = std::move(*smaller);
+  }
+  auto smaller_topology = next.topology();
+  if (!smaller_topology.ok()) return;
+  std::map<int, int> new_rank;
+  for (int r = 0; r < topology_.workers(); ++r) {
+    const WorkerCoord c = topology_.coord_of(r);
+    if (lost.count(c.dp)) continue;
+    const int d = c.dp - int(std::distance(lost.begin(), lost.lower_bound(c.dp)));
+    new_rank[r] = smaller_topology->rank_of({c.stage, c.tp, d});
+  }
+  std::string replicas;
+  for (int d : lost) replicas += (replicas.empty() ? "" : ", ") + std::to_string(d);
+  const int old_dp = job_.dp;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Status s = regrid_locked(next);
+    if (!s.ok()) {
+      LH_LOG_ERROR("coordinator: --elastic: {}; the job waits for replacements", s.message());
+      return;
+    }
+  }
+  const int per_slice = next.train.batch / next.slices();
+  LH_LOG_WARN(
+      "coordinator: --elastic: the job goes on without replica(s) {}: dp {} → {}, {} workers; each step trains on {} "
+      "of the {} sequences the global batch had (the lost replicas' slices of it are skipped; data order, learning "
+      "rate and its schedule unchanged)",
+      replicas, old_dp, next.dp, next.workers, per_slice * next.dp, next.train.batch);
+  Status s = coordinator_->regrid(next.workers, new_rank, kReplicaDroppedReason);
+  if (!s.ok()) LH_LOG_ERROR("coordinator: --elastic: {}", s.message());
 }
 
 Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {

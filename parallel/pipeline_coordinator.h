@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "parallel/codec_plan.h"
@@ -28,6 +29,9 @@ struct PipelineCoordinatorOptions {
   int keep_checkpoints = 3;
   // Start from the newest usable checkpoint in checkpoint_dir (none: from the beginning, with a warning).
   bool resume = false;
+  // --elastic (dp > 1): a lost worker's replica is dropped at the rollback instead of waiting for a replacement
+  // (when no standby waits); see PipelineJobConfig::without_replica.
+  bool elastic = false;
 };
 
 class PipelineCoordinator {
@@ -48,6 +52,12 @@ class PipelineCoordinator {
   int64_t resumed_from() const { return resumed_from_; }
   int64_t last_checkpoint() const { return store_ ? store_->last_committed() : 0; }
   int64_t epoch() const { return coordinator_->epoch(); }
+  // The job as it runs now: an --elastic job's grid shrinks when it loses replicas (and a resumed one starts with
+  // its checkpoint's).
+  PipelineJobConfig job() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return job_;
+  }
 
   // The ctl commands (also reachable through the control socket):
   //   status                                  → JSON: job, step, plan, codecs per link, measured bandwidth
@@ -79,6 +89,14 @@ class PipelineCoordinator {
   // Puts a checkpoint's changes (manifest "changes") back into the codec history.
   Status restore_changes(const nlohmann::json& changes);
   nlohmann::json status_json();
+  // --elastic: whether a checkpoint's manifest fits this job's grid (the same, or one it shrank from; at resume
+  // also one it shrank to), and which of its shards rank `rank` of this grid starts from.
+  Status grid_fits(const nlohmann::json& manifest, bool smaller_too) const;
+  Result<int> checkpoint_rank(const JobCheckpoint& ck, int rank) const;
+  // Makes `next` (a smaller grid of the same job) the job's: topology, codec history, checkpoint store.
+  Status regrid_locked(const PipelineJobConfig& next);
+  // --elastic, at a rollback: goes on without the replicas of the `vacant` ranks, if a whole replica is left.
+  void drop_replicas(const std::set<int>& vacant);
 
   PipelineJobConfig job_;
   Topology topology_;
@@ -95,6 +113,7 @@ class PipelineCoordinator {
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<JobCheckpointStore> store_;
   std::optional<JobCheckpoint> resume_;  // what the next plans start from (guarded by mu_)
+  bool elastic_ = false;
   int64_t resumed_from_ = 0;
   // set-codec requests waiting for the workers' CodecApplied (coordinator thread only, like the hooks).
   struct PendingAck {

@@ -152,6 +152,10 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     LH_LOG_INFO("the job finished without needing this worker (it waited as a standby)");
     return Status::Ok();
   }
+  if (!joined.ok() && cc.shutdown_reason() == kReplicaDroppedReason) {
+    LH_LOG_WARN("rank {}: {}; this worker is done", *rank, kReplicaDroppedReason);
+    return Status::Ok();
+  }
   LH_ASSIGN_OR_RETURN(Plan plan, std::move(joined));
   auto job = PipelineJobConfig::from_json(plan.config);
   if (!job.ok()) return Status(job.status()).prepend("the coordinator's plan");
@@ -199,6 +203,8 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   ro.compress_tp = job->compress_tp;
   LH_ASSIGN_OR_RETURN(ro.tp_heads, job->tp_heads_split());
   ro.receive_timeout = options.receive_timeout;
+  ro.batch_slices = job->slices();
+  ro.batch_slice = job->slice_of(topology.coord_of(plan.rank).dp);
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
                       StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));
   LH_LOG_INFO("stage {} of {}: blocks [{}, {}){}{}", runner->span().stage, topology.pp(), runner->span().first_block,
@@ -300,6 +306,10 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   // Leaving early would make the coordinator report this worker lost to peers still finishing
   // their last step, so every worker first waits for the others at the end barrier.
   if (result.ok()) result = cc.barrier(1, options.receive_timeout);
+  if (cc.shutdown_reason() == kReplicaDroppedReason) {  // told while it was still training
+    LH_LOG_WARN("rank {}: {}; this worker is done", plan.rank, kReplicaDroppedReason);
+    return Status::Ok();
+  }
   if (result.code() == StatusCode::kAborted) return result;  // no leave: this worker joins the next epoch
   cc.leave(result.ok() ? "done" : result.message());
   struct rusage usage {};

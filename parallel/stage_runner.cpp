@@ -38,9 +38,14 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   if (options.microbatches < 1 || options.microbatches >= kNormSlot)
     return invalid_argument("stage runner: --microbatches must be in 1.." + std::to_string(kNormSlot - 1) + ", got " +
                             std::to_string(options.microbatches));
-  if (train.batch % (topology.dp() * options.microbatches) != 0)
+  const int slices = options.batch_slices > 0 ? options.batch_slices : topology.dp();
+  const int slice = options.batch_slice >= 0 ? options.batch_slice : coord.dp;
+  if (slices < topology.dp() || slice >= slices)
+    return invalid_argument("stage runner: slice " + std::to_string(slice) + " of " + std::to_string(slices) +
+                            " slices of the batch for " + std::to_string(topology.dp()) + " replicas");
+  if (train.batch % (slices * options.microbatches) != 0)
     return invalid_argument("stage runner: the batch of " + std::to_string(train.batch) +
-                            " sequences does not split into " + std::to_string(topology.dp()) + " replicas × " +
+                            " sequences does not split into " + std::to_string(slices) + " replicas × " +
                             std::to_string(options.microbatches) + " equal microbatches");
 
   std::vector<int> heads = options.tp_heads;
@@ -74,9 +79,11 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->span_ = partition.stage(coord.stage);
   r->replica_ = coord.dp;
   r->replicas_ = topology.dp();
+  r->slice_ = slice;
+  r->slices_ = slices;
   r->shard_ = coord.tp;
   r->tp_spec_ = options.compress_tp;
-  r->mb_batch_ = train.batch / (topology.dp() * options.microbatches);
+  r->mb_batch_ = train.batch / (slices * options.microbatches);
   r->plane_ = &plane;
   r->codecs_ = &codecs;
   r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
@@ -280,7 +287,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
                             std::to_string((int64_t(1) << Tag::kStepBits) - 1));
   LH_RETURN_IF_ERROR(codecs_->begin_step(step));
   // This replica's slice of the global batch.
-  const size_t slice = size_t(train_.batch / replicas_) * train_.model.seq * replica_;
+  const size_t slice = size_t(train_.batch / slices_) * train_.model.seq * slice_;
   tokens_ = tokens + slice;
   targets_ = targets + slice;
   loss_sum_ = 0;
@@ -338,7 +345,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   // Each replica reports the loss on its own slice; the job's loss is their mean (the metrics summary takes it), so
   // no round trip between replicas is spent on a number only people read.
   if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M);
-  r.tokens = int64_t(train_.batch) * train_.model.seq;
+  r.tokens = int64_t(train_.batch / slices_) * replicas_ * train_.model.seq;
   r.seconds = seconds_since(t0);
   last_ = r;
   return r;

@@ -45,6 +45,10 @@ struct StageRunnerOptions {
   // How long a stage waits for one activation, gradient or norm before giving up with an error
   // naming the peer. A dead peer is normally reported sooner by the control plane (fail_peer).
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
+  // An --elastic job that lost replicas (PipelineJobConfig::slices / slice_of): the global batch is cut into
+  // `batch_slices` slices and this replica trains on slice `batch_slice`. 0 / −1: dp slices, the replica's own.
+  int batch_slices = 0;
+  int batch_slice = -1;
 };
 
 struct StageStepResult {
@@ -147,6 +151,7 @@ class StageRunner {
   StageSpan span_;
   int rank_ = 0, stages_ = 1, mb_batch_ = 1;
   int replica_ = 0, replicas_ = 1;  // this rank's dp index, and dp
+  int slice_ = 0, slices_ = 1;      // its slice of the global batch, and the slices (see StageRunnerOptions)
   int backwards_ = 0;               // backward actions run in this step
   DataPlane* plane_ = nullptr;
   CodecSchedule* codecs_ = nullptr;

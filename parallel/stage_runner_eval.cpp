@@ -8,11 +8,13 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
                                                    int batches) {
   if (batches < 1 || batches >= AllPairsGradNorm::kSlot)
     return invalid_argument("evaluate: batches must be in 1.." + std::to_string(AllPairsGradNorm::kSlot - 1));
-  // Each replica evaluates its slice of every batch; the replicas' means are averaged at the end.
-  const int B = train_.batch / replicas_, T = train_.model.seq;
+  // Each replica evaluates its part of every batch; the replicas' means are averaged at the end. (An --elastic job
+  // that lost replicas splits the whole batch among the ones left when it can, else each evaluates its slice.)
+  const bool even = train_.batch % replicas_ == 0;
+  const int B = even ? train_.batch / replicas_ : train_.batch / slices_, T = train_.model.seq;
   const size_t per_batch = size_t(train_.batch) * T;
-  tokens += size_t(B) * T * replica_;
-  targets += size_t(B) * T * replica_;
+  tokens += size_t(B) * T * (even ? replica_ : slice_);
+  targets += size_t(B) * T * (even ? replica_ : slice_);
   const Shape eval_shape = wire_shape(B);
   // Fresh stream states: evaluation must not advance the training streams' codec state. Its tp sums continue the
   // step's op sequence (every shard evaluates at the same point) on evaluation's own codec streams.

@@ -76,7 +76,18 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
   if (sh.version != kShardVersion)
     return corrupt(where + "format version " + std::to_string(sh.version) + ", this build reads " +
                    std::to_string(kShardVersion));
-  if (sh.rank != rank_ || sh.pp != topology_.pp() || sh.tp != topology_.tp() || sh.dp != topology_.dp())
+  // An --elastic job that lost replicas starts from a shard of its bigger grid: the same stage and tp shard of a
+  // replica still in the job (the coordinator picks it). Its collectives' codec streams are the old group's: they
+  // start afresh (below).
+  bool regrid = false;
+  if (sh.pp == topology_.pp() && sh.tp == topology_.tp() && sh.dp > topology_.dp() && slices_ > topology_.dp() &&
+      sh.dp <= slices_) {
+    auto old = Topology::create(sh.pp * sh.tp * sh.dp, sh.pp, sh.tp, sh.dp);
+    auto was = old.ok() ? old->checked_coord_of(sh.rank) : Result<WorkerCoord>(old.status());
+    const WorkerCoord me = topology_.coord_of(rank_);
+    regrid = was.ok() && was->stage == me.stage && was->tp == me.tp;
+  }
+  if (!regrid && (sh.rank != rank_ || sh.pp != topology_.pp() || sh.tp != topology_.tp() || sh.dp != topology_.dp()))
     return invalid_argument(where + "saved for rank " + std::to_string(sh.rank) + " of a pp " + std::to_string(sh.pp) +
                             " × tp " + std::to_string(sh.tp) + " × dp " + std::to_string(sh.dp) +
                             " grid; this is rank " + std::to_string(rank_) + " of pp " +
@@ -88,7 +99,7 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
                             ", " + std::to_string(span_.end_block()) + ")");
   if (sh.step < 0 || sh.step >= (int64_t(1) << Tag::kStepBits))
     return corrupt(where + "step " + std::to_string(sh.step) + " is out of range");
-  if (sh.has_reducer != bool(reducer_))
+  if (sh.has_reducer != bool(reducer_) && !(regrid && !reducer_))
     return invalid_argument(where + (sh.has_reducer ? "has" : "lacks") + " a dp reducer's state; this job " +
                             (reducer_ ? "has" : "has no") + " reducer");
   auto groups = model_.param_groups();
@@ -123,7 +134,7 @@ Result<Rng> StageRunner::load_state(const std::string& bytes) {
   if (reducer_) {
     std::map<int, ParamGroup*> buckets;
     for (ParamGroup* g : groups) buckets[bucket_of(*g)] = g;
-    Status s = reducer_->load_state(sh.reducer, buckets, sh.step);
+    Status s = reducer_->load_state(sh.reducer, buckets, sh.step, /*keep_streams=*/!regrid);
     if (!s.ok()) return s.prepend(where.substr(0, where.size() - 2));
   }
   LH_RETURN_IF_ERROR(opt_.load_groups(sh.groups, groups, model_.device()));

@@ -874,6 +874,56 @@ bool Coordinator::recovering() const {
   return recovering_;
 }
 
+std::set<int> Coordinator::vacant_ranks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!recovering_ || planned_) return {};
+  for (const WorkerInfo& w : workers_)
+    if (w.rank < 0) return {};  // a standby (or a late worker) takes a place
+  return vacant_;
+}
+
+Status Coordinator::regrid(int workers, const std::map<int, int>& new_rank, const std::string& reason) {
+  std::vector<std::string> dropped;
+  bool plan_now = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!recovering_ || planned_ || shut_down_) return unavailable("regrid: the job is not rolling back");
+    if (workers < 1 || int(new_rank.size()) != workers)
+      return invalid_argument("regrid: " + std::to_string(new_rank.size()) + " ranks kept for " +
+                              std::to_string(workers) + " workers");
+    std::vector<WorkerInfo> kept;
+    for (WorkerInfo& w : workers_) {
+      auto it = w.rank >= 0 ? new_rank.find(w.rank) : new_rank.end();
+      if (it == new_rank.end()) {
+        if (live(w)) dropped.push_back(w.identity);
+        continue;
+      }
+      w.rank = it->second;
+      w.join_order = int(kept.size());
+      kept.push_back(std::move(w));
+    }
+    workers_ = std::move(kept);
+    options_.expected_workers = workers;
+    rank_to_identity_.clear();
+    vacant_.clear();
+    std::set<int> taken;
+    for (const WorkerInfo& w : workers_) {
+      rank_to_identity_[w.rank] = w.identity;
+      taken.insert(w.rank);
+    }
+    for (int r = 0; r < workers; ++r)
+      if (!taken.count(r)) vacant_.insert(r);
+    plan_now = complete_locked();
+  }
+  LH_LOG_WARN("coordinator: the job goes on with {} workers; {} worker(s) leave: {}", workers, dropped.size(), reason);
+  for (const std::string& id : dropped) {
+    send_raw(id, Shutdown{reason});
+    forget_seq(id);
+  }
+  if (plan_now) send_plans();
+  return Status::Ok();
+}
+
 bool Coordinator::done() const {
   std::lock_guard<std::mutex> lock(mu_);
   return all_finished_locked();

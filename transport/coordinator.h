@@ -110,6 +110,12 @@ class Coordinator {
   bool done() const;
   int64_t epoch() const;
   bool recovering() const;
+  // While the job rolls back: the ranks of lost workers that no standby is about to take (empty otherwise).
+  std::set<int> vacant_ranks() const;
+  // An --elastic job going on with fewer workers, while it rolls back: `new_rank` maps the rank of each worker it
+  // keeps to its rank among `workers`; every other worker is told `reason` (a Shutdown) and forgotten, and the lost
+  // ranks are no longer waited for. The plans go out once every kept worker has joined again.
+  Status regrid(int workers, const std::map<int, int>& new_rank, const std::string& reason);
 
  private:
   Coordinator() = default;

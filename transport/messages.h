@@ -223,6 +223,8 @@ struct StepMetrics {  // worker → coordinator, one per step
 
 // The Shutdown reason a standby worker gets when the job ended without needing it (it then exits cleanly).
 inline constexpr const char* kJobFinishedReason = "the job finished";
+// The Shutdown reason the surviving workers of a lost replica get when an --elastic job goes on without it.
+inline constexpr const char* kReplicaDroppedReason = "the job goes on without this worker's replica (--elastic)";
 
 struct Shutdown {  // coordinator → workers: stop; worker → coordinator: leaving
   std::string reason;

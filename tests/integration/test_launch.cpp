@@ -755,6 +755,66 @@ TEST_P(RecoveredWorker, GoesOnFromTheLastCheckpointWithTheSameLosses) {
 INSTANTIATE_TEST_SUITE_P(StagesOrReplicas, RecoveredWorker, ::testing::Values("stages", "replicas", "delayed"),
                          [](const auto& info) { return info.param; });
 
+// --elastic: a worker of a 2-stage × 2-replica job is SIGKILLed and no replacement is started. The job rolls back to
+// its last checkpoint and goes on at once with the replica left (dp 2 → 1): the lost replica's other worker leaves
+// cleanly, the survivors train on their own slices of each global batch, every step is reported once. Resumed later
+// with the job's original flags and --elastic, it goes on with the one replica its checkpoint holds.
+TEST_F(Launch, AnElasticJobGoesOnWithoutALostReplica) {
+  const int steps = 16;
+  const std::string metrics = temp_path("elastic.jsonl"), out = temp_path("elastic.txt");
+  const std::string dir = temp_path("elastic_ckpt");
+  std::vector<std::string> extra = {"--pp",      "2",
+                                    "--dp",      "2",
+                                    "--link",    "20M,1ms",
+                                    "--elastic", "--checkpoint-dir",
+                                    dir,         "--checkpoint-every",
+                                    "3",         "--heartbeat-timeout",
+                                    "2",         "--restarts",
+                                    "0"};
+  pid_t launch = spawn(launch_args(4, steps, metrics, extra), out);
+  std::istringstream ps(wait_for_line(out, "workers: pids ", 60s));
+  std::vector<pid_t> pids(4, 0);
+  for (pid_t& p : pids) ps >> p;
+  ASSERT_GT(pids[3], 0) << slurp(out);
+  for (int i = 0; i < 2400 && newest_loss_step(metrics) < 5; ++i) std::this_thread::sleep_for(25ms);
+  ASSERT_GE(newest_loss_step(metrics), 5) << slurp(out);
+  ASSERT_EQ(kill(pids[3], SIGKILL), 0);
+  const int code = wait_exit(launch, 300s);
+  const std::string text = slurp(out);
+  ASSERT_EQ(code, 0) << text;
+  EXPECT_NE(text.find("--elastic: the job goes on without its replica"), std::string::npos) << text;
+  EXPECT_NE(text.find("dp 2 → 1"), std::string::npos) << text;
+  // Four workers report each step up to the checkpoint the job went back to, the two left each step after it.
+  auto records = records_per_step(metrics);
+  std::map<int64_t, std::set<int>> ranks;
+  for (const auto& [key, n] : records) {
+    EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second << " reported " << n << " times";
+    ranks[key.second].insert(key.first);
+  }
+  ASSERT_EQ(ranks.size(), size_t(steps));
+  int64_t went_back = 0;
+  while (went_back < steps && ranks[went_back + 1].size() == 4) ++went_back;
+  EXPECT_GE(went_back, 3);
+  EXPECT_EQ(went_back % 3, 0) << "the job went on from step " << went_back << ", not a checkpoint";
+  for (int64_t st = went_back + 1; st <= steps; ++st) EXPECT_EQ(ranks[st], (std::set<int>{0, 1})) << "step " << st;
+  const auto losses = losses_of(metrics);
+  ASSERT_EQ(losses.size(), size_t(steps));
+  for (const auto& [st, loss] : losses) EXPECT_TRUE(std::isfinite(loss)) << "step " << st;
+  EXPECT_LT(losses.at(steps), losses.at(1));
+
+  std::vector<std::string> more = launch_args(4, steps + 3, metrics, extra);  // the job's original flags
+  more.push_back("--resume");
+  BinRun again = run(more, 300s);
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("goes on with them"), std::string::npos) << again.output;
+  records = records_per_step(metrics);
+  for (int64_t st = steps + 1; st <= steps + 3; ++st) {
+    EXPECT_EQ(records.count({0, st}), 1u) << "step " << st;
+    EXPECT_EQ(records.count({1, st}), 1u) << "step " << st;
+    EXPECT_EQ(records.count({2, st}), 0u) << "step " << st;
+  }
+}
+
 // A job's newest checkpoint is damaged after it was committed: --resume warns, names it, falls back to the one before,
 // re-runs the steps after it, and ends with the losses of the run that wrote them; the metrics file keeps one record
 // per worker and step.
@@ -1159,6 +1219,8 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--checkpoint-dir", "/tmp/x", "--keep-checkpoints", "0"}, "--keep-checkpoints"},
       {{"launch", "--workers", "2", "--restarts", "-1"}, "--restarts"},
       {{"launch", "--workers", "2", "--replace-timeout", "-5"}, "--replace-timeout"},
+      {{"launch", "--workers", "2", "--elastic"}, "--elastic: the job has one replica"},
+      {{"launch", "--dp", "2", "--elastic", "--replace-timeout", "0"}, "--elastic needs --replace-timeout > 0"},
   };
   for (const Case& c : cases) {
     BinRun r = run(c.args, 60s);

@@ -142,6 +142,46 @@ TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
   expect_error(PipelineJobConfig::from_json("[]").status(), "expected a JSON object");
 }
 
+// --elastic: a job without one replica keeps the others' slices of the original global batch, round-trips through
+// JSON (the plan carries it), resumes from the same checkpoints (the resume hash ignores the replicas), and refuses
+// slices that do not fit.
+TEST(PipelineJobConfig, WithoutAReplicaKeepsTheOthersSlices) {
+  PipelineJobConfig c = four_stages();
+  c.pp = 2;
+  c.dp = 3;
+  c.workers = 6;
+  c.train.batch = 12;
+  c.microbatches = 2;
+  c.partition = "";
+  c.compress_link.clear();
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(c.slices(), 3);
+  EXPECT_EQ(c.slice_of(2), 2);
+  PipelineJobConfig two = value_of(c.without_replica(1));
+  EXPECT_EQ(two.dp, 2);
+  EXPECT_EQ(two.workers, 4);
+  EXPECT_EQ(two.slices(), 3);
+  EXPECT_EQ(two.slice_of(0), 0);
+  EXPECT_EQ(two.slice_of(1), 2);
+  EXPECT_EQ(two.resume_hash(), c.resume_hash());
+  PipelineJobConfig one = value_of(two.without_replica(0));
+  EXPECT_EQ(one.replica_slices, std::vector<int>{2});
+  EXPECT_EQ(one.slices(), 3);
+  EXPECT_EQ(value_of(PipelineJobConfig::from_json(one.to_json().dump())).to_json(), one.to_json());
+  expect_error(one.without_replica(0).status(), "one replica");
+  expect_error(c.without_replica(3).status(), "replica 3 outside 0..2");
+  PipelineJobConfig bad = two;
+  bad.replica_slices = {2, 0};
+  expect_error(bad.validate(), "replica slices must rise");
+  bad.replica_slices = {0, 3};
+  expect_error(bad.validate(), "replica slices must rise within 0..2");
+  bad.replica_slices = {0};
+  expect_error(bad.validate(), "1 replica slices of 3 for --dp 2");
+  nlohmann::json j = two.to_json();
+  j["replica_slices"] = "0,2";
+  expect_error(PipelineJobConfig::from_json(j.dump()).status(), "field 'replica_slices'");
+}
+
 TEST(PipelineJobConfig, SpeedPartitionIsSettledAtPlanning) {
   PipelineJobConfig c = four_stages();
   c.partition = "speed";
