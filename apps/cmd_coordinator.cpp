@@ -24,18 +24,23 @@ struct CoordinatorFlags {
 void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
   PipelineJobConfig job = job_config_from_flags(f.job, cmd);
   if (f.listen.rfind("tcp://", 0) != 0) fail("--listen '" + f.listen + "': expected tcp://HOST:PORT", 2);
-  const std::string token = resolve_token(f.job.token, f.job.token_file, false);
+  std::string key_path;
+  bool wrote = false;
+  const JobSecret secret = coordinator_secret(f.job.secret, f.job.metrics, &key_path, &wrote);
   set_log_role("coordinator");
-  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, f.listen, token));
+  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, f.listen, secret));
   if (!coord.ok()) fail("--listen " + f.listen + ": " + coord.status().to_string());
   std::printf(
       "longhaul coordinator: %s, %d workers (pp %d × tp %d × dp %d), %lld steps, schedule %s, %d microbatches\n",
       job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp, static_cast<long long>(job.train.steps),
       schedule_kind_name(job.schedule), job.microbatches);
-  std::printf("listening on %s%s; start each worker with:\n  longhaul worker --coordinator tcp://<this host>:%s%s\n",
-              (*coord)->endpoint().c_str(), token.empty() ? " (no token: anyone who reaches the port may join)" : "",
-              (*coord)->endpoint().substr((*coord)->endpoint().rfind(':') + 1).c_str(),
-              token.empty() ? "" : " --token-file <the same token>");
+  if (wrote)
+    std::printf("wrote a new job secret to %s (mode 0600): copy it to each worker's machine\n", key_path.c_str());
+  std::printf(
+      "listening on %s (encrypted; only holders of the job secret get in); start each worker with:\n"
+      "  longhaul worker --coordinator tcp://<this host>:%s --key-file %s\n",
+      (*coord)->endpoint().c_str(), (*coord)->endpoint().substr((*coord)->endpoint().rfind(':') + 1).c_str(),
+      key_path.empty() ? "<the job's key file>" : key_path.c_str());
   if ((*coord)->resumed_from() > 0)
     std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
                 f.job.checkpoint_dir.c_str());

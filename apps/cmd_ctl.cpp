@@ -14,7 +14,7 @@ namespace {
 
 struct CtlFlags {
   std::string coordinator;
-  std::string token, token_file;
+  SecretFlags secret;
   double timeout_s = 10;
   bool timeout_given = false;
   bool json = false;
@@ -23,11 +23,13 @@ struct CtlFlags {
 
 nlohmann::json request(const CtlFlags& f, const std::string& command, const std::string& args) {
   if (f.coordinator.rfind("tcp://", 0) != 0) fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
-  CtlRequest req{resolve_token(f.token, f.token_file, false), command, args};
+  const JobSecret secret = required_secret(f.secret, "ctl");
+  CtlRequest req{secret.join_proof(), command, args};
   // set-codec replies once every worker has acknowledged the change, at its next step boundary: a step may take
   // minutes over slow links.
   const double timeout_s = command == "set-codec" && !f.timeout_given ? 600 : f.timeout_s;
-  auto reply = ctl_request(f.coordinator, req, std::chrono::milliseconds(int64_t(timeout_s * 1000)));
+  auto reply =
+      ctl_request(f.coordinator, req, std::chrono::milliseconds(int64_t(timeout_s * 1000)), secret.client_curve());
   if (!reply.ok()) fail("--coordinator " + f.coordinator + ": " + reply.status().message());
   if (!reply->ok) fail(command + ": " + reply->body);
   auto j = nlohmann::json::parse(reply->body, nullptr, false);
@@ -91,8 +93,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
   auto f = std::make_shared<CtlFlags>();
   auto* cmd = app.add_subcommand("ctl", "query or steer a running job through its coordinator");
   cmd->add_option("--coordinator", f->coordinator, "the coordinator's tcp://HOST:PORT")->required();
-  cmd->add_option("--token", f->token, "the job's token (default: --token-file, $LH_JOB_TOKEN, none)");
-  cmd->add_option("--token-file", f->token_file, "read the token from this file's first line");
+  add_secret_flags(cmd, f->secret);
   cmd->add_option("--timeout", f->timeout_s,
                   "seconds to wait for the reply (set-codec: 600, since it waits for every worker's acknowledgement)")
       ->capture_default_str()

@@ -43,7 +43,7 @@ class WorkerGroup {
  public:
   ~WorkerGroup() { stop(3s); }
   Result<pid_t> start(const std::vector<std::string>& argv, const std::vector<std::string>& prefix,
-                      const std::string& token) {
+                      const std::string& secret) {
     std::vector<std::string> all = prefix;
     all.insert(all.end(), argv.begin(), argv.end());
     const pid_t parent = getpid();
@@ -54,7 +54,8 @@ class WorkerGroup {
       if (getppid() != parent) _exit(126);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      setenv("LH_JOB_TOKEN", token.c_str(), 1);  // not on the command line, where `ps` shows it
+      setenv("LH_JOB_KEY", secret.c_str(), 1);  // not on the command line, where `ps` shows it
+      unsetenv("LH_JOB_TOKEN");
       std::vector<char*> args;
       for (auto& a : all) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
@@ -181,12 +182,14 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     if (std::system(up.c_str()) != 0) fail("--netns: could not build the namespaces with " + wan.script);
     listen = "tcp://" + wan.subnet + ".254:*";
   }
-  const std::string token = resolve_token(f.job.token, f.job.token_file, true);
+  std::string key_path;
+  bool wrote_key = false;
+  const JobSecret secret = coordinator_secret(f.job.secret, f.job.metrics, &key_path, &wrote_key);
   const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = f.worker_threads > 0 ? f.worker_threads : std::max(1, cores / job.workers);
 
   set_log_role("launch");
-  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, listen, token));
+  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, listen, secret));
   if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
   job = (*coord)->job();  // an --elastic job resumed with fewer replicas than its flags say
   const std::string ep = (*coord)->endpoint();
@@ -200,8 +203,9 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
               !f.link.empty()    ? ("shaped " + parse_link_shape(f.link)->to_string()).c_str()
               : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
                                  : "loopback, unlimited");
-  std::printf("coordinator %s  (longhaul ctl --coordinator %s --token %s status)\n", ep.c_str(), ep.c_str(),
-              token.c_str());
+  std::printf("coordinator %s  (longhaul ctl --coordinator %s --key-file %s status)\n", ep.c_str(), ep.c_str(),
+              key_path.empty() ? "<the job's key file>" : key_path.c_str());
+  if (wrote_key) std::printf("wrote a new job secret to %s (mode 0600)\n", key_path.c_str());
   if ((*coord)->resumed_from() > 0)
     std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
                 f.job.checkpoint_dir.c_str());
@@ -235,7 +239,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     if (!f.link.empty()) argv.insert(argv.end(), {"--link", f.link});
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
     if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
-    LH_ASSIGN_OR_RETURN(pid_t pid, group.start(argv, prefix, token));
+    LH_ASSIGN_OR_RETURN(pid_t pid, group.start(argv, prefix, secret.to_hex()));
     slot_of[pid] = i;
     return pid;
   };

@@ -15,7 +15,7 @@ namespace {
 
 struct WorkerFlags {
   std::string coordinator;
-  std::string token, token_file;
+  SecretFlags secret;
   std::string hostname;
   std::string link;
   std::string ucx_tls;
@@ -28,7 +28,6 @@ void run_worker(const WorkerFlags& f) {
     fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
   PipelineWorkerOptions o;
   o.coordinator = f.coordinator;
-  o.token = resolve_token(f.token, f.token_file, false);
   o.hostname = f.hostname;
   if (o.hostname.empty()) {
     // Several workers may share a machine: the pid tells them apart in the coordinator's messages.
@@ -43,6 +42,9 @@ void run_worker(const WorkerFlags& f) {
     if (!shape.ok()) fail("--link '" + f.link + "': " + shape.status().message(), 2);
     o.link = *shape;
   }
+  const JobSecret secret = required_secret(f.secret, "worker");
+  o.token = secret.join_proof();
+  o.curve = secret.client_curve();
   o.join_timeout = std::chrono::milliseconds(int64_t(f.join_timeout_s * 1000));
   o.receive_timeout = std::chrono::milliseconds(int64_t(f.receive_timeout_s * 1000));
   o.coordinator_timeout = std::chrono::milliseconds(int64_t(f.coordinator_timeout_s * 1000));
@@ -60,8 +62,7 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
   auto f = std::make_shared<WorkerFlags>();
   auto* cmd = app.add_subcommand("worker", "join a pipeline job's coordinator and train the stage it assigns");
   cmd->add_option("--coordinator", f->coordinator, "the coordinator's tcp://HOST:PORT")->required();
-  cmd->add_option("--token", f->token, "join token (default: --token-file, $LH_JOB_TOKEN, none)");
-  cmd->add_option("--token-file", f->token_file, "read the join token from this file's first line");
+  add_secret_flags(cmd, f->secret);
   cmd->add_option("--hostname", f->hostname, "name shown by the coordinator (default: host and pid)");
   cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports (default: $UCX_TLS or UCX's choice)");

@@ -2,6 +2,9 @@
 // summary printing at the end of a job. Used by apps/cmd_launch.cpp and apps/cmd_coordinator.cpp.
 #include "apps/job_cli.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +12,7 @@
 #include <random>
 
 #include "apps/commands.h"
+#include "core/log.h"
 #include "parallel/metrics_summary.h"
 
 namespace lh::app {
@@ -66,8 +70,7 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")
       ->capture_default_str()
       ->group(g);
-  cmd->add_option("--token", f.token, "join/ctl token (default: --token-file, $LH_JOB_TOKEN)")->group(g);
-  cmd->add_option("--token-file", f.token_file, "read the token from this file's first line")->group(g);
+  add_secret_flags(cmd, f.secret, g);
   cmd->add_option("--heartbeat-timeout", f.heartbeat_timeout_s, "seconds of silence before a worker is declared dead")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0))
@@ -144,36 +147,97 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   return job;
 }
 
-std::string resolve_token(const std::string& token, const std::string& token_file, bool generate) {
-  if (!token.empty()) return token;
-  if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    std::string line;
-    if (!in || !std::getline(in, line)) fail("--token-file '" + token_file + "': cannot read a token from it", 2);
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
-    if (line.empty()) fail("--token-file '" + token_file + "': the first line is empty", 2);
-    return line;
-  }
-  if (const char* env = std::getenv("LH_JOB_TOKEN"); env && *env) return env;
-  if (!generate) return "";
-  std::random_device rd;
-  char buf[33];
-  for (int i = 0; i < 4; ++i) std::snprintf(buf + 8 * i, 9, "%08x", rd());
-  return buf;
+void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group) {
+  auto* key = cmd->add_option("--key-file", f.key_file,
+                              "the job secret: a file from `longhaul keygen` (default: $LH_JOB_KEY; a coordinator "
+                              "without one makes one next to --metrics)");
+  auto* file = cmd->add_option("--token-file", f.token_file, "deprecated: --key-file");
+  auto* text = cmd->add_option("--token", f.token,
+                               "deprecated: the job secret itself, on the command line where `ps` shows it; use "
+                               "--key-file");
+  if (!group.empty())
+    for (auto* o : {key, file, text}) o->group(group);
 }
 
-CoordinatorOptions control_options(const std::string& listen, const std::string& token, double heartbeat_timeout_s) {
+std::optional<JobSecret> resolve_secret(const SecretFlags& f) {
+  bool weak = false;
+  std::optional<JobSecret> secret;
+  if (!f.key_file.empty() || !f.token_file.empty()) {
+    const bool key = !f.key_file.empty();
+    auto s = JobSecret::load(key ? f.key_file : f.token_file, key ? "--key-file" : "--token-file", &weak);
+    if (!s.ok()) fail(s.status().message(), 2);
+    secret = *s;
+    struct stat st {};
+    if (::stat((key ? f.key_file : f.token_file).c_str(), &st) == 0 && (st.st_mode & 077))
+      LH_LOG_WARN("{} '{}' can be read by other users of this machine (mode {:o}); chmod 600 it",
+                  key ? "--key-file" : "--token-file", key ? f.key_file : f.token_file, st.st_mode & 0777);
+  } else if (!f.token.empty()) {
+    LH_LOG_WARN(
+        "--token puts the job secret on the command line, where `ps` shows it to every user of this machine; use "
+        "--key-file (`longhaul keygen FILE` makes one)");
+    auto s = JobSecret::parse(f.token, &weak);
+    if (!s.ok()) fail("--token: " + s.status().message(), 2);
+    secret = *s;
+  } else {
+    for (const char* name : {"LH_JOB_KEY", "LH_JOB_TOKEN"})
+      if (const char* env = std::getenv(name); env && *env) {
+        auto s = JobSecret::parse(env, &weak);
+        if (!s.ok()) fail(std::string("$") + name + ": " + s.status().message(), 2);
+        secret = *s;
+        break;
+      }
+  }
+  if (secret && weak)
+    LH_LOG_WARN(
+        "the job secret is not a key from `longhaul keygen` (64 hex digits): the job's keys are derived from its "
+        "text, which makes them only as strong as that text");
+  return secret;
+}
+
+JobSecret required_secret(const SecretFlags& f, const std::string& command) {
+  auto s = resolve_secret(f);
+  if (!s)
+    fail(command +
+             ": no job secret: give --key-file FILE (the key file the coordinator names when it starts; copy it "
+             "here) or set $LH_JOB_KEY",
+         2);
+  return *s;
+}
+
+JobSecret coordinator_secret(const SecretFlags& f, const std::string& metrics, std::string* path, bool* wrote) {
+  *wrote = false;
+  *path = !f.key_file.empty() ? f.key_file : f.token_file;
+  if (auto s = resolve_secret(f)) return *s;
+  // Never an open job: a secret of its own, kept next to the metrics (a restarted coordinator finds it again).
+  std::string base = metrics.empty() ? std::string("longhaul-job") : metrics;
+  const size_t slash = base.rfind('/'), dot = base.rfind('.');
+  if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) base.resize(dot);
+  *path = base + ".key";
+  if (::access(path->c_str(), F_OK) == 0) {
+    auto s = JobSecret::load(*path, "the job's key file", nullptr);
+    if (!s.ok()) fail(s.status().message(), 2);
+    return *s;
+  }
+  JobSecret s = JobSecret::generate();
+  Status saved = s.save_new(*path);
+  if (!saved.ok()) fail("cannot write the job's key file: " + saved.message() + " (or give --key-file)", 2);
+  *wrote = true;
+  return s;
+}
+
+CoordinatorOptions control_options(const std::string& listen, const JobSecret& secret, double heartbeat_timeout_s) {
   CoordinatorOptions o;
   o.listen = listen;
-  o.token = token;
+  o.token = secret.join_proof();
+  o.curve = secret.server_curve();
   o.heartbeat_timeout = std::chrono::milliseconds(int64_t(heartbeat_timeout_s * 1000));
   o.heartbeat_interval = std::max(std::chrono::milliseconds(20), o.heartbeat_timeout / 10);
   return o;
 }
 
-PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const std::string& token) {
+PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret) {
   PipelineCoordinatorOptions o;
-  o.control = control_options(listen, token, f.heartbeat_timeout_s);
+  o.control = control_options(listen, secret, f.heartbeat_timeout_s);
   o.control.replace_timeout = std::chrono::milliseconds(int64_t(f.replace_timeout_s * 1000));
   o.control.stall_timeout = std::chrono::milliseconds(int64_t(f.stall_timeout_s * 1000));
   o.metrics_path = f.metrics;

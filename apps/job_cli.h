@@ -4,20 +4,28 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "apps/model_flags.h"
 #include "parallel/job_config.h"
 #include "parallel/pipeline_coordinator.h"
+#include "transport/job_secret.h"
 
 namespace lh::app {
+
+// Where a command's job secret comes from: --key-file, else the deprecated --token-file / --token, else $LH_JOB_KEY
+// (or the older $LH_JOB_TOKEN).
+struct SecretFlags {
+  std::string key_file, token_file, token;
+};
 
 struct JobFlags {
   ModelFlags model;
   std::string schedule = "1f1b";
   PipelineJobConfig job;  // training, grid and codec fields are bound to it directly
   std::string metrics;
-  std::string token, token_file;
+  SecretFlags secret;
   double heartbeat_timeout_s = 5;
   double stall_timeout_s = 60;
   // Job checkpoints and recovery.
@@ -37,14 +45,20 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
 // The validated job; a bad flag ends the command with an error naming it.
 PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd);
 
-// The shared join/ctl token: --token, else --token-file's first line, else $LH_JOB_TOKEN, else
-// (when `generate`) a fresh random one, else "". A bad --token-file ends the command.
-std::string resolve_token(const std::string& token, const std::string& token_file, bool generate);
+void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group = "");
+// The secret, or nullopt when none is given. A bad key file ends the command; --token warns (`ps` shows it).
+std::optional<JobSecret> resolve_secret(const SecretFlags& f);
+// A worker's or ctl's secret: required (the error says where to find it).
+JobSecret required_secret(const SecretFlags& f, const std::string& command);
+// A coordinator's (or launch's): the one given, else the key file next to `metrics` (FILE.key for FILE.jsonl),
+// reused when it exists and written (0600) when not. *path is the key file to give workers and ctl ("" when the
+// secret came from --token or the environment); *wrote says it was just made.
+JobSecret coordinator_secret(const SecretFlags& f, const std::string& metrics, std::string* path, bool* wrote);
 
 // Heartbeats every timeout/10 (at least 20 ms), declared dead after the timeout.
-CoordinatorOptions control_options(const std::string& listen, const std::string& token, double heartbeat_timeout_s);
+CoordinatorOptions control_options(const std::string& listen, const JobSecret& secret, double heartbeat_timeout_s);
 // The coordinator's options from the job flags: control (heartbeats, --replace-timeout), metrics, checkpoints.
-PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const std::string& token);
+PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret);
 // After a failed job with checkpoints: "its last checkpoint is step N in DIR; resume it with …" ("" without).
 std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command);
 

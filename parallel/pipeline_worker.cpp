@@ -324,6 +324,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   ControlClientOptions co;
   co.coordinator = options.coordinator;
   co.token = options.token;
+  co.curve = options.curve;
   co.hostname = options.hostname;
   co.compute_speed = options.compute_speed;
   co.coordinator_wait = options.coordinator_timeout;

@@ -12,14 +12,16 @@
 #include "core/status.h"
 #include "transport/link_shaper.h"
 #include "transport/ucx_data_plane.h"
+#include "transport/zmq_loop.h"
 
 namespace lh {
 
 struct PipelineWorkerOptions {
   std::string coordinator;  // "tcp://HOST:PORT"
   std::string token;
-  std::string hostname;      // empty: gethostname()
-  double compute_speed = 0;  // measured GFLOP/s for `--partition speed`; 0: unknown
+  std::optional<ZmqLoop::Curve> curve;  // the control plane's encryption (JobSecret::client_curve)
+  std::string hostname;                 // empty: gethostname()
+  double compute_speed = 0;             // measured GFLOP/s for `--partition speed`; 0: unknown
   UcxOptions ucx;
   std::optional<LinkShape> link;  // in-process shaper on every outgoing link
   std::chrono::milliseconds join_timeout{std::chrono::seconds(60)};

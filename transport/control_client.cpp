@@ -31,6 +31,7 @@ Result<std::unique_ptr<ControlClient>> ControlClient::connect(const ControlClien
   lo.endpoint = options.coordinator;
   lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
   lo.max_message_bytes = int64_t(kMaxControlMessage);
+  lo.curve = options.curve;
   {
     // One id for this worker's whole life: after a reset connection ZeroMQ reconnects, and the coordinator still
     // knows it ("lh-" and 16 random hex digits; ids starting with a zero byte are ZeroMQ's own).
@@ -368,7 +369,8 @@ bool ControlClient::shutdown_requested() const {
   return shutdown_;
 }
 
-Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& req, std::chrono::milliseconds timeout) {
+Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& req, std::chrono::milliseconds timeout,
+                             const std::optional<ZmqLoop::Curve>& curve) {
   void* ctx = zmq_ctx_new();
   void* sock = zmq_socket(ctx, ZMQ_DEALER);
   auto cleanup = [&] {
@@ -377,6 +379,11 @@ Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& r
   };
   int linger = 0;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+  if (curve) {
+    zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, curve->server_key.c_str(), curve->server_key.size() + 1);
+    zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, curve->public_key.c_str(), curve->public_key.size() + 1);
+    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, curve->secret_key.c_str(), curve->secret_key.size() + 1);
+  }
   if (zmq_connect(sock, coordinator.c_str()) != 0) {
     std::string why = zmq_strerror(zmq_errno());
     cleanup();
@@ -391,7 +398,9 @@ Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& r
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
     if (left <= 0 || zmq_poll(&item, 1, left) <= 0) {
       cleanup();
-      return unavailable("no reply from the coordinator at " + coordinator);
+      return unavailable(
+          "no reply from the coordinator at " + coordinator +
+          (curve ? " (is it running? a --key-file other than the job's makes it refuse the connection)" : ""));
     }
     zmq_msg_t m;
     zmq_msg_init(&m);

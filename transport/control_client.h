@@ -32,6 +32,8 @@ struct ControlClientOptions {
   // Rollback event: the worker joins again (as the same rank) and this long is waited for a coordinator to answer at
   // the same address (one restarted with --resume) before a Shutdown event ends it.
   std::chrono::milliseconds coordinator_wait{0};
+  // The control plane's encryption (JobSecret::client_curve); the apps always set it.
+  std::optional<ZmqLoop::Curve> curve;
 };
 
 // Typical worker:
@@ -127,6 +129,7 @@ class ControlClient {
 };
 
 // One request from a tool that has not joined (`longhaul ctl`): sends `req`, waits for the CtlReply.
-Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& req, std::chrono::milliseconds timeout);
+Result<CtlReply> ctl_request(const std::string& coordinator, const CtlRequest& req, std::chrono::milliseconds timeout,
+                             const std::optional<ZmqLoop::Curve>& curve = std::nullopt);
 
 }  // namespace lh

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/log.h"
+#include "transport/job_secret.h"
 
 namespace lh {
 namespace {
@@ -80,6 +81,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
   lo.bind = true;
   lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
   lo.max_message_bytes = int64_t(kMaxControlMessage);
+  lo.curve = options.curve;
   Coordinator* self = c.get();
   LH_ASSIGN_OR_RETURN(c->loop_,
                       ZmqLoop::start(
@@ -305,7 +307,7 @@ void Coordinator::on_message(Frames&& frames) {
 }
 
 void Coordinator::handle_join(const std::string& id, Join&& join) {
-  if (join.token != options_.token) {
+  if (!constant_time_equal(join.token, options_.token)) {
     return reject(id, "wrong join token from host '" + join.hostname + "'", MsgType::kJoin);
   }
   join.token.clear();
@@ -724,7 +726,7 @@ void Coordinator::on_tick() {
 }
 
 void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
-  if (req.token != options_.token) return reject(id, "wrong token on a ctl request");
+  if (!constant_time_equal(req.token, options_.token)) return reject(id, "wrong token on a ctl request");
   if (hooks_.on_ctl_async) {
     hooks_.on_ctl_async(req, [this, id, command = req.command](Result<std::string> r) {
       if (!r.ok()) LH_LOG_WARN("coordinator: ctl '{}' failed: {}", command, r.status().message());
@@ -832,6 +834,7 @@ nlohmann::json Coordinator::status_json() const {
           {"running", all_ready_},
           {"shut_down", shut_down_},
           {"rejected", rejected_},
+          {"refused_connections", loop_->auth_failures()},
           {"stalls",
            [&] {
              nlohmann::json a = nlohmann::json::array();

@@ -22,8 +22,10 @@ namespace lh {
 
 struct CoordinatorOptions {
   std::string listen = "tcp://127.0.0.1:*";  // '*' port: pick a free one (see endpoint())
-  std::string token;                         // the shared join token
-  int expected_workers = 1;                  // plans go out once this many have joined
+  std::string token;                         // the shared join token (compared in constant time)
+  // The control plane's encryption and admission (JobSecret::server_curve); the apps always set it.
+  std::optional<ZmqLoop::Curve> curve;
+  int expected_workers = 1;  // plans go out once this many have joined
   std::chrono::milliseconds heartbeat_interval{500};
   std::chrono::milliseconds heartbeat_timeout{5000};  // silence longer than this: dead
   // 0: a dead worker ends the job. Otherwise a worker declared dead while the job runs starts a rollback: the
@@ -103,6 +105,8 @@ class Coordinator {
   nlohmann::json status_json() const;
   // Messages refused so far (bad token, garbage, wrong version, unknown type, not joined …).
   uint64_t rejected() const;
+  // Connections refused by CURVE (handshakes that failed, clients the ZAP handler turned away).
+  uint64_t refused_connections() const { return loop_->auth_failures(); }
   // Blocks until every expected worker is Ready (true) or timeout/failure (false).
   bool wait_all_ready(std::chrono::milliseconds timeout) const;
   // Blocks until every worker has left or died, or shutdown() was called.

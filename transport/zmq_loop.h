@@ -5,11 +5,14 @@
 
 #include <zmq.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,7 +51,17 @@ class ZmqLoop {
     // DEALER: the routing id the ROUTER knows this socket by, kept across reconnections (empty: ZeroMQ picks one
     // per connection). A ROUTER takes over an id from a connection it still holds (ZMQ_ROUTER_HANDOVER).
     std::string routing_id;
+    // ZeroMQ CURVE (encrypted and authenticated, libsodium inside libzmq): see Curve. Unset: plain ZMTP.
+    struct Curve {
+      std::string public_key, secret_key;  // this socket's key pair (Z85, 40 characters each)
+      std::string server_key;              // the server's public key (a client connects to it)
+      bool server = false;
+      // A server's ZAP handler admits only clients with this public key (compared in constant time).
+      std::string client_key;
+    };
+    std::optional<Curve> curve;
   };
+  using Curve = Options::Curve;
   // Both run on the loop thread; they may call send().
   using MessageHandler = std::function<void(Frames&&)>;
   using TickHandler = std::function<void()>;
@@ -64,12 +77,19 @@ class ZmqLoop {
   static constexpr size_t kMaxPeerBacklog = 4096;
   // Peers cut off so far (loop thread; for tests and status).
   uint64_t cut_off() const { return cut_off_; }
+  // With CURVE: connections refused so far — handshakes that failed (a peer without the job's keys) and clients
+  // the ZAP handler turned away.
+  uint64_t auth_failures() const { return auth_failures_; }
 
  private:
   ZmqLoop() = default;
   Status init(const Options& options);
   void run();
   void flush_outbox();
+  Status init_curve();
+  bool serve_zap();      // one ZAP request (server); false when none waits
+  void drain_monitor();  // handshake failures seen by the socket monitor
+  void note_refusal(const std::string& what, const std::string& peer);
 
   Options options_;
   void* ctx_ = nullptr;
@@ -83,6 +103,13 @@ class ZmqLoop {
   std::mutex mu_;
   std::vector<Frames> outbox_;
   std::atomic<uint64_t> cut_off_{0};
+  void* zap_ = nullptr;      // ZAP handler (CURVE server)
+  void* monitor_ = nullptr;  // PAIR socket reading the main socket's handshake events (CURVE)
+  std::array<uint8_t, 32> client_key_{};
+  std::atomic<uint64_t> auth_failures_{0};
+  // Refusals logged at most once a minute per peer (ZAP) or per kind (handshake failures, whose peer is unknown).
+  std::map<std::string, std::chrono::steady_clock::time_point> last_refusal_log_;
+  std::map<std::string, uint64_t> refusals_unlogged_;
 };
 
 }  // namespace lh

@@ -14,6 +14,7 @@
 
 #include "transport/control_client.h"
 #include "transport/coordinator.h"
+#include "transport/job_secret.h"
 
 namespace lh {
 namespace {
@@ -583,6 +584,65 @@ TEST(ControlClient, AJoinOrItsAnswerLostOnTheWayIsSentAgain) {
   EXPECT_EQ(joins[1], std::make_pair(1u, 0u));  // sent again, the same attempt
   EXPECT_EQ(joins[2], std::make_pair(2u, 0u));  // a new attempt
   c->reset();
+}
+
+// The control plane as the apps run it: CURVE keys derived from the job secret, a ZAP handler admitting the members'
+// key only. A client with another job's secret cannot join or send a ctl request (its handshake fails; the
+// coordinator counts it), nor can a plain ZeroMQ client; a member joins and is planned.
+TEST(Coordinator, OnlyHoldersOfTheJobSecretGetIn) {
+  const JobSecret secret = JobSecret::generate(), stranger = JobSecret::generate();
+  EXPECT_NE(secret.to_hex(), stranger.to_hex());
+  EXPECT_EQ(JobSecret::parse(secret.to_hex())->join_proof(), secret.join_proof());
+  bool weak = false;
+  EXPECT_NE(JobSecret::parse("an old token", &weak)->join_proof(), secret.join_proof());
+  EXPECT_TRUE(weak);
+  EXPECT_FALSE(JobSecret::parse("  \n").ok());
+  EXPECT_TRUE(constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(constant_time_equal("abc", "abd"));
+  EXPECT_FALSE(constant_time_equal("abc", "abcd"));
+  CoordinatorOptions o = opts(1);
+  o.token = secret.join_proof();
+  o.curve = secret.server_curve();
+  auto c = Coordinator::start(o);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  auto member = [&](const JobSecret& s) {
+    ControlClientOptions co;
+    co.coordinator = (*c)->endpoint();
+    co.token = s.join_proof();
+    co.curve = s.client_curve();
+    co.hostname = "curve-test";
+    co.heartbeat_interval = 50ms;
+    return ControlClient::connect(co);
+  };
+  auto intruder = member(stranger);
+  ASSERT_TRUE(intruder.ok());
+  auto refused = (*intruder)->join(fake_address(9), 1500ms);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_GE((*c)->refused_connections(), 1u);
+  EXPECT_TRUE((*c)->workers().empty());
+  auto ctl =
+      ctl_request((*c)->endpoint(), CtlRequest{stranger.join_proof(), "status", ""}, 1500ms, stranger.client_curve());
+  EXPECT_FALSE(ctl.ok());
+  EXPECT_NE(ctl.status().message().find("--key-file"), std::string::npos) << ctl.status().message();
+  // One who learned the coordinator's public key (it is not secret) but not the members' key pair: the ZAP handler
+  // turns it away.
+  const uint64_t before = (*c)->refused_connections();
+  ZmqLoop::Curve half = stranger.client_curve();
+  half.server_key = secret.server_curve().public_key;
+  EXPECT_FALSE(ctl_request((*c)->endpoint(), CtlRequest{secret.join_proof(), "status", ""}, 1500ms, half).ok());
+  EXPECT_GT((*c)->refused_connections(), before);
+  RawDealer plain((*c)->endpoint());  // no CURVE at all
+  plain.send({encode_message(Join{secret.join_proof(), "plain", "cpu", 1, fake_address(8), -1})});
+  EXPECT_FALSE(plain.reply(1000).has_value());
+  EXPECT_TRUE((*c)->workers().empty());
+  // The member gets in and is planned; ctl with the secret works.
+  auto ok = member(secret);
+  ASSERT_TRUE(ok.ok());
+  auto plan = (*ok)->join(fake_address(0), 5s);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  auto st = ctl_request((*c)->endpoint(), CtlRequest{secret.join_proof(), "status", ""}, 5s, secret.client_curve());
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  EXPECT_TRUE(st->ok) << st->body;
 }
 
 TEST(ControlClient, LostCoordinatorBecomesAShutdownEvent) {
