@@ -29,6 +29,7 @@ class WireInputArchive : public cereal::InputArchive<WireInputArchive, cereal::A
  public:
   WireInputArchive(const uint8_t* data, std::size_t size) : InputArchive(this), p_(data), end_(data + size) {}
   void loadBinary(void* data, std::size_t size) {
+    if (size == 0) return;  // an empty string or vector: its data() may be null, which memcpy must not get
     if (size > remaining())
       throw cereal::Exception("needs " + std::to_string(size) + " bytes, " + std::to_string(remaining()) + " left");
     std::memcpy(data, p_, size);
@@ -49,7 +50,14 @@ inline typename std::enable_if<std::is_arithmetic<T>::value, void>::type CEREAL_
 template <class T>
 inline typename std::enable_if<std::is_arithmetic<T>::value, void>::type CEREAL_LOAD_FUNCTION_NAME(WireInputArchive& ar,
                                                                                                    T& t) {
-  ar.loadBinary(std::addressof(t), sizeof(t));
+  if constexpr (std::is_same<T, bool>::value) {  // a byte other than 0 or 1 is no bool (loading it would be UB)
+    uint8_t b = 0;
+    ar.loadBinary(&b, 1);
+    if (b > 1) throw cereal::Exception("a bool encoded as " + std::to_string(b));
+    t = b == 1;
+  } else {
+    ar.loadBinary(std::addressof(t), sizeof(t));
+  }
 }
 template <class T>
 inline void CEREAL_SERIALIZE_FUNCTION_NAME(WireOutputArchive& ar, cereal::NameValuePair<T>& t) {
