@@ -72,6 +72,10 @@ void print_status(const nlohmann::json& j) {
     for (const auto& st : stalls)
       if (st.is_string()) std::printf("  %s\n", st.get<std::string>().c_str());
   }
+  const auto refused = w.value("refused_connections", uint64_t(0)), rejected = w.value("rejected", uint64_t(0));
+  if (refused > 0 || rejected > 0)
+    std::printf("\ncontrol plane: %llu connection(s) refused (no job secret), %llu message(s) rejected\n",
+                static_cast<unsigned long long>(refused), static_cast<unsigned long long>(rejected));
 }
 
 // What the workers acknowledged: which ranks scheduled the change and from which step, or a note (a rollback).

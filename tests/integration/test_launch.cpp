@@ -368,6 +368,9 @@ TEST_F(Launch, CoordinatorAndWorkersRunAJob) {
   BinRun keyless = run({"ctl", "--coordinator", ep, "status"}, 30s);
   EXPECT_NE(keyless.code, 0);
   EXPECT_NE(keyless.output.find("no job secret"), std::string::npos) << keyless.output;
+  BinRun shown = run({"ctl", "--coordinator", ep, "--key-file", key, "status"}, 30s);
+  EXPECT_EQ(shown.code, 0) << shown.output;
+  EXPECT_NE(shown.output.find("connection(s) refused (no job secret)"), std::string::npos) << shown.output;
   std::vector<pid_t> workers;
   for (int i = 0; i < 2; ++i)
     workers.push_back(spawn(
