@@ -1,9 +1,11 @@
 // `longhaul bench link`: UCX data-plane throughput and small-message latency on loopback beside a plain TCP socket
 // pair in the same run, the busy fraction of an in-process shaped link, and (as root) of a netns + tc tbf link.
+// Also what authenticating (a MAC) or encrypting each packet with libsodium costs on one core, beside memcpy.
 // Used by engineers and CI to check the transport targets (UCX >= 0.8x TCP; shaped link >= 90% busy).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sodium.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -412,6 +415,65 @@ Result<Json> netns_run(const LinkBenchOptions& o) {
 }
 
 // ---- the command ------------------------------------------------------------------------------------
+// ---- packet authentication and encryption (libsodium), one core ---------------------------------
+// What a MAC (and AEAD for --encrypt-data) per packet would cost, beside memcpy of the same bytes in the same run:
+// each candidate over `size`-byte packets, best of `repeats` runs of about 0.2 s. MAC = an AEAD with the packet as
+// associated data and nothing encrypted (a Poly1305 or GHASH tag under a per-packet nonce).
+Json crypto_rows(size_t size, int repeats) {
+  sodium_init();
+  std::vector<uint8_t> src(size, 0x5a), dst(size + 64);
+  uint8_t key[32], nonce[24] = {};
+  randombytes_buf(key, sizeof(key));
+  unsigned long long out_len = 0;
+  auto rate = [&](const std::function<void()>& op) {
+    double best = 0;
+    for (int r = 0; r < repeats; ++r) {
+      int n = 0;
+      const auto t0 = Clock::now();
+      double t = 0;
+      do {
+        op();
+        ++nonce[0];
+        ++n;
+        t = secs(Clock::now() - t0);
+      } while (t < 0.2);
+      best = std::max(best, double(size) * n / t);
+    }
+    return best;
+  };
+  const bool aes = crypto_aead_aes256gcm_is_available() != 0;
+  Json rows = Json::array();
+  auto row = [&](const char* name, const char* what, double bps) {
+    rows.push_back({{"name", name}, {"what", what}, {"Bps", bps}});
+  };
+  const double copy = rate([&] { std::memcpy(dst.data(), src.data(), size); });
+  row("memcpy", "the baseline: copying the packet once", copy);
+  row("mac chacha20-poly1305", "MAC: ChaCha20-Poly1305 AEAD, the packet as associated data", rate([&] {
+        crypto_aead_chacha20poly1305_ietf_encrypt(dst.data(), &out_len, nullptr, 0, src.data(), size, nullptr, nonce,
+                                                  key);
+      }));
+  if (aes)
+    row("mac aes256-gcm", "MAC: AES-256-GCM AEAD, the packet as associated data", rate([&] {
+          crypto_aead_aes256gcm_encrypt(dst.data(), &out_len, nullptr, 0, src.data(), size, nullptr, nonce, key);
+        }));
+  row("aead chacha20-poly1305", "--encrypt-data: ChaCha20-Poly1305 over the packet", rate([&] {
+        crypto_aead_chacha20poly1305_ietf_encrypt(dst.data(), &out_len, src.data(), size, nullptr, 0, nullptr, nonce,
+                                                  key);
+      }));
+  if (aes)
+    row("aead aes256-gcm", "--encrypt-data: AES-256-GCM over the packet", rate([&] {
+          crypto_aead_aes256gcm_encrypt(dst.data(), &out_len, src.data(), size, nullptr, 0, nullptr, nonce, key);
+        }));
+  for (Json& r : rows) {
+    const double bps = r["Bps"].get<double>();
+    r["of_memcpy"] = bps / copy;
+    // The share of one core it takes to keep up with a link of this rate (bytes/s = bits/s / 8).
+    r["core_share_1gbit"] = 1e9 / 8 / bps;
+    r["core_share_100mbit"] = 1e8 / 8 / bps;
+  }
+  return {{"packet_bytes", size}, {"aes_gcm_in_cpu", aes}, {"rows", rows}};
+}
+
 int run_bench_link(const LinkBenchOptions& o) {
   if (!o.netns_child.empty()) return netns_child(o.netns_child);
   if (!o.peer_child.empty()) return peer_child_main(o);
@@ -462,6 +524,7 @@ int run_bench_link(const LinkBenchOptions& o) {
     else
       j["netns"] = {{"skipped", ns.status().message()}};
   }
+  j["crypto"] = crypto_rows(size, o.repeats);
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -483,6 +546,14 @@ int run_bench_link(const LinkBenchOptions& o) {
     std::printf("  netns tbf: skipped (%s)\n", j["netns"]["skipped"].get<std::string>().c_str());
   else
     std::printf("  netns tbf: skipped (%s)\n", geteuid() == 0 ? "--no-netns" : "needs root");
+  const Json& c = j["crypto"];
+  std::printf("packet authentication, one core, %.1f MiB packets (libsodium; AES-GCM in this CPU: %s)\n",
+              size / 1048576.0, c["aes_gcm_in_cpu"].get<bool>() ? "yes" : "no");
+  std::printf("  %-24s %10s %10s %16s %16s\n", "", "MB/s", "of memcpy", "core @ 1 Gbit/s", "core @ 100 Mbit/s");
+  for (const Json& r : c["rows"])
+    std::printf("  %-24s %10.1f %9.2fx %15.1f%% %15.2f%%\n", r["name"].get<std::string>().c_str(),
+                r["Bps"].get<double>() / 1e6, r["of_memcpy"].get<double>(), 100 * r["core_share_1gbit"].get<double>(),
+                100 * r["core_share_100mbit"].get<double>());
   return 0;
 }
 

@@ -1220,6 +1220,24 @@ TEST_F(Launch, NetnsLinksAsRoot) {
   EXPECT_NE(ns.output.find("--netns"), std::string::npos) << ns.output;
 }
 
+// `bench link` prints what authenticating or encrypting each packet costs beside memcpy in the same run (the
+// security issue's figures); here only that every row is there and measured, never how fast it is.
+TEST_F(Launch, BenchLinkMeasuresPacketAuthentication) {
+  BinRun b =
+      run({"bench", "link", "--json", "--total", "4194304", "--repeats", "1", "--pings", "20", "--no-netns"}, 300s);
+  ASSERT_EQ(b.code, 0) << b.output;
+  const auto j = nlohmann::json::parse(b.output.substr(b.output.rfind("{\"bench\"")));
+  const auto& rows = j.at("crypto").at("rows");
+  std::set<std::string> names;
+  for (const auto& r : rows) {
+    names.insert(r.at("name").get<std::string>());
+    EXPECT_GT(r.at("Bps").get<double>(), 0) << r.dump();
+    EXPECT_GT(r.at("core_share_1gbit").get<double>(), 0) << r.dump();
+  }
+  for (const char* want : {"memcpy", "mac chacha20-poly1305", "aead chacha20-poly1305"})
+    EXPECT_TRUE(names.count(want)) << want << " missing from " << rows.dump();
+}
+
 TEST_F(Launch, BadFlagsAreNamed) {
   struct Case {
     std::vector<std::string> args;
