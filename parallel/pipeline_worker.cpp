@@ -182,6 +182,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     auto ms = [](std::chrono::milliseconds d) { return uint32_t(std::min<int64_t>(d.count(), UINT32_MAX)); };
     for (const DataPlane::PendingLink& l : p->pending_links(std::chrono::milliseconds(500)))
       hb.pending.push_back(PendingLink{l.peer, l.send, ms(l.pending), ms(l.since_progress)});
+    hb.blocked_ms = ms(Transfer::blocked_for());
     return hb;
   });
   struct ProgressSourceGuard {

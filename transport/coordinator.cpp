@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "core/log.h"
 #include "transport/job_secret.h"
@@ -594,6 +595,8 @@ void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<s
   barrier_arrivals_.clear();
   recovering_ = true;
   recovery_deadline_ = std::chrono::steady_clock::now() + options_.replace_timeout;
+  for (WorkerInfo& w : workers_) w.progress = Heartbeat{};  // the abandoned epoch's waits are no stall of the next
+  stalls_.clear();
   LH_LOG_WARN("coordinator: rolling the job back (epoch {} → {}); waiting up to {} s for a worker to take rank(s) {}",
               left, epoch_, options_.replace_timeout.count() / 1000, [&] {
                 std::string r;
@@ -651,6 +654,53 @@ std::map<std::pair<int, int>, std::string> Coordinator::find_stalls_locked(
   return out;
 }
 
+std::string Coordinator::find_deadlock_locked(std::chrono::steady_clock::time_point now) const {
+  if (options_.stall_timeout.count() <= 0 || !all_ready_) return "";
+  const auto limit = uint32_t(std::min<int64_t>(options_.stall_timeout.count(), UINT32_MAX));
+  std::map<int, const WorkerInfo*> by_rank;
+  for (const WorkerInfo& w : workers_)
+    if (w.state == WorkerInfo::State::kReady && now - w.progress_at <= options_.heartbeat_timeout) by_rank[w.rank] = &w;
+  // waits[r]: the ranks r has waited on that long, which have nothing on its way to r — r's training thread blocked
+  // all that while (a rank that computes with receives posted ahead is not stuck).
+  std::map<int, std::set<int>> waits;
+  for (const auto& [rank, w] : by_rank)
+    for (const PendingLink& p : w->progress.pending) {
+      if (w->progress.blocked_ms < limit) break;
+      if (p.send || p.since_progress_ms < limit) continue;
+      auto sender = by_rank.find(p.peer);
+      if (sender == by_rank.end()) continue;  // its progress is unknown
+      bool sending = false;
+      for (const PendingLink& q : sender->second->progress.pending) sending |= q.send && q.peer == rank;
+      if (!sending) waits[rank].insert(p.peer);
+    }
+  // A cycle in that graph (depth-first, from each rank).
+  for (const auto& [start, _] : waits) {
+    std::vector<int> path = {start};
+    std::set<int> seen;
+    std::function<bool(int)> visit = [&](int r) {
+      auto it = waits.find(r);
+      if (it == waits.end()) return false;
+      for (int next : it->second) {
+        if (next == start) return true;
+        if (seen.insert(next).second) {
+          path.push_back(next);
+          if (visit(next)) return true;
+          path.pop_back();
+        }
+      }
+      return false;
+    };
+    if (visit(start)) {
+      std::string cycle;
+      for (size_t i = 0; i < path.size(); ++i)
+        cycle += "rank " + std::to_string(path[i]) + " waits on rank " +
+                 std::to_string(i + 1 < path.size() ? path[i + 1] : start) + ", ";
+      return cycle + "each blocked, and no packet is on its way to any of them";
+    }
+  }
+  return "";
+}
+
 void Coordinator::on_tick() {
   auto now = std::chrono::steady_clock::now();
   std::vector<std::pair<std::string, uint32_t>> alive;  // identity, the newest Join attempt handled from it
@@ -686,6 +736,15 @@ void Coordinator::on_tick() {
       if (!stalls.count(key))
         LH_LOG_INFO("coordinator: the link rank {} → rank {} is moving again", key.first, key.second);
     stalls_ = std::move(stalls);
+    if (planned_ && !shut_down_) {
+      if (std::string cycle = find_deadlock_locked(now); !cycle.empty()) {
+        // A packet the data plane lost (the stall detector names the links): waiting longer changes nothing.
+        // Rolling back gives every worker new data-plane endpoints and goes on from the last checkpoint.
+        give_up = on_lost_messages_locked("the data plane lost a packet: " + cycle + " (for at least " +
+                                              std::to_string(options_.stall_timeout.count() / 1000) + " s)",
+                                          later);
+      }
+    }
     if (recovering_ && !shut_down_ && now > recovery_deadline_) {
       std::string ranks;
       for (int v : vacant_) ranks += (ranks.empty() ? "" : ",") + std::to_string(v);

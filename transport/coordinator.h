@@ -178,6 +178,10 @@ class Coordinator {
   // With mu_ held: the links that have stalled now, (src, dst) → what is known about it.
   std::map<std::pair<int, int>, std::string> find_stalls_locked(std::chrono::steady_clock::time_point now) const;
   std::map<std::pair<int, int>, std::string> stalls_;  // as last found (mu_)
+  // With mu_ held: ranks that wait on each other in a cycle, each for a packet its predecessor is not sending (a
+  // packet the data plane lost), every wait at least the stall timeout; "" when there is none. Such a job never
+  // moves again by itself.
+  std::string find_deadlock_locked(std::chrono::steady_clock::time_point now) const;
 
   std::mutex send_mu_;                        // taken after mu_, never before it: orders numbering and queueing
   std::map<std::string, uint32_t> send_seq_;  // identity → the number of its next message

@@ -207,6 +207,9 @@ struct Heartbeat {  // both ways
   // The sender's newest join attempt (worker → coordinator) / the newest Join attempt the coordinator has handled
   // from this worker (coordinator → worker): a worker whose Join went missing sees it and sends it again.
   uint32_t join_attempt = 0;
+  // worker → coordinator: how long its training thread has been blocked waiting on the data plane (0: it is not;
+  // Transfer::blocked_for). Ranks blocked on each other are stuck; a rank that computes is not.
+  uint32_t blocked_ms = 0;
   template <class A>
   void serialize(A& ar);
 };
@@ -297,7 +300,7 @@ struct Rollback {
 
 template <class A>
 void Heartbeat::serialize(A& ar) {
-  ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt);
+  ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt, blocked_ms);
 }
 
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,

@@ -1,6 +1,8 @@
 // Completion handles for non-blocking transfers. Used by UcxDataPlane, LinkShaper and their callers.
 #include "transport/transfer.h"
 
+#include <atomic>
+
 namespace lh {
 
 void TransferState::complete(Status st) {
@@ -63,8 +65,27 @@ bool Transfer::done() const {
   return s_ && s_->is_done();
 }
 
+namespace {
+std::atomic<int> g_waiters{0};
+std::atomic<int64_t> g_blocked_since_ns{0};  // steady clock, while g_waiters > 0
+
+struct BlockedScope {
+  BlockedScope() {
+    if (g_waiters.fetch_add(1) == 0) g_blocked_since_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+  }
+  ~BlockedScope() { g_waiters.fetch_sub(1); }
+};
+}  // namespace
+
+std::chrono::milliseconds Transfer::blocked_for() {
+  if (g_waiters.load() == 0) return std::chrono::milliseconds(0);
+  const auto since = std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(g_blocked_since_ns));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since);
+}
+
 Status Transfer::wait(std::chrono::milliseconds timeout) const {
   if (!s_) return invalid_argument("wait on an empty Transfer");
+  BlockedScope blocked;
   std::unique_lock<std::mutex> lock(s_->mu);
   if (!s_->cv.wait_for(lock, timeout, [&] { return s_->done; }))
     return unavailable("transfer " + std::string(direction_name(s_->direction)) + " peer " + std::to_string(s_->peer) +

@@ -76,6 +76,9 @@ class Transfer {
   // Blocks until done or `timeout`; returns the transfer's status, or Unavailable on timeout (the
   // transfer then continues and may still finish).
   Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) const;
+  // How long some thread of this process has been blocked in wait() without a break (0: none is): heartbeats carry
+  // it, so the coordinator can tell ranks stuck on each other from ranks busy computing.
+  static std::chrono::milliseconds blocked_for();
   // The final status; Unavailable("still in flight") before done().
   Status status() const;
   // A finished receive's packet, moved out (empty for sends, recv_into, or before done()).

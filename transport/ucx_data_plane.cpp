@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -396,7 +397,23 @@ void UcxDataPlane::start_recv(std::shared_ptr<TransferState> st) {
   post([this, st = std::move(st)] { issue_recv(st); });
 }
 
+namespace {
+// LH_FAULT_DROP_SEND=STEP (tests only): the first activation this process sends for STEP is reported sent but never
+// leaves, once per process — a packet the data plane lost.
+bool fault_drop_send(const Tag& tag) {
+  static const int64_t step = [] {
+    const char* env = std::getenv("LH_FAULT_DROP_SEND");
+    return env ? std::atoll(env) : int64_t(-1);
+  }();
+  static std::atomic<bool> dropped{false};
+  if (step < 0 || tag.step != uint32_t(step) || tag.role != Role::kActivation || dropped.exchange(true)) return false;
+  LH_LOG_WARN("fault injection: dropping the activation {} (LH_FAULT_DROP_SEND)", tag.to_string());
+  return true;
+}
+}  // namespace
+
 void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st) {
+  if (fault_drop_send(st->tag)) return st->complete(Status::Ok());
   auto it = peer_table_.find(st->peer);
   if (it == peer_table_.end())
     return st->complete(invalid_argument("send to rank " + std::to_string(st->peer) + ", which is not in the plan"));

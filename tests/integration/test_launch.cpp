@@ -37,6 +37,11 @@ const char* bin() {
   return std::getenv("LH_BIN");
 }
 
+// Every worker these tests start speaks UCX over loopback only: another test's network namespace (veth pairs that
+// come and go, NetnsLinksAsRoot runs beside these under ctest -j) must not become a lane of theirs, or vanish under
+// one (a worker then fails with "No such device", or its packets are lost). --netns workers name eth0 themselves.
+const bool g_loopback_only = [] { return setenv("UCX_NET_DEVICES", "lo", /*overwrite=*/0) == 0; }();
+
 // A per-process path, removed first: a file left by an earlier run whose pid was the same must not leak in.
 std::string temp_path(const std::string& name) {
   std::string p = ::testing::TempDir() + "lh_launch_" + std::to_string(getpid()) + "_" + name;
@@ -795,6 +800,30 @@ TEST_P(RecoveredWorker, GoesOnFromTheLastCheckpointWithTheSameLosses) {
 }
 INSTANTIATE_TEST_SUITE_P(StagesOrReplicas, RecoveredWorker, ::testing::Values("stages", "replicas", "delayed"),
                          [](const auto& info) { return info.param; });
+
+// The data plane loses a packet (LH_FAULT_DROP_SEND: an activation reported sent that never leaves): the two
+// stages wait on each other for good. The coordinator sees the cycle in their heartbeats once it has lasted the
+// stall timeout, names it, and rolls the job back to its last checkpoint with new endpoints; the job finishes with
+// the losses of a run that lost nothing. (With --replace-timeout 0 it would stop naming the loss instead of hanging.)
+TEST_F(Launch, APacketLostByTheDataPlaneRollsTheJobBack) {
+  const int steps = 12;
+  std::vector<std::string> extra = {"--link",          "20M,1ms", "--heartbeat-timeout", "2",
+                                    "--stall-timeout", "2",       "--restarts",          "0"};
+  const std::string straight = temp_path("lost_straight.jsonl");
+  BinRun ref = run(launch_args(2, steps, straight, extra), 300s);
+  ASSERT_EQ(ref.code, 0) << ref.output;
+  const std::string metrics = temp_path("lost.jsonl"), dir = temp_path("lost_ckpt");
+  extra.insert(extra.end(), {"--checkpoint-dir", dir, "--checkpoint-every", "3"});
+  setenv("LH_FAULT_DROP_SEND", "5", 1);  // inherited by launch's workers; only stage 0 sends activations
+  BinRun lossy = run(launch_args(2, steps, metrics, extra), 300s);
+  unsetenv("LH_FAULT_DROP_SEND");
+  ASSERT_EQ(lossy.code, 0) << lossy.output;
+  EXPECT_NE(lossy.output.find("fault injection: dropping the activation step 5"), std::string::npos) << lossy.output;
+  EXPECT_NE(lossy.output.find("the data plane lost a packet: rank "), std::string::npos) << lossy.output;
+  expect_same_losses(losses_of(metrics), losses_of(straight), steps);
+  for (const auto& [key, n] : records_per_step(metrics))
+    EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
+}
 
 // --elastic: a worker of a 2-stage × 2-replica job is SIGKILLed and no replacement is started. The job rolls back to
 // its last checkpoint and goes on at once with the replica left (dp 2 → 1): the lost replica's other worker leaves
