@@ -1,12 +1,13 @@
 // `longhaul bench codecs`: compression ratio, error and encode/decode bandwidth of every codec, each
 // beside memcpy of the same buffer in the same run. Used by engineers and CI to check the codec targets.
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "apps/commands.h"
@@ -147,8 +148,8 @@ int run(const CodecBenchOptions& o) {
   if (!o.json) {
     std::printf("longhaul bench codecs: %d threads, %s, median of %d runs; GB/s of raw fp32 bytes\n", num_threads(),
                 cuda_device_summary().c_str(), o.repeats);
-    std::printf("%-4s %-28s %-13s %8s %9s %9s %9s %9s %7s %7s\n", "dev", "spec", "shape", "ratio", "rel_rms",
-                "enc GB/s", "dec GB/s", "memcpy", "enc/mc", "dec/mc");
+    std::printf("%-4s %-28s %-13s %8s %9s %9s %9s %9s %7s %7s\n", "dev", "spec", "shape", "ratio", "rel_rms", "enc GB/s",
+                "dec GB/s", "memcpy", "enc/mc", "dec/mc");
   }
   for (Device d : devices)
     for (int64_t n : o.sizes)

@@ -25,7 +25,8 @@ Result<int64_t> parse_int64(const std::string& text, const std::string& what) {
   errno = 0;
   char* end = nullptr;
   long long v = std::strtoll(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0') return invalid_argument(what + ": expected an integer, got '" + text + "'");
+  if (end == text.c_str() || *end != '\0')
+    return invalid_argument(what + ": expected an integer, got '" + text + "'");
   if (errno == ERANGE) return invalid_argument(what + ": integer '" + text + "' is out of range");
   return static_cast<int64_t>(v);
 }
@@ -46,7 +47,8 @@ Result<double> parse_double(const std::string& text, const std::string& what) {
   errno = 0;
   char* end = nullptr;
   double v = std::strtod(text.c_str(), &end);
-  if (end == text.c_str() || *end != '\0') return invalid_argument(what + ": expected a number, got '" + text + "'");
+  if (end == text.c_str() || *end != '\0')
+    return invalid_argument(what + ": expected a number, got '" + text + "'");
   if (errno == ERANGE || !std::isfinite(v)) return invalid_argument(what + ": number '" + text + "' is out of range");
   return v;
 }

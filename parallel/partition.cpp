@@ -10,10 +10,8 @@ namespace lh {
 namespace {
 
 Status check_shape(int layers, int stages) {
-  if (stages < 1)
-    return invalid_argument("partition: the number of stages must be at least 1, got " + std::to_string(stages));
-  if (layers < 1)
-    return invalid_argument("partition: the model must have at least 1 block, got " + std::to_string(layers));
+  if (stages < 1) return invalid_argument("partition: the number of stages must be at least 1, got " + std::to_string(stages));
+  if (layers < 1) return invalid_argument("partition: the model must have at least 1 block, got " + std::to_string(layers));
   if (layers < stages)
     return invalid_argument("partition: " + std::to_string(layers) + " blocks cannot fill " + std::to_string(stages) +
                             " stages (every stage needs at least one block); use fewer stages or more layers");
@@ -46,8 +44,7 @@ Result<Partition> Partition::from_counts(const std::vector<int>& counts, int lay
 }
 
 Result<Partition> Partition::parse(const std::string& text, int layers, int stages) {
-  if (stages < 1)
-    return invalid_argument("partition: the number of stages must be at least 1, got " + std::to_string(stages));
+  if (stages < 1) return invalid_argument("partition: the number of stages must be at least 1, got " + std::to_string(stages));
   std::vector<int> counts;
   size_t pos = 0;
   while (true) {
@@ -62,8 +59,8 @@ Result<Partition> Partition::parse(const std::string& text, int layers, int stag
     pos = comma + 1;
   }
   if (static_cast<int>(counts.size()) != stages)
-    return invalid_argument("partition '" + text + "' has " + std::to_string(counts.size()) +
-                            " entries but the job has " + std::to_string(stages) + " stages");
+    return invalid_argument("partition '" + text + "' has " + std::to_string(counts.size()) + " entries but the job has " +
+                            std::to_string(stages) + " stages");
   int64_t sum = 0;
   for (int n : counts) sum += n;
   if (sum != layers)

@@ -9,26 +9,13 @@ namespace lh {
 std::string Action::to_string() const {
   const char* tag = "?";
   switch (kind) {
-    case ActionKind::kForward:
-      tag = "F";
-      break;
-    case ActionKind::kBackward:
-      tag = "B";
-      break;
-    case ActionKind::kSendAct:
-      tag = "SA";
-      break;
-    case ActionKind::kRecvAct:
-      tag = "RA";
-      break;
-    case ActionKind::kSendGrad:
-      tag = "SG";
-      break;
-    case ActionKind::kRecvGrad:
-      tag = "RG";
-      break;
-    case ActionKind::kOptimizerStep:
-      return "OPT";
+    case ActionKind::kForward: tag = "F"; break;
+    case ActionKind::kBackward: tag = "B"; break;
+    case ActionKind::kSendAct: tag = "SA"; break;
+    case ActionKind::kRecvAct: tag = "RA"; break;
+    case ActionKind::kSendGrad: tag = "SG"; break;
+    case ActionKind::kRecvGrad: tag = "RG"; break;
+    case ActionKind::kOptimizerStep: return "OPT";
   }
   return tag + std::to_string(microbatch);
 }
@@ -39,9 +26,7 @@ Result<ScheduleKind> parse_schedule_kind(const std::string& text) {
   return invalid_argument("schedule '" + text + "' is unknown; choose gpipe or 1f1b");
 }
 
-const char* schedule_kind_name(ScheduleKind kind) {
-  return kind == ScheduleKind::kGPipe ? "gpipe" : "1f1b";
-}
+const char* schedule_kind_name(ScheduleKind kind) { return kind == ScheduleKind::kGPipe ? "gpipe" : "1f1b"; }
 
 namespace {
 
@@ -61,11 +46,9 @@ void append_backward(std::vector<Action>& list, int s, int S, int mb) {
 }  // namespace
 
 Result<PipelineSchedule> PipelineSchedule::build(ScheduleKind kind, int stages, int microbatches) {
-  if (stages < 1)
-    return invalid_argument("pipeline schedule: stages must be at least 1, got " + std::to_string(stages));
+  if (stages < 1) return invalid_argument("pipeline schedule: stages must be at least 1, got " + std::to_string(stages));
   if (microbatches < 1)
-    return invalid_argument("pipeline schedule: --microbatches must be at least 1, got " +
-                            std::to_string(microbatches));
+    return invalid_argument("pipeline schedule: --microbatches must be at least 1, got " + std::to_string(microbatches));
   std::vector<std::vector<Action>> lists(stages);
   for (int s = 0; s < stages; ++s) {
     auto& list = lists[s];
@@ -111,10 +94,8 @@ Status PipelineSchedule::validate() const {
   std::vector<std::vector<int>> act_sent(S), act_recv(S), grad_sent(S), grad_recv(S);
   for (int s = 0; s < S; ++s) {
     const auto& list = lists_[s];
-    auto where = [&](size_t i) {
-      return "pipeline schedule: stage " + std::to_string(s) + ", action " + std::to_string(i) + " (" +
-             list[i].to_string() + ")";
-    };
+    auto where = [&](size_t i) { return "pipeline schedule: stage " + std::to_string(s) + ", action " +
+                                        std::to_string(i) + " (" + list[i].to_string() + ")"; };
     // pos[kind][mb] = index in the list, or −1.
     std::vector<std::vector<long>> pos(kKinds, std::vector<long>(M, -1));
     long opt_pos = -1;
@@ -135,20 +116,11 @@ Status PipelineSchedule::validate() const {
       if (p >= 0) return invalid_argument(where(i) + ": appears twice (first at action " + std::to_string(p) + ")");
       p = static_cast<long>(i);
       switch (a.kind) {
-        case ActionKind::kSendAct:
-          act_sent[s].push_back(a.microbatch);
-          break;
-        case ActionKind::kRecvAct:
-          act_recv[s].push_back(a.microbatch);
-          break;
-        case ActionKind::kSendGrad:
-          grad_sent[s].push_back(a.microbatch);
-          break;
-        case ActionKind::kRecvGrad:
-          grad_recv[s].push_back(a.microbatch);
-          break;
-        default:
-          break;
+        case ActionKind::kSendAct: act_sent[s].push_back(a.microbatch); break;
+        case ActionKind::kRecvAct: act_recv[s].push_back(a.microbatch); break;
+        case ActionKind::kSendGrad: grad_sent[s].push_back(a.microbatch); break;
+        case ActionKind::kRecvGrad: grad_recv[s].push_back(a.microbatch); break;
+        default: break;
       }
     }
     const std::string stage_name = "pipeline schedule: stage " + std::to_string(s);
@@ -158,9 +130,7 @@ Status PipelineSchedule::validate() const {
     auto at = [&](ActionKind k, int mb) { return pos[static_cast<int>(k)][mb]; };
     for (int mb = 0; mb < M; ++mb) {
       const std::string m = std::to_string(mb);
-      auto missing = [&](const char* what) {
-        return invalid_argument(stage_name + ": no " + what + " of microbatch " + m);
-      };
+      auto missing = [&](const char* what) { return invalid_argument(stage_name + ": no " + what + " of microbatch " + m); };
       auto order = [&](const char* a, const char* b) {
         return invalid_argument(stage_name + ": " + a + m + " must come before " + b + m);
       };

@@ -27,27 +27,13 @@ struct Action {
   std::string to_string() const;  // "F3", "B3", "SA3", "RA3", "SG3", "RG3", "OPT"
 };
 
-inline Action forward(int mb) {
-  return {ActionKind::kForward, mb};
-}
-inline Action backward(int mb) {
-  return {ActionKind::kBackward, mb};
-}
-inline Action send_act(int mb) {
-  return {ActionKind::kSendAct, mb};
-}
-inline Action recv_act(int mb) {
-  return {ActionKind::kRecvAct, mb};
-}
-inline Action send_grad(int mb) {
-  return {ActionKind::kSendGrad, mb};
-}
-inline Action recv_grad(int mb) {
-  return {ActionKind::kRecvGrad, mb};
-}
-inline Action optimizer_step() {
-  return {ActionKind::kOptimizerStep, -1};
-}
+inline Action forward(int mb) { return {ActionKind::kForward, mb}; }
+inline Action backward(int mb) { return {ActionKind::kBackward, mb}; }
+inline Action send_act(int mb) { return {ActionKind::kSendAct, mb}; }
+inline Action recv_act(int mb) { return {ActionKind::kRecvAct, mb}; }
+inline Action send_grad(int mb) { return {ActionKind::kSendGrad, mb}; }
+inline Action recv_grad(int mb) { return {ActionKind::kRecvGrad, mb}; }
+inline Action optimizer_step() { return {ActionKind::kOptimizerStep, -1}; }
 
 enum class ScheduleKind { kGPipe, k1F1B };
 // "gpipe" | "1f1b"; an unknown name is an error listing both.
@@ -61,8 +47,7 @@ class PipelineSchedule {
   // forward and one backward, then drains; at most S − s microbatches are in flight on stage s.
   static Result<PipelineSchedule> build(ScheduleKind kind, int stages, int microbatches);
   // Hand-made lists (tests, experiments), accepted only if validate() passes.
-  static Result<PipelineSchedule> from_lists(ScheduleKind kind, int microbatches,
-                                             std::vector<std::vector<Action>> lists);
+  static Result<PipelineSchedule> from_lists(ScheduleKind kind, int microbatches, std::vector<std::vector<Action>> lists);
 
   ScheduleKind kind() const { return kind_; }
   int stages() const { return static_cast<int>(lists_.size()); }

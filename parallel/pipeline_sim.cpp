@@ -71,8 +71,7 @@ Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, co
       stuck += (stuck.empty() ? "" : ", ") + std::string("stage ") + std::to_string(s) + " waits at " +
                schedule.actions(s)[pc[s]].to_string() + " (action " + std::to_string(pc[s]) + ")";
   if (!stuck.empty())
-    return internal_error(std::string("pipeline schedule ") + schedule_kind_name(schedule.kind()) +
-                          " deadlocks: " + stuck);
+    return internal_error(std::string("pipeline schedule ") + schedule_kind_name(schedule.kind()) + " deadlocks: " + stuck);
 
   double total_busy = 0;
   for (int s = 0; s < S; ++s) {

@@ -9,8 +9,8 @@ namespace {
 
 Status check(const Tensor& t, int last_dim, Device dev, const char* what) {
   if (t.ndim() != 3 || t.dim(2) != last_dim || t.dtype() != DType::f32 || t.device() != dev || !t.is_contiguous())
-    return invalid_argument(std::string("subspace boundary: ") + what + " " + t.describe() +
-                            " is not a contiguous f32 [B, T, " + std::to_string(last_dim) + "] on " + device_name(dev));
+    return invalid_argument(std::string("subspace boundary: ") + what + " " + t.describe() + " is not a contiguous f32 [B, T, " +
+                            std::to_string(last_dim) + "] on " + device_name(dev));
   return Status::Ok();
 }
 

@@ -6,9 +6,7 @@
 
 namespace lh {
 
-std::string PipelineLink::name() const {
-  return std::to_string(from) + "-" + std::to_string(to);
-}
+std::string PipelineLink::name() const { return std::to_string(from) + "-" + std::to_string(to); }
 
 std::string link_list_string(const std::vector<PipelineLink>& links) {
   if (links.empty()) return "none (a single stage has no pipeline links)";
@@ -19,8 +17,7 @@ std::string link_list_string(const std::vector<PipelineLink>& links) {
 
 Result<Topology> Topology::create(int workers, int pp, int tp, int dp) {
   auto factor = [](const char* name, int v) -> Status {
-    if (v < 1)
-      return invalid_argument(std::string("topology: --") + name + " must be at least 1, got " + std::to_string(v));
+    if (v < 1) return invalid_argument(std::string("topology: --") + name + " must be at least 1, got " + std::to_string(v));
     return Status::Ok();
   };
   LH_RETURN_IF_ERROR(factor("pp", pp));
@@ -29,9 +26,9 @@ Result<Topology> Topology::create(int workers, int pp, int tp, int dp) {
   if (workers < 1) return invalid_argument("topology: --workers must be at least 1, got " + std::to_string(workers));
   const int64_t product = int64_t(pp) * tp * dp;
   if (product != workers)
-    return invalid_argument("topology: --workers " + std::to_string(workers) +
-                            " does not equal pp × tp × dp = " + std::to_string(pp) + " × " + std::to_string(tp) +
-                            " × " + std::to_string(dp) + " = " + std::to_string(product));
+    return invalid_argument("topology: --workers " + std::to_string(workers) + " does not equal pp × tp × dp = " +
+                            std::to_string(pp) + " × " + std::to_string(tp) + " × " + std::to_string(dp) + " = " +
+                            std::to_string(product));
   return Topology(pp, tp, dp);
 }
 
@@ -123,8 +120,7 @@ Result<PipelineLink> Topology::parse_link(const std::string& text) const {
   if (*b == *a - 1 && *a >= 1 && *a < pp_)
     return invalid_argument("link '" + text + "': name a link by its stages in forward order (" + std::to_string(*b) +
                             "-" + std::to_string(*a) + ") and choose the direction with fwd or bwd");
-  return invalid_argument("link '" + text + "' is not a pipeline link of this job (" + describe() +
-                          "); links: " + links);
+  return invalid_argument("link '" + text + "' is not a pipeline link of this job (" + describe() + "); links: " + links);
 }
 
 std::optional<PipelineLink> Topology::link_between(int rank_a, int rank_b) const {
