@@ -71,6 +71,15 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->group(g);
   add_secret_flags(cmd, f.secret, g);
+  auto* enc = cmd->add_flag("--encrypt-data", f.encrypt_data,
+                            "encrypt data-plane packets too (AES-256-GCM where both machines have AES-NI, else "
+                            "ChaCha20-Poly1305); without it packets are authenticated but travel in clear")
+                  ->group(g);
+  cmd->add_flag("--no-data-auth", f.no_data_auth,
+                "send data-plane packets without a MAC: anyone who can reach a worker's data port can inject "
+                "activations and gradients (trusted networks and benchmarks only)")
+      ->excludes(enc)
+      ->group(g);
   cmd->add_option("--heartbeat-timeout", f.heartbeat_timeout_s, "seconds of silence before a worker is declared dead")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0))
@@ -114,6 +123,9 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
 
 PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   PipelineJobConfig job = f.job;
+  job.data_protection = f.encrypt_data ? "aead" : f.no_data_auth ? "none" : "mac";
+  if (f.no_data_auth)
+    LH_LOG_WARN("--no-data-auth: data-plane packets carry no MAC; anyone who can reach a worker can inject them");
   apply_model_flags(f.model, job.train);
   auto kind = parse_schedule_kind(f.schedule);
   if (!kind.ok()) fail("--schedule: " + kind.status().message(), 2);

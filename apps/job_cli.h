@@ -26,6 +26,7 @@ struct JobFlags {
   PipelineJobConfig job;  // training, grid and codec fields are bound to it directly
   std::string metrics;
   SecretFlags secret;
+  bool encrypt_data = false, no_data_auth = false;
   double heartbeat_timeout_s = 5;
   double stall_timeout_s = 60;
   // Job checkpoints and recovery.

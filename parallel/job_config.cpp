@@ -13,6 +13,7 @@
 
 #include "parallel/dp_reducer.h"
 #include "parallel/link_name.h"
+#include "transport/packet_auth.h"
 
 namespace lh {
 namespace {
@@ -240,6 +241,7 @@ Status PipelineJobConfig::validate() const {
   }
   if (microbatches < 1)
     return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
+  if (auto p = parse_packet_protection(data_protection); !p.ok()) return Status(p.status()).prepend("job config");
   if (batch_slices != 0 || !replica_slices.empty()) {
     // An --elastic job that lost replicas (set by the coordinator, never by a flag).
     if (batch_slices < dp || int(replica_slices.size()) != dp)
@@ -303,6 +305,7 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"tp_split", tp_split},
           {"compress_tp", compress_tp},
           {"checkpoint_every", checkpoint_every},
+          {"data_protection", data_protection},
           {"batch_slices", batch_slices},
           {"replica_slices", replica_slices}};
 }
@@ -327,6 +330,7 @@ std::string PipelineJobConfig::resume_hash() const {
   j["train"].erase("steps");
   j["train"].erase("eval_every");
   j.erase("checkpoint_every");
+  j.erase("data_protection");  // how packets travel, not what is trained
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -403,6 +407,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.integer("checkpoint_every", c.checkpoint_every));
   LH_RETURN_IF_ERROR(r.integer("batch_slices", c.batch_slices));
   LH_RETURN_IF_ERROR(r.integers("replica_slices", c.replica_slices));
+  if (r.find("data_protection")) LH_RETURN_IF_ERROR(r.string("data_protection", c.data_protection));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

@@ -39,6 +39,9 @@ struct PipelineJobConfig {
   // Workers send their state to the coordinator after every this many steps and after the last (a job checkpoint,
   // committed by the coordinator once every shard is durable); 0: never.
   int64_t checkpoint_every = 0;
+  // How the data plane protects packets: "mac" (authenticated, the default), "aead" (--encrypt-data: also
+  // encrypted) or "none" (--no-data-auth: trusted networks and benchmarks only). See transport/packet_auth.h.
+  std::string data_protection = "mac";
   // --elastic: the job went on without lost replicas. The sampler still draws the original global batch, cut into
   // `batch_slices` equal slices (0: dp), and replica d trains on slice replica_slices[d] (empty: slice d); the
   // lost replicas' slices are skipped, so the global batch shrinks and the data order stays the original job's.

@@ -147,7 +147,8 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   // goes silent meanwhile ends the wait.
   const auto join_wait = *rank >= 0 ? std::max<std::chrono::milliseconds>(options.join_timeout, std::chrono::hours(24))
                                     : options.join_timeout;
-  auto joined = cc.join(ucx->address(), join_wait, *rank);
+  auto joined = cc.join(ucx->address(), join_wait, *rank,
+                        Bytes(ucx->data_public_key().begin(), ucx->data_public_key().end()), local_ciphers());
   if (!joined.ok() && cc.shutdown_reason() == kJobFinishedReason) {
     LH_LOG_INFO("the job finished without needing this worker (it waited as a standby)");
     return Status::Ok();
@@ -167,9 +168,22 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   CodecSchedule codecs(topology, codec_plan);
 
   std::map<int, Bytes> peers;
-  for (const PeerInfo& p : plan.peers)
-    if (p.rank != plan.rank) peers[p.rank] = p.ucx_address;
-  LH_RETURN_IF_ERROR(ucx->connect(plan.rank, peers));
+  DataPlaneSecurity security;
+  LH_ASSIGN_OR_RETURN(security.protection, parse_packet_protection(job->data_protection));
+  security.epoch = uint32_t(plan.epoch);
+  for (const PeerInfo& p : plan.peers) {
+    if (p.rank == plan.rank) continue;
+    peers[p.rank] = p.ucx_address;
+    if (security.protection == PacketProtection::kNone) continue;
+    if (p.data_key.size() != DataKeyPair::kBytes)
+      return invalid_argument("the plan has no data-plane key for rank " + std::to_string(p.rank) +
+                              " (a worker from before authenticated packets?)");
+    auto& k = security.peers[p.rank];
+    std::copy(p.data_key.begin(), p.data_key.end(), k.public_key.begin());
+    k.ciphers = p.data_ciphers;
+  }
+  LH_RETURN_IF_ERROR(ucx->connect(plan.rank, peers, security));
+  UcxDataPlane* ucx_plane = ucx.get();  // for its counters, after the LinkShaper takes it over
   meter->set_self_rank(plan.rank);
   std::unique_ptr<DataPlane> plane = std::move(ucx);
   if (options.link) plane = std::make_unique<LinkShaper>(std::move(plane), *options.link);
@@ -278,7 +292,11 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
           break;
         }
       }
-      cc.send_metrics(step, step_metrics_to_line(runner->take_step_metrics()));
+      {
+        WorkerStepMetrics m = runner->take_step_metrics();
+        if (ucx_plane->protection() != PacketProtection::kNone) m.auth_failures = ucx_plane->auth_failures();
+        cc.send_metrics(step, step_metrics_to_line(m));
+      }
       finished_step = step;
       if (step == fault_stall().after_step) {
         // Fault injection for tests (LH_FAULT_STALL=STEP:MS): this worker's training thread stops for a while after

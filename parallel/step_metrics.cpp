@@ -24,6 +24,7 @@ nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
   if (m.val_loss) j["val_loss"] = *m.val_loss;
   if (m.lr) j["lr"] = *m.lr;
   if (m.tokens_per_s) j["tokens_per_s"] = *m.tokens_per_s;
+  if (m.auth_failures) j["auth_failures"] = *m.auth_failures;
   nlohmann::json links = nlohmann::json::array();
   for (const LinkTraffic& t : m.links) {
     nlohmann::json l{{"src", t.src}, {"dst", t.dst}, {"role", t.role}, {"dir", t.dir}};
@@ -171,6 +172,11 @@ Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int l
   LH_RETURN_IF_ERROR(r.number("val_loss", false, m.val_loss));
   LH_RETURN_IF_ERROR(r.number("lr", false, m.lr));
   LH_RETURN_IF_ERROR(r.number("tokens_per_s", true, m.tokens_per_s));
+  if (j.contains("auth_failures")) {
+    uint64_t n = 0;
+    LH_RETURN_IF_ERROR(r.uint("auth_failures", true, n));
+    m.auth_failures = n;
+  }
   auto links = j.find("links");
   if (links != j.end() && !links->is_null()) {
     LH_ASSIGN_OR_RETURN(m.links, link_traffic_from_json(*links, where));

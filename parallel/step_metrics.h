@@ -41,6 +41,9 @@ struct WorkerStepMetrics {
   std::optional<double> val_loss;  // when evaluated
   std::optional<double> lr;
   std::optional<double> tokens_per_s;
+  // Packets this worker's data plane refused since its epoch began because they failed authentication (a tag that
+  // did not verify, a replay, another epoch's packet); absent when the plane does not authenticate.
+  std::optional<uint64_t> auth_failures;
   std::vector<LinkTraffic> links;
   int source_line = 0;  // line number when read from a file (1-based), 0 otherwise; not written
 };

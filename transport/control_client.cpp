@@ -255,7 +255,8 @@ void ControlClient::on_tick() {
   }
 }
 
-Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank) {
+Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank,
+                                 std::vector<uint8_t> data_key, uint32_t data_ciphers) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if ((joined_ || join_reply_ || join_sent_) && !rollback_) return invalid_argument("join() called twice");
@@ -273,6 +274,8 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   }
   plan_.reset();
   Join j{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address, rank};
+  j.data_key = std::move(data_key);
+  j.data_ciphers = data_ciphers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     j.attempt = ++attempt_;

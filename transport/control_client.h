@@ -53,7 +53,9 @@ class ControlClient {
   // InvalidArgument carrying the coordinator's reason.
   // After a Rollback event, join() may be called again (with a new data-plane address and the rank held): the
   // events, barriers and plan of the abandoned epoch are dropped.
-  Result<Plan> join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank = -1);
+  // `data_key` / `data_ciphers`: the data plane's public key and the CPU's fast ciphers (Join::data_key).
+  Result<Plan> join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank = -1,
+                    std::vector<uint8_t> data_key = {}, uint32_t data_ciphers = 0);
   // Sends Ready and waits for the start barrier (Barrier 0).
   Status ready(std::chrono::milliseconds timeout);
   // Waits until every live worker reached barrier `id` (> 0).

@@ -49,6 +49,8 @@ Status validate(const Join& m) {
   if (m.ucx_address.empty() || m.ucx_address.size() > (1u << 20))
     return corrupt("UCX address of " + std::to_string(m.ucx_address.size()) + " bytes");
   if (m.rank != -1) LH_RETURN_IF_ERROR(check_rank(m.rank, "join rank"));
+  if (!m.data_key.empty() && m.data_key.size() != 32)
+    return corrupt("data-plane key of " + std::to_string(m.data_key.size()) + " bytes (expected 32)");
   return Status::Ok();
 }
 
@@ -71,6 +73,9 @@ Status validate(const Plan& m) {
     if (!seen.insert(p.rank).second) return corrupt("plan lists rank " + std::to_string(p.rank) + " twice");
     LH_RETURN_IF_ERROR(check_name(p.hostname, "peer hostname"));
     LH_RETURN_IF_ERROR(check_name(p.device, "peer device"));
+    if (!p.data_key.empty() && p.data_key.size() != 32)
+      return corrupt("plan peer " + std::to_string(p.rank) + "'s data-plane key of " +
+                     std::to_string(p.data_key.size()) + " bytes (expected 32)");
   }
   for (const auto& c : m.codecs) {
     LH_RETURN_IF_ERROR(check_len(c.dir, "codec direction"));

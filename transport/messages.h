@@ -14,7 +14,7 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 4;
+constexpr uint16_t kProtocolVersion = 5;
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
@@ -82,9 +82,13 @@ struct Join {
   // Which of this worker's joins it is (1, 2, …; 0: unnumbered). A Join lost with a reset connection is sent again
   // with the same number, and the coordinator takes a repeated number as the same join, not a new one.
   uint32_t attempt = 0;
+  // The worker's data-plane public key (UcxDataPlane::data_public_key, 32 bytes; empty: none) and the ciphers its
+  // CPU runs fast (packet_auth.h local_ciphers): the Plan hands them to its peers, which derive their pair keys.
+  std::vector<uint8_t> data_key;
+  uint32_t data_ciphers = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt);
+    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt, data_key, data_ciphers);
   }
 };
 
@@ -93,9 +97,11 @@ struct PeerInfo {
   std::string hostname;
   std::string device;
   std::vector<uint8_t> ucx_address;
+  std::vector<uint8_t> data_key;  // from its Join
+  uint32_t data_ciphers = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(rank, hostname, device, ucx_address);
+    ar(rank, hostname, device, ucx_address, data_key, data_ciphers);
   }
 };
 

@@ -39,6 +39,8 @@ struct UcxDataPlane::Inbound {
   bool discard = false;  // thrown away: never delivered (a dropped packet is also received into nothing)
   bool queued = false;   // in unexpected_, counted against its peer's bounds
   Bytes bytes;           // the plane's buffer for the packet (not for direct receives)
+  uint64_t held = 0;     // bytes of it counted in buffer_bytes_
+  uint64_t payload_length = 0;  // what the receiver gets: length, less the trailer of an authenticated packet
   Clock::time_point arrived{}, finished{};
   bool done = false;
   ucs_status_t status = UCS_OK;
@@ -52,11 +54,12 @@ struct UcxDataPlane::Inbound {
 
   // Hands `bytes` over (to a recv's Transfer) or frees them, for packet_buffer_bytes_peak's count.
   Bytes release() {
-    plane->buffer_bytes_ -= bytes.size();
+    plane->buffer_bytes_ -= held;
+    held = 0;
     return std::move(bytes);
   }
   ~Inbound() {
-    if (plane) plane->buffer_bytes_ -= bytes.size();
+    if (plane) plane->buffer_bytes_ -= held;
   }
 };
 
@@ -68,6 +71,7 @@ Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& opt
 
 Status UcxDataPlane::init(const UcxOptions& options) {
   options_ = options;
+  data_keys_ = DataKeyPair::generate();
   ucp_config_t* config = nullptr;
   LH_CHECK_CODE(ucp_config_read(nullptr, nullptr, &config));
   if (!options.tls.empty()) {
@@ -250,7 +254,7 @@ void UcxDataPlane::close_endpoints() {
   while (!inbound_in_flight_.empty() && Clock::now() < end) ucp_worker_progress(worker_);
 }
 
-Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers) {
+Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, const DataPlaneSecurity& security) {
   if (self_rank < 0 || self_rank > UcxOptions::kMaxRank)
     return invalid_argument("rank " + std::to_string(self_rank) + " outside [0, " +
                             std::to_string(UcxOptions::kMaxRank) + "]");
@@ -260,6 +264,40 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers) {
     auto a = unwrap_worker_address(env);
     if (!a.ok()) return Status(a.status()).prepend("address of rank " + std::to_string(r));
     raw[r] = std::move(a).value();
+  }
+  // The pairs' keys, derived before anything changes: a bad key fails connect() as a whole.
+  std::map<int, std::shared_ptr<PeerCrypto>> crypto;
+  if (security.protection != PacketProtection::kNone) {
+    if (rank_.load() >= 0 && protection_.load() != security.protection)
+      return invalid_argument(std::string("packet protection cannot change from ") +
+                              packet_protection_name(protection_.load()) + " to " +
+                              packet_protection_name(security.protection) + " on a connected plane");
+    std::lock_guard<std::mutex> lock(crypto_mu_);
+    for (const auto& [r, a] : raw) {
+      if (r == self_rank) continue;
+      auto k = security.peers.find(r);
+      if (k == security.peers.end()) return invalid_argument("no data-plane public key for rank " + std::to_string(r));
+      auto old = crypto_.find(r);
+      if (old != crypto_.end() && old->second->public_key == k->second.public_key) {
+        crypto[r] = old->second;  // the same peer: its sequence numbers and replay window go on
+        continue;
+      }
+      LH_ASSIGN_OR_RETURN(PacketKeys keys,
+                          PacketKeys::derive(self_rank, data_keys_, r, k->second.public_key, k->second.ciphers));
+      auto pc = std::make_shared<PeerCrypto>();
+      pc->public_key = k->second.public_key;
+      pc->keys = keys;
+      crypto[r] = std::move(pc);
+    }
+  } else if (rank_.load() >= 0 && protection_.load() != PacketProtection::kNone) {
+    return invalid_argument(std::string("packet protection cannot change from ") +
+                            packet_protection_name(protection_.load()) + " to none on a connected plane");
+  }
+  {
+    std::lock_guard<std::mutex> lock(crypto_mu_);
+    crypto_ = std::move(crypto);
+    protection_ = security.protection;
+    epoch_ = security.epoch;
   }
   Status st = run_on_progress([&]() -> Status {
     for (auto it = peer_table_.begin(); it != peer_table_.end();) {
@@ -294,7 +332,8 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers) {
     for (const auto& [r, a] : raw) peer_ranks_.push_back(r);
   }
   if (meter() && meter()->self_rank() < 0) meter()->set_self_rank(self_rank);
-  LH_LOG_DEBUG("rank {} connected to {} peers over UCX", self_rank, raw.size());
+  LH_LOG_DEBUG("rank {} connected to {} peers over UCX (packets: {})", self_rank, raw.size(),
+               packet_protection_name(security.protection));
   return Status::Ok();
 }
 
@@ -390,7 +429,86 @@ void UcxDataPlane::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
 }
 
 void UcxDataPlane::start_send(std::shared_ptr<TransferState> st) {
+  if (protection_.load() != PacketProtection::kNone) {
+    Status s = seal_outgoing(*st);
+    if (!s.ok()) return st->complete(s);
+  }
   post([this, st = std::move(st)] { issue_send(st); });
+}
+
+std::shared_ptr<UcxDataPlane::PeerCrypto> UcxDataPlane::crypto_of(int peer) const {
+  std::lock_guard<std::mutex> lock(crypto_mu_);
+  auto it = crypto_.find(peer);
+  return it == crypto_.end() ? nullptr : it->second;
+}
+
+Status UcxDataPlane::seal_outgoing(TransferState& st) {
+  std::shared_ptr<PeerCrypto> pc = crypto_of(st.peer);
+  if (!pc) return Status::Ok();  // not in the plan: issue_send refuses it
+  if (st.memory != Device::cpu)  // device_memory_direct says no for authenticated planes, so DataPlane staged it
+    return internal_error("an authenticated plane was handed device memory to send");
+  Bytes buf;
+  if (!st.owned.empty() && st.data == st.owned.data() && st.size == st.owned.size())
+    buf = std::move(st.owned);  // the plane's own packet: sealed where it is
+  else
+    buf.assign(st.data, st.data + st.size);  // the caller's memory (send_view) is never written
+  buf.resize(st.size + kPacketTrailerBytes);
+  PacketHeader h;
+  h.epoch = epoch_.load();
+  h.sender = rank_.load();
+  h.receiver = st.peer;
+  h.tag_bits = st.tag.pack();
+  h.seq = pc->next_seq.fetch_add(1) + 1;
+  seal_packet(protection_.load(), pc->keys, h, buf.data(), st.size);
+  st.owned = std::move(buf);
+  st.data = st.owned.data();
+  st.size = st.owned.size();
+  return Status::Ok();
+}
+
+std::string UcxDataPlane::open_inbound(Inbound& in) {
+  std::shared_ptr<PeerCrypto> pc = crypto_of(in.peer);
+  if (!pc) return "no data-plane key for rank " + std::to_string(in.peer);
+  PacketHeader h;
+  h.sender = in.peer;
+  h.receiver = rank_.load();
+  h.tag_bits = in.tag;
+  Status s = open_packet(protection_.load(), pc->keys, h, in.bytes.data(), in.bytes.size());
+  if (!s.ok()) return s.message();
+  PacketTrailer t = read_trailer(in.bytes.data(), in.bytes.size()).value();
+  if (t.epoch != epoch_.load())
+    return "sealed in plan epoch " + std::to_string(t.epoch) + ", this plane is in epoch " +
+           std::to_string(epoch_.load()) + " (a packet from before a re-plan)";
+  if (!pc->window.fresh(t.seq))
+    return "a replay: packet " + std::to_string(t.seq) + " from this rank was seen before or is too old (newest " +
+           std::to_string(pc->window.newest()) + ")";
+  pc->window.accept(t.seq);
+  in.payload_length = in.bytes.size() - kPacketTrailerBytes;
+  in.bytes.resize(in.payload_length);
+  return "";
+}
+
+void UcxDataPlane::refuse_inbound(const std::shared_ptr<Inbound>& in, const std::string& why) {
+  auth_failures_ += 1;
+  note_drop(in->peer, in->length, why);
+  in->discard = true;
+  Key key{in->peer, in->tag};
+  if (in->queued) {
+    unqueue_unexpected(*in);
+    auto u = unexpected_.find(key);
+    if (u != unexpected_.end()) {
+      auto& v = u->second;
+      for (auto it = v.begin(); it != v.end(); ++it)
+        if (it->get() == in.get()) {
+          v.erase(it);
+          break;
+        }
+      if (v.empty()) unexpected_.erase(u);
+    }
+  }
+  in->release();
+  // The receive it had matched waits for the next packet, first in line as it was.
+  if (in->target) match_recv(std::move(in->target), /*first=*/true);
 }
 
 void UcxDataPlane::start_recv(std::shared_ptr<TransferState> st) {
@@ -410,16 +528,66 @@ bool fault_drop_send(const Tag& tag) {
   LH_LOG_WARN("fault injection: dropping the activation {} (LH_FAULT_DROP_SEND)", tag.to_string());
   return true;
 }
+// LH_FAULT_FORGE=STEP (tests only; authenticated planes): the step whose first activation this process sends is
+// preceded by what an attacker who can reach the receiver would send: that packet with a payload byte flipped (its
+// tag fails), the same packet under another member's rank (its tag fails: the pair keys differ), and the first
+// activation sent for STEP − 1 again (a replay). The receiver must drop and count each and change nothing else.
+int64_t fault_forge_step() {
+  static const int64_t step = [] {
+    const char* env = std::getenv("LH_FAULT_FORGE");
+    return env ? std::atoll(env) : int64_t(-1);
+  }();
+  return step;
+}
 }  // namespace
 
-void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st) {
+void UcxDataPlane::forge_for_tests(const std::shared_ptr<TransferState>& st) {
+  const int64_t step = fault_forge_step();
+  if (step < 2 || st->tag.role != Role::kActivation || protection_.load() == PacketProtection::kNone) return;
+  auto raw = [&](int peer, Bytes bytes, int wire_rank) {
+    auto f = std::make_shared<TransferState>();
+    f->peer = peer;
+    f->tag = st->tag;
+    f->owned = std::move(bytes);
+    f->data = f->owned.data();
+    f->size = f->owned.size();
+    issue_send(f, wire_rank);
+  };
+  if (int64_t(st->tag.step) == step - 1 && forge_replay_.empty()) {
+    forge_replay_ = st->owned;
+    forge_replay_peer_ = st->peer;
+    forge_replay_tag_ = st->tag;
+  }
+  if (int64_t(st->tag.step) != step || forge_done_ || forge_replay_.empty()) return;
+  forge_done_ = true;
+  Bytes flipped = st->owned;
+  flipped[0] ^= 0x40;
+  raw(st->peer, std::move(flipped), -1);
+  for (const auto& [r, p] : peer_table_)
+    if (r != rank_.load() && r != st->peer) {
+      raw(st->peer, st->owned, r);
+      break;
+    }
+  auto f = std::make_shared<TransferState>();
+  f->peer = forge_replay_peer_;
+  f->tag = forge_replay_tag_;
+  f->owned = forge_replay_;
+  f->data = f->owned.data();
+  f->size = f->owned.size();
+  issue_send(f, -1);
+  LH_LOG_WARN("fault injection: sent a forged, a misattributed and a replayed packet before {} (LH_FAULT_FORGE)",
+              st->tag.to_string());
+}
+
+void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st, int wire_rank) {
   if (fault_drop_send(st->tag)) return st->complete(Status::Ok());
+  if (wire_rank < 0 && fault_forge_step() >= 0) forge_for_tests(st);
   auto it = peer_table_.find(st->peer);
   if (it == peer_table_.end())
     return st->complete(invalid_argument("send to rank " + std::to_string(st->peer) + ", which is not in the plan"));
   if (it->second.failed)
     return st->complete(unavailable("send to failed rank " + std::to_string(st->peer) + ": " + it->second.why));
-  uint64_t wire_tag = (uint64_t(rank_.load()) << kRankShift) | st->tag.pack();
+  uint64_t wire_tag = (uint64_t(wire_rank >= 0 ? wire_rank : rank_.load()) << kRankShift) | st->tag.pack();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
@@ -452,6 +620,10 @@ void UcxDataPlane::on_send_done(void* request, ucs_status_t status, void* user) 
 }
 
 void UcxDataPlane::issue_recv(const std::shared_ptr<TransferState>& st) {
+  match_recv(st, /*first=*/false);
+}
+
+void UcxDataPlane::match_recv(const std::shared_ptr<TransferState>& st, bool first) {
   auto it = peer_table_.find(st->peer);
   if (it == peer_table_.end())
     return st->complete(
@@ -469,7 +641,8 @@ void UcxDataPlane::issue_recv(const std::shared_ptr<TransferState>& st) {
     in->target = st;  // still arriving; on_recv_done delivers
     return;
   }
-  posted_[key].push_back(st);
+  auto& queue = posted_[key];
+  queue.insert(first ? queue.begin() : queue.end(), st);
 }
 
 void UcxDataPlane::deliver(const std::shared_ptr<Inbound>& in, const std::shared_ptr<TransferState>& st) {
@@ -478,13 +651,14 @@ void UcxDataPlane::deliver(const std::shared_ptr<Inbound>& in, const std::shared
                                     ucs_status_string(in->status)));
   st->t_start = in->arrived;
   st->t_end = in->finished;
-  st->wire_bytes = in->length;
+  const uint64_t n = in->payload_length;
+  st->wire_bytes = n;
   if (st->dst && in->direct) return st->complete(Status::Ok());  // UCX wrote straight into it
-  if (st->dst) {  // arrived before recv_into was posted: one copy out of the staging buffer
-    if (in->length > st->capacity) return st->complete(too_big(in->length, st->capacity, in->peer));
-    if (in->length && st->memory == Device::cpu) std::memcpy(st->dst, in->bytes.data(), in->length);
-    if (in->length && st->memory != Device::cpu)  // direct CUDA receive that arrived early
-      return st->complete(copy_bytes(st->dst, st->memory, in->bytes.data(), Device::cpu, in->length));
+  if (st->dst) {  // arrived before recv_into was posted (or authenticated): one copy out of the plane's buffer
+    if (n > st->capacity) return st->complete(too_big(n, st->capacity, in->peer));
+    if (n && st->memory == Device::cpu) std::memcpy(st->dst, in->bytes.data(), n);
+    if (n && st->memory != Device::cpu)  // direct CUDA receive that arrived early
+      return st->complete(copy_bytes(st->dst, st->memory, in->bytes.data(), Device::cpu, n));
     return st->complete(Status::Ok());
   }
   st->owned = in->release();
@@ -518,6 +692,7 @@ void UcxDataPlane::note_drop(int peer, uint64_t length, const std::string& why) 
 
 void UcxDataPlane::allocate_packet(Inbound& in) {
   in.bytes.resize(in.length);
+  in.held = in.length;
   uint64_t held = buffer_bytes_ += in.length;
   if (held > buffer_bytes_peak_) buffer_bytes_peak_ = held;  // only the progress thread allocates
 }
@@ -554,9 +729,29 @@ bool UcxDataPlane::probe_inbound() {
   in->peer = int(info.sender_tag >> kRankShift);
   in->tag = info.sender_tag & kTagMask;
   in->length = info.length;
+  in->payload_length = info.length;
+  // An authenticated packet is received into the plane's buffer, never straight into a caller's: it is checked
+  // before anything of it reaches the caller, and one that fails leaves the receive it matched waiting.
+  const bool secure = protection_.load() != PacketProtection::kNone;
+  if (secure) in->payload_length = info.length >= kPacketTrailerBytes ? info.length - kPacketTrailerBytes : 0;
   // Whether the packet is taken is decided before anything is allocated for it: `info.length` is the
   // sender's word, and a dropped packet is received into nothing.
   std::string drop = drop_reason(in->peer, in->tag);
+  if (drop.empty() && secure && info.length < kPacketTrailerBytes) {
+    auth_failures_ += 1;
+    drop = "shorter than the " + std::to_string(kPacketTrailerBytes) + "-byte authentication trailer";
+  }
+  if (drop.empty() && secure) {
+    Key key{in->peer, in->tag};
+    auto posted = posted_.find(key);
+    const uint64_t bound = std::max(options_.max_packet_bytes,
+                                    (posted != posted_.end() && !posted->second.empty() && posted->second.front()->dst)
+                                        ? posted->second.front()->capacity + kPacketTrailerBytes
+                                        : 0);
+    // Until it is authenticated a packet cannot fail a receive: a larger one is only dropped.
+    if (posted != posted_.end() && !posted->second.empty() && info.length > bound)
+      drop = "over the bound of " + std::to_string(bound) + " bytes per packet";
+  }
   if (drop.empty()) {
     Key key{in->peer, in->tag};
     auto posted = posted_.find(key);
@@ -564,7 +759,10 @@ bool UcxDataPlane::probe_inbound() {
       std::shared_ptr<TransferState> target = posted->second.front();
       posted->second.erase(posted->second.begin());
       if (posted->second.empty()) posted_.erase(posted);
-      if (target->dst && info.length > target->capacity) {
+      if (secure) {
+        in->target = std::move(target);  // too large for a recv_into: found out once authenticated (deliver)
+        allocate_packet(*in);
+      } else if (target->dst && info.length > target->capacity) {
         target->complete(too_big(info.length, target->capacity, in->peer));
         drop = "larger than the receive buffer posted for it";
       } else if (!target->dst && info.length > options_.max_packet_bytes) {
@@ -635,6 +833,10 @@ void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, const ucp_ta
   in->status = status;
   in->finished = Clock::now();
   if (in->discard) return;
+  if (status == UCS_OK && self->protection_.load() != PacketProtection::kNone) {
+    std::string bad = self->open_inbound(*in);
+    if (!bad.empty()) return self->refuse_inbound(in, bad);
+  }
   if (in->target) {
     auto target = std::move(in->target);
     if (in->aborted) return target->complete(*in->aborted);  // UCX has let go of the caller's buffer only now

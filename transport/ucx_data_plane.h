@@ -17,6 +17,7 @@
 
 #include "core/status.h"
 #include "transport/data_plane.h"
+#include "transport/packet_auth.h"
 
 namespace lh {
 
@@ -71,6 +72,17 @@ struct UcxOptions {
   static constexpr int kMaxRank = 4095;
 };
 
+// How a plane protects its packets, and the peers' data-plane keys (from the Plan).
+struct DataPlaneSecurity {
+  PacketProtection protection = PacketProtection::kNone;
+  uint32_t epoch = 0;  // the plan's epoch: a packet sealed under another is refused as a replay
+  struct Peer {
+    std::array<uint8_t, DataKeyPair::kBytes> public_key{};
+    uint32_t ciphers = 0;  // local_ciphers() of the peer's machine
+  };
+  std::map<int, Peer> peers;  // every rank connect() is given
+};
+
 class UcxDataPlane final : public DataPlane {
  public:
   static Result<std::unique_ptr<UcxDataPlane>> create(const UcxOptions& options = {});
@@ -78,11 +90,20 @@ class UcxDataPlane final : public DataPlane {
 
   // This worker's address envelope: put it in the Join message.
   const Bytes& address() const { return address_; }
+  // This plane's data-plane public key (made fresh with the plane): put it in the Join too.
+  const std::array<uint8_t, DataKeyPair::kBytes>& data_public_key() const { return data_keys_.public_key; }
   // Joins the plan: this process is `self_rank`; `peers` maps every other rank (self may be included)
   // to its address envelope from the Plan. Endpoints are created now; packets from ranks outside
   // `peers` are dropped and logged from then on. Call before the plan's start barrier. Calling it
   // again replaces the peer set (transfers with removed peers fail).
-  Status connect(int self_rank, const std::map<int, Bytes>& peers);
+  //
+  // With `security.protection` other than kNone every packet carries a 32-byte trailer (packet_auth.h) sealed with
+  // the pair's own keys, derived from this plane's key pair and the peer's public key in `security.peers`: a packet
+  // whose tag does not verify, sealed under another epoch, or seen before, is dropped and counted
+  // (auth_failures()) and never completes a receive: the receive it had matched waits for the next packet. Such
+  // a plane stages CUDA memory through host memory (the tag is computed on the host). Every connect() of a plane
+  // must use the same protection.
+  Status connect(int self_rank, const std::map<int, Bytes>& peers, const DataPlaneSecurity& security = {});
 
   int rank() const override { return rank_.load(); }
   std::vector<int> peers() const override;
@@ -91,6 +112,10 @@ class UcxDataPlane final : public DataPlane {
   // Packets thrown away unread: from ranks outside the plan or failed, with a malformed tag, too large for
   // their receive or over a bound. None of them costs a buffer of its length. Logged at a bounded rate.
   uint64_t dropped_packets() const { return dropped_.load(); }
+  // Of those, packets refused by authentication: a tag that did not verify (forged, altered, or claiming another
+  // sender), a replay, or another epoch's packet.
+  uint64_t auth_failures() const { return auth_failures_.load(); }
+  PacketProtection protection() const { return protection_.load(); }
   // Packets (and their bytes) that arrived before their receive and wait in the plane, all peers together.
   uint64_t unexpected_packets() const { return unexpected_packets_.load(); }
   uint64_t unexpected_bytes() const { return unexpected_bytes_.load(); }
@@ -104,7 +129,8 @@ class UcxDataPlane final : public DataPlane {
   bool ucx_supports_cuda_memory() const { return ucx_cuda_memory_; }
   // CUDA memory goes to UCX directly in a CUDA build whose UCX supports it, unless force_device_staging.
   bool device_memory_direct(Device device) const override {
-    return device == Device::cpu || (device == Device::cuda && cuda_direct_);
+    return device == Device::cpu ||
+           (device == Device::cuda && cuda_direct_ && protection_.load() == PacketProtection::kNone);
   }
 
  protected:
@@ -129,8 +155,12 @@ class UcxDataPlane final : public DataPlane {
   void wake();
   void progress_loop();
   bool probe_inbound();  // true when a message was taken
-  void issue_send(const std::shared_ptr<TransferState>& st);
+  // `wire_rank` ≥ 0: the sender rank the packet claims (fault injection only).
+  void issue_send(const std::shared_ptr<TransferState>& st, int wire_rank = -1);
+  void forge_for_tests(const std::shared_ptr<TransferState>& st);  // LH_FAULT_FORGE (ucx_data_plane.cpp)
   void issue_recv(const std::shared_ptr<TransferState>& st);
+  // Matches a receive to a packet waiting for it, or queues it (at the front: a receive whose packet was refused).
+  void match_recv(const std::shared_ptr<TransferState>& st, bool first);
   void deliver(const std::shared_ptr<Inbound>& in, const std::shared_ptr<TransferState>& st);
   // Why a packet from `peer` with these tag bits is not for us, or "" (probe_inbound).
   std::string drop_reason(int peer, uint64_t tag_bits);
@@ -142,6 +172,18 @@ class UcxDataPlane final : public DataPlane {
   // kAbandonAfter later: their sender died mid-packet.
   static constexpr std::chrono::milliseconds kAbandonAfter{2000};
   void release_abandoned_receives(std::chrono::steady_clock::time_point now);
+  // Authenticated planes: seals a send's packet (on the caller's thread, so sealing overlaps the progress thread's
+  // work), and checks a packet that has arrived (progress thread; a failure drops it and re-posts its receive).
+  struct PeerCrypto {
+    std::array<uint8_t, DataKeyPair::kBytes> public_key{};
+    PacketKeys keys;
+    std::atomic<uint64_t> next_seq{0};
+    ReplayWindow window;  // progress thread only
+  };
+  std::shared_ptr<PeerCrypto> crypto_of(int peer) const;
+  Status seal_outgoing(TransferState& st);
+  std::string open_inbound(Inbound& in);  // "" when the packet is authentic
+  void refuse_inbound(const std::shared_ptr<Inbound>& in, const std::string& why);
   void fail_peer_locked(int peer, const std::string& reason);
   void close_endpoints();
   static void on_send_done(void* request, ucs_status_t status, void* user);
@@ -157,7 +199,12 @@ class UcxDataPlane final : public DataPlane {
   bool ucx_cuda_memory_ = false;
   bool cuda_direct_ = false;
   std::atomic<int> rank_{-1};
-  std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> dropped_{0}, auth_failures_{0};
+  DataKeyPair data_keys_;
+  std::atomic<PacketProtection> protection_{PacketProtection::kNone};
+  std::atomic<uint32_t> epoch_{0};
+  mutable std::mutex crypto_mu_;  // guards crypto_ (read by senders' threads, replaced by connect)
+  std::map<int, std::shared_ptr<PeerCrypto>> crypto_;
   std::atomic<uint64_t> unexpected_packets_{0}, unexpected_bytes_{0};
   std::atomic<uint64_t> buffer_bytes_{0}, buffer_bytes_peak_{0};
   std::atomic<bool> stop_{false};
@@ -181,6 +228,10 @@ class UcxDataPlane final : public DataPlane {
   std::map<Inbound*, std::shared_ptr<Inbound>> inbound_in_flight_;
   Clock::time_point next_drop_log_{};  // drops are logged at most once a second after the first few
   uint64_t drops_logged_ = 0, drops_unlogged_ = 0;
+  Bytes forge_replay_;  // LH_FAULT_FORGE: the packet it replays, to whom, under which tag
+  int forge_replay_peer_ = -1;
+  Tag forge_replay_tag_;
+  bool forge_done_ = false;
 };
 
 }  // namespace lh

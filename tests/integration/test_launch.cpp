@@ -825,6 +825,46 @@ TEST_F(Launch, APacketLostByTheDataPlaneRollsTheJobBack) {
     EXPECT_EQ(n, 1) << "worker " << key.first << " step " << key.second;
 }
 
+// Authenticated data plane, in a real job: before step 4's first activation each sending stage also sends what an
+// attacker would (LH_FAULT_FORGE: that packet altered, the same packet claiming another member's rank, and step
+// 3's first activation again). Every receiving worker drops and counts all three, and the job, with encrypted
+// packets, trains exactly as a job with plain authenticated packets and no attacker.
+TEST_F(Launch, ForgedMisattributedAndReplayedPacketsAreDroppedAndChangeNothing) {
+  const int steps = 8;
+  const std::vector<std::string> extra = {"--pp", "3", "--restarts", "0"};
+  const std::string straight = temp_path("forge_straight.jsonl"), metrics = temp_path("forge.jsonl");
+  BinRun ref = run(launch_args(3, steps, straight, extra), 300s);
+  ASSERT_EQ(ref.code, 0) << ref.output;
+  std::vector<std::string> forged = extra;
+  forged.push_back("--encrypt-data");
+  setenv("LH_FAULT_FORGE", "4", 1);  // inherited by launch's workers
+  BinRun attacked = run(launch_args(3, steps, metrics, forged), 300s);
+  unsetenv("LH_FAULT_FORGE");
+  ASSERT_EQ(attacked.code, 0) << attacked.output;
+  EXPECT_NE(attacked.output.find("fault injection: sent a forged, a misattributed and a replayed packet"),
+            std::string::npos)
+      << attacked.output;
+  EXPECT_NE(attacked.output.find("AES-256-GCM tag does not verify"), std::string::npos) << attacked.output;
+  EXPECT_NE(attacked.output.find("a replay"), std::string::npos) << attacked.output;
+  expect_same_losses(losses_of(metrics), losses_of(straight), steps);
+  // What each worker's data plane refused, from its last report.
+  std::map<int, uint64_t> refused, refused_ref;
+  auto collect = [](const std::string& path, std::map<int, uint64_t>& out) {
+    auto records = read_step_metrics_file(path);
+    ASSERT_TRUE(records.ok()) << records.status().to_string();
+    for (const WorkerStepMetrics& m : *records) {
+      ASSERT_TRUE(m.auth_failures.has_value()) << "worker " << m.worker << " step " << m.step;
+      out[m.worker] = std::max(out[m.worker], *m.auth_failures);
+    }
+  };
+  collect(metrics, refused);
+  collect(straight, refused_ref);
+  EXPECT_EQ(refused[0], 0u);
+  EXPECT_EQ(refused[1], 3u);
+  EXPECT_EQ(refused[2], 3u);
+  for (const auto& [w, n] : refused_ref) EXPECT_EQ(n, 0u) << "worker " << w << " without an attacker";
+}
+
 // --elastic: a worker of a 2-stage × 2-replica job is SIGKILLed and no replacement is started. The job rolls back to
 // its last checkpoint and goes on at once with the replica left (dp 2 → 1): the lost replica's other worker leaves
 // cleanly, the survivors train on their own slices of each global batch, every step is reported once. Resumed later
