@@ -13,7 +13,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -21,7 +23,9 @@
 #include "core/log.h"
 #include "transport/control_client.h"
 #include "transport/coordinator.h"
+#include "parallel/step_metrics.h"
 #include "transport/link_shaper.h"
+#include "transport/packet_auth.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh::app {
@@ -44,6 +48,9 @@ struct LinkBenchOptions {
   std::string wan_script;
   std::string netns_child;  // internal: run as a namespace child against this coordinator
   std::string peer_child;   // internal: run as the loopback peer process against this coordinator
+  int job_steps = 30;       // the job comparison (0: skip it)
+  int job_repeats = 3;
+  std::string job_link = "1G";
 };
 
 double secs(Clock::duration d) {
@@ -421,10 +428,7 @@ Result<Json> netns_run(const LinkBenchOptions& o) {
 // associated data and nothing encrypted (a Poly1305 or GHASH tag under a per-packet nonce).
 Json crypto_rows(size_t size, int repeats) {
   sodium_init();
-  std::vector<uint8_t> src(size, 0x5a), dst(size + 64);
-  uint8_t key[32], nonce[24] = {};
-  randombytes_buf(key, sizeof(key));
-  unsigned long long out_len = 0;
+  std::vector<uint8_t> src(size, 0x5a), dst(size + kPacketTrailerBytes);
   auto rate = [&](const std::function<void()>& op) {
     double best = 0;
     for (int r = 0; r < repeats; ++r) {
@@ -433,7 +437,6 @@ Json crypto_rows(size_t size, int repeats) {
       double t = 0;
       do {
         op();
-        ++nonce[0];
         ++n;
         t = secs(Clock::now() - t0);
       } while (t < 0.2);
@@ -441,29 +444,41 @@ Json crypto_rows(size_t size, int repeats) {
     }
     return best;
   };
-  const bool aes = crypto_aead_aes256gcm_is_available() != 0;
+  // What the data plane does per packet (transport/packet_auth.h), with a pair's keys as two planes derive them.
+  const DataKeyPair a = DataKeyPair::generate(), b = DataKeyPair::generate();
+  PacketKeys keys = PacketKeys::derive(0, a, 1, b.public_key, local_ciphers()).value();
+  PacketKeys back = PacketKeys::derive(1, b, 0, a.public_key, local_ciphers()).value();
+  const bool aes = (local_ciphers() & kCipherAes256Gcm) != 0;
+  PacketHeader h;
+  h.epoch = 1;
+  h.sender = 0;
+  h.receiver = 1;
+  h.tag_bits = 42;
   Json rows = Json::array();
   auto row = [&](const char* name, const char* what, double bps) {
     rows.push_back({{"name", name}, {"what", what}, {"Bps", bps}});
   };
   const double copy = rate([&] { std::memcpy(dst.data(), src.data(), size); });
   row("memcpy", "the baseline: copying the packet once", copy);
-  row("mac chacha20-poly1305", "MAC: ChaCha20-Poly1305 AEAD, the packet as associated data", rate([&] {
-        crypto_aead_chacha20poly1305_ietf_encrypt(dst.data(), &out_len, nullptr, 0, src.data(), size, nullptr, nonce,
-                                                  key);
+  auto seal = [&](PacketProtection p) {
+    ++h.seq;
+    seal_packet(p, keys, h, dst.data(), size);
+  };
+  row("mac poly1305 seal", "the default: a Poly1305 tag over header and packet (sender)",
+      rate([&] { seal(PacketProtection::kMac); }));
+  seal(PacketProtection::kMac);
+  Status opened;
+  row("mac poly1305 open", "the default: checking that tag (receiver)", rate([&] {
+        opened = open_packet(PacketProtection::kMac, back, h, dst.data(), size + kPacketTrailerBytes);
       }));
-  if (aes)
-    row("mac aes256-gcm", "MAC: AES-256-GCM AEAD, the packet as associated data", rate([&] {
-          crypto_aead_aes256gcm_encrypt(dst.data(), &out_len, nullptr, 0, src.data(), size, nullptr, nonce, key);
-        }));
-  row("aead chacha20-poly1305", "--encrypt-data: ChaCha20-Poly1305 over the packet", rate([&] {
-        crypto_aead_chacha20poly1305_ietf_encrypt(dst.data(), &out_len, src.data(), size, nullptr, 0, nullptr, nonce,
-                                                  key);
-      }));
-  if (aes)
-    row("aead aes256-gcm", "--encrypt-data: AES-256-GCM over the packet", rate([&] {
-          crypto_aead_aes256gcm_encrypt(dst.data(), &out_len, src.data(), size, nullptr, 0, nullptr, nonce, key);
-        }));
+  if (!opened.ok()) fail("bench link: a sealed packet did not open: " + opened.to_string());
+  for (bool gcm : {true, false}) {
+    if (gcm && !aes) continue;
+    keys.aes_gcm = gcm;
+    row(gcm ? "aead aes256-gcm seal" : "aead chacha20-poly1305 seal",
+        gcm ? "--encrypt-data between machines with AES-NI" : "--encrypt-data otherwise",
+        rate([&] { seal(PacketProtection::kAead); }));
+  }
   for (Json& r : rows) {
     const double bps = r["Bps"].get<double>();
     r["of_memcpy"] = bps / copy;
@@ -472,6 +487,53 @@ Json crypto_rows(size_t size, int repeats) {
     r["core_share_100mbit"] = 1e8 / 8 / bps;
   }
   return {{"packet_bytes", size}, {"aes_gcm_in_cpu", aes}, {"rows", rows}};
+}
+
+// A real job (two `launch`ed stages over a shaped link) with each packet protection, runs interleaved: the median
+// tokens/s of its steps after the first two (the slowest worker's, as `report` takes it), best of the repeats.
+Result<Json> job_rows(const LinkBenchOptions& o) {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return io_error("cannot find this program (/proc/self/exe)");
+  self[n] = 0;
+  char dir_template[] = "/tmp/lh_bench_link_XXXXXX";
+  if (!mkdtemp(dir_template)) return io_error("mkdtemp failed");
+  const std::string dir = dir_template;
+  std::map<std::string, double> best;
+  const std::vector<std::pair<std::string, std::string>> modes = {
+      {"none", "--no-data-auth"}, {"mac", ""}, {"aead", "--encrypt-data"}};
+  for (int r = 0; r < o.job_repeats; ++r)
+    for (const auto& [name, flag] : modes) {
+      const std::string metrics = dir + "/" + name + std::to_string(r) + ".jsonl";
+      std::string cmd = std::string("'") + self + "' --log-level error launch --workers 2 --worker-threads 1 " +
+                        "--ucx-tls tcp --link " + o.job_link + " --layers 2 --d-model 256 --heads 4 --seq 64 " +
+                        "--batch 16 --microbatches 4 --steps " + std::to_string(o.job_steps) + " --warmup 1 " +
+                        "--eval-every 0 --metrics '" + metrics + "' " + flag + " > '" + dir + "/" + name +
+                        ".out' 2>&1";
+      if (std::system(cmd.c_str()) != 0) {
+        std::ifstream in(dir + "/" + name + ".out");
+        std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        return unavailable("the " + name + " job failed: " + text);
+      }
+      auto records = read_step_metrics_file(metrics);
+      if (!records.ok()) return records.status();
+      std::map<int64_t, double> slowest;
+      for (const WorkerStepMetrics& m : *records)
+        if (m.tokens_per_s && m.step > 2) {
+          auto [it, fresh] = slowest.try_emplace(m.step, *m.tokens_per_s);
+          if (!fresh) it->second = std::min(it->second, *m.tokens_per_s);
+        }
+      std::vector<double> v;
+      for (const auto& [step, t] : slowest) v.push_back(t);
+      if (v.empty()) return unavailable("the " + name + " job reported no tokens/s");
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      best[name] = std::max(best[name], v[v.size() / 2]);
+    }
+  std::system(("rm -rf '" + dir + "'").c_str());
+  Json rows = Json::array();
+  for (const auto& [name, flag] : modes)
+    rows.push_back({{"protection", name}, {"tokens_per_s", best[name]}, {"of_none", best[name] / best["none"]}});
+  return Json{{"link", o.job_link}, {"steps", o.job_steps}, {"repeats", o.job_repeats}, {"rows", rows}};
 }
 
 int run_bench_link(const LinkBenchOptions& o) {
@@ -525,6 +587,12 @@ int run_bench_link(const LinkBenchOptions& o) {
       j["netns"] = {{"skipped", ns.status().message()}};
   }
   j["crypto"] = crypto_rows(size, o.repeats);
+  j["job"] = nullptr;
+  if (o.job_steps > 0) {
+    auto jr = job_rows(o);
+    if (!jr.ok()) fail(jr.status().to_string());
+    j["job"] = *jr;
+  }
   if (o.json) {
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -549,11 +617,20 @@ int run_bench_link(const LinkBenchOptions& o) {
   const Json& c = j["crypto"];
   std::printf("packet authentication, one core, %.1f MiB packets (libsodium; AES-GCM in this CPU: %s)\n",
               size / 1048576.0, c["aes_gcm_in_cpu"].get<bool>() ? "yes" : "no");
-  std::printf("  %-24s %10s %10s %16s %16s\n", "", "MB/s", "of memcpy", "core @ 1 Gbit/s", "core @ 100 Mbit/s");
+  std::printf("  %-28s %10s %10s %16s %16s\n", "", "MB/s", "of memcpy", "core @ 1 Gbit/s", "core @ 100 Mbit/s");
   for (const Json& r : c["rows"])
-    std::printf("  %-24s %10.1f %9.2fx %15.1f%% %15.2f%%\n", r["name"].get<std::string>().c_str(),
+    std::printf("  %-28s %10.1f %9.2fx %15.1f%% %15.2f%%\n", r["name"].get<std::string>().c_str(),
                 r["Bps"].get<double>() / 1e6, r["of_memcpy"].get<double>(), 100 * r["core_share_1gbit"].get<double>(),
                 100 * r["core_share_100mbit"].get<double>());
+  if (j["job"].is_object()) {
+    std::printf("a 2-stage job over a shaped %s link (d_model 256, seq 64, batch 16, %d steps, best of %d; median "
+                "tokens/s of steps 3 on)\n",
+                o.job_link.c_str(), o.job_steps, o.job_repeats);
+    for (const Json& r : j["job"]["rows"])
+      std::printf("  packets %-5s %10.1f tokens/s  %.3fx of unauthenticated%s\n",
+                  r["protection"].get<std::string>().c_str(), r["tokens_per_s"].get<double>(),
+                  r["of_none"].get<double>(), r["protection"] == "mac" ? " (target >= 0.95)" : "");
+  }
   return 0;
 }
 
@@ -572,6 +649,14 @@ RegisterCommand reg("bench", 30, [](CLI::App& bench) {
   cmd->add_flag("!--no-netns", opts->netns, "skip the netns + tc tbf run (it needs root)");
   cmd->add_option("--netns-rate", opts->netns_rate, "tbf rate of the netns run")->capture_default_str();
   cmd->add_option("--wan-script", opts->wan_script, "path of scripts/wan.sh (found next to the build by default)");
+  cmd->add_option("--job-steps", opts->job_steps,
+                  "steps of each job run comparing unauthenticated, MAC'd and encrypted packets (0: skip)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
+  cmd->add_option("--job-repeats", opts->job_repeats, "runs of each job (best reported)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100));
+  cmd->add_option("--job-link", opts->job_link, "the job's shaped link RATE[,DELAY]")->capture_default_str();
   cmd->add_option("--netns-child", opts->netns_child, "internal: run as a namespace worker")->group("");
   cmd->add_option("--peer-child", opts->peer_child, "internal: run as the loopback peer process")->group("");
   cmd->callback([opts] {

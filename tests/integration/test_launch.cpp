@@ -1293,7 +1293,9 @@ TEST_F(Launch, NetnsLinksAsRoot) {
 // security issue's figures); here only that every row is there and measured, never how fast it is.
 TEST_F(Launch, BenchLinkMeasuresPacketAuthentication) {
   BinRun b =
-      run({"bench", "link", "--json", "--total", "4194304", "--repeats", "1", "--pings", "20", "--no-netns"}, 300s);
+      run({"bench", "link", "--json", "--total", "4194304", "--repeats", "1", "--pings", "20", "--no-netns",
+           "--job-steps", "4", "--job-repeats", "1"},
+          300s);
   ASSERT_EQ(b.code, 0) << b.output;
   const auto j = nlohmann::json::parse(b.output.substr(b.output.rfind("{\"bench\"")));
   const auto& rows = j.at("crypto").at("rows");
@@ -1303,8 +1305,15 @@ TEST_F(Launch, BenchLinkMeasuresPacketAuthentication) {
     EXPECT_GT(r.at("Bps").get<double>(), 0) << r.dump();
     EXPECT_GT(r.at("core_share_1gbit").get<double>(), 0) << r.dump();
   }
-  for (const char* want : {"memcpy", "mac chacha20-poly1305", "aead chacha20-poly1305"})
+  for (const char* want : {"memcpy", "mac poly1305 seal", "mac poly1305 open", "aead chacha20-poly1305 seal"})
     EXPECT_TRUE(names.count(want)) << want << " missing from " << rows.dump();
+  // The same job with each packet protection, side by side.
+  std::set<std::string> modes;
+  for (const auto& r : j.at("job").at("rows")) {
+    modes.insert(r.at("protection").get<std::string>());
+    EXPECT_GT(r.at("tokens_per_s").get<double>(), 0) << r.dump();
+  }
+  EXPECT_EQ(modes, (std::set<std::string>{"none", "mac", "aead"}));
 }
 
 TEST_F(Launch, BadFlagsAreNamed) {
@@ -1317,6 +1326,7 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--compress-fwd", "int9"}, "int9"},
       {{"launch", "--workers", "2", "--link", "fast"}, "--link"},
       {{"launch", "--workers", "2", "--pp", "3"}, "--workers"},
+      {{"launch", "--workers", "2", "--encrypt-data", "--no-data-auth"}, "--no-data-auth"},
       {{"launch", "--workers", "8", "--layers", "4"}, "--pp"},
       {{"launch", "--workers", "2", "--batch", "6", "--microbatches", "4"}, "--microbatches"},
       {{"launch", "--workers", "2", "--link", "1M", "--netns", "1M"}, "--netns"},

@@ -178,7 +178,8 @@ TEST_F(PipelineJob, ASilentWorkerStopsTheJobNamingIt) {
   co.coordinator = coord->endpoint();
   co.token = "test-token";
   auto cc = value_of(ControlClient::connect(co));
-  Plan plan = value_of(cc->join(plane->address(), 30s));
+  const auto& key = plane->data_public_key();
+  Plan plan = value_of(cc->join(plane->address(), 30s, -1, Bytes(key.begin(), key.end()), local_ciphers()));
   ASSERT_TRUE(cc->ready(30s).ok());
   // Steps outside the job are refused before they reach the metrics (they would move the job's newest step).
   for (int64_t step : {int64_t(0), int64_t(999)})
