@@ -597,12 +597,16 @@ void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<s
   recovery_deadline_ = std::chrono::steady_clock::now() + options_.replace_timeout;
   for (WorkerInfo& w : workers_) w.progress = Heartbeat{};  // the abandoned epoch's waits are no stall of the next
   stalls_.clear();
-  LH_LOG_WARN("coordinator: rolling the job back (epoch {} → {}); waiting up to {} s for a worker to take rank(s) {}",
-              left, epoch_, options_.replace_timeout.count() / 1000, [&] {
-                std::string r;
-                for (int v : vacant_) r += (r.empty() ? "" : ",") + std::to_string(v);
-                return r;
-              }());
+  if (vacant_.empty()) {
+    LH_LOG_WARN("coordinator: rolling the job back (epoch {} → {}); every worker rejoins", left, epoch_);
+  } else {
+    std::string r;
+    for (int v : vacant_) r += (r.empty() ? "" : ",") + std::to_string(v);
+    LH_LOG_WARN(
+        "coordinator: rolling the job back (epoch {} → {}); rank(s) {} to fill (by a standby, or a "
+        "replacement within {} s)",
+        left, epoch_, r, options_.replace_timeout.count() / 1000);
+  }
   for (auto& o : workers_)
     if (live(o)) {
       o.state = WorkerInfo::State::kRejoining;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "tests/fuzz/replay_driver.h"
 #include "transport/messages.h"
 
 using namespace lh;
@@ -48,7 +49,7 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
   Plan plan;
   plan.rank = 1;
   plan.world_size = 2;
-  plan.peers = {PeerInfo{0, "a", "cpu", {1, 2, 3}}, PeerInfo{1, "b", "cpu", {4, 5}}};
+  plan.peers = {PeerInfo{0, "a", "cpu", {1, 2, 3}, std::vector<uint8_t>(32, 7), 1}, PeerInfo{1, "b", "cpu", {4, 5}}};
   plan.codecs = {LinkCodec{0, 1, "fwd", "int8"}};
   plan.config = R"({"x":1})";
   plan.shard = {9, 9, 9};
@@ -60,6 +61,8 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
   hb.join_attempt = 2;
   Join join{"proof", "host", "cpu", 1.5, {1, 2, 3, 4}, 0};
   join.attempt = 1;
+  join.data_key.assign(32, 5);
+  join.data_ciphers = 1;
   const std::vector<ControlMessage> seeds = {join,
                                              plan,
                                              Ready{1},
@@ -87,43 +90,21 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
 
 #if !defined(LH_LIBFUZZER)
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--write-corpus") {
-    int i = 0;
-    for (const auto& in : seed_inputs()) {
-      std::ofstream f(std::string(argv[2]) + "/seed" + std::to_string(i++), std::ios::binary);
-      f.write(reinterpret_cast<const char*>(in.data()), static_cast<std::streamsize>(in.size()));
+  // Without a fuzzer: every seed under every type's header, every truncation, and random rewrites of 1–4 bytes
+  // (a bounded count: LH_FUZZ_MUTATIONS per seed, default 2000).
+  const char* env = std::getenv("LH_FUZZ_MUTATIONS");
+  lh::fuzz::ReplayPlan plan{"fuzz_control", seed_inputs()};
+  plan.rng_seed = 1234;
+  plan.mutations = env ? std::atoi(env) : 2000;
+  plan.max_edits = 4;
+  plan.variants = [](const std::vector<uint8_t>& seed) {
+    std::vector<std::vector<uint8_t>> out;
+    for (int t = 0; t < 15; ++t) {
+      out.push_back(seed);
+      out.back()[0] = uint8_t(t);
     }
-    return 0;
-  }
-  size_t runs = 0;
-  for (int a = 1; a < argc; ++a) {
-    std::ifstream f(argv[a], std::ios::binary);
-    std::vector<uint8_t> in((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    LLVMFuzzerTestOneInput(in.data(), in.size());
-    ++runs;
-  }
-  if (argc == 1) {
-    // Without a fuzzer: every seed under every type's header, every truncation, and random rewrites of 1–4 bytes
-    // (a bounded count: LH_FUZZ_MUTATIONS per seed, default 2000).
-    const char* env = std::getenv("LH_FUZZ_MUTATIONS");
-    const int mutations = env ? std::atoi(env) : 2000;
-    Rng r(1234);
-    for (const auto& seed : seed_inputs()) {
-      for (size_t n = 0; n <= seed.size(); ++n, ++runs) LLVMFuzzerTestOneInput(seed.data(), n);
-      for (int t = 0; t < 15; ++t, ++runs) {
-        std::vector<uint8_t> other = seed;
-        other[0] = uint8_t(t);
-        LLVMFuzzerTestOneInput(other.data(), other.size());
-      }
-      for (int k = 0; k < mutations; ++k, ++runs) {
-        std::vector<uint8_t> m = seed;
-        const int edits = 1 + int(r.below(4));
-        for (int e = 0; e < edits && m.size() > 1; ++e) m[1 + r.below(m.size() - 1)] = uint8_t(r.next_u32());
-        LLVMFuzzerTestOneInput(m.data(), m.size());
-      }
-    }
-  }
-  std::printf("fuzz_control replay: %zu inputs, no crash\n", runs);
-  return 0;
+    return out;
+  };
+  return lh::fuzz::replay_main(argc, argv, plan);
 }
 #endif

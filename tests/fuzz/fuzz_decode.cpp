@@ -11,6 +11,7 @@
 
 #include "compress/codec_chain.h"
 #include "core/rng.h"
+#include "tests/fuzz/replay_driver.h"
 
 using namespace lh;
 using namespace lh::compress;
@@ -62,34 +63,10 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
 
 #if !defined(LH_LIBFUZZER)
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--write-corpus") {
-    int i = 0;
-    for (const auto& in : seed_inputs()) {
-      std::ofstream f(std::string(argv[2]) + "/seed" + std::to_string(i++), std::ios::binary);
-      f.write(reinterpret_cast<const char*>(in.data()), static_cast<std::streamsize>(in.size()));
-    }
-    return 0;
-  }
-  size_t runs = 0;
-  for (int a = 1; a < argc; ++a) {
-    std::ifstream f(argv[a], std::ios::binary);
-    std::vector<uint8_t> in((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    LLVMFuzzerTestOneInput(in.data(), in.size());
-    ++runs;
-  }
-  if (argc == 1) {
-    // Without a fuzzer: every seed, every truncation of it, and single-byte rewrites.
-    Rng r(99);
-    for (const auto& seed : seed_inputs()) {
-      for (size_t n = 0; n <= seed.size(); ++n, ++runs) LLVMFuzzerTestOneInput(seed.data(), n);
-      for (int k = 0; k < 200; ++k, ++runs) {
-        std::vector<uint8_t> m = seed;
-        m[1 + r.below(m.size() - 1)] = static_cast<uint8_t>(r.next_u32());
-        LLVMFuzzerTestOneInput(m.data(), m.size());
-      }
-    }
-  }
-  std::printf("fuzz_decode replay: %zu inputs, no crash\n", runs);
-  return 0;
+  // Without a fuzzer: every seed, every truncation of it, and single-byte rewrites.
+  lh::fuzz::ReplayPlan plan{"fuzz_decode", seed_inputs()};
+  plan.rng_seed = 99;
+  plan.mutations = 200;
+  return lh::fuzz::replay_main(argc, argv, plan);
 }
 #endif

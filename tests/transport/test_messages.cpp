@@ -142,6 +142,15 @@ TEST(Messages, InvalidFieldsAreRejected) {
   EXPECT_NE(decode_message(encode_message(Join{"t", "h", "cpu\n", 1, {1}})).status().message().find("control"),
             std::string::npos);
   EXPECT_TRUE(decode_message(encode_message(Join{"t", "h\xc3\xa9te", "cpu", 1, {1}})).ok());
+  // A data-plane public key is 32 bytes, or absent.
+  Join keyed{"t", "h", "cpu", 1, {1}};
+  keyed.data_key.assign(32, 1);
+  EXPECT_TRUE(decode_message(encode_message(keyed)).ok());
+  keyed.data_key.resize(31);
+  EXPECT_NE(decode_message(encode_message(keyed)).status().message().find("data-plane key"), std::string::npos);
+  p = sample_plan();
+  p.peers[0].data_key.assign(40, 1);
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("data-plane key"), std::string::npos);
   EXPECT_NE(decode_message(encode_message(StepMetrics{0, int64_t(1) << 40, "{}"})).status().message().find("step"),
             std::string::npos);
   EXPECT_NE(decode_message(encode_message(Heartbeat{1, int64_t(1) << 40, {}})).status().message().find("step"),
