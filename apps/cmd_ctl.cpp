@@ -1,5 +1,6 @@
-// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC`: talk to a
-// running job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a link's codec live.
+// `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC | set-link
+// RULE`: talk to a running job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a
+// link's codec live.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -7,6 +8,7 @@
 
 #include "apps/commands.h"
 #include "apps/job_cli.h"
+#include "parallel/link_shapes.h"
 #include "transport/control_client.h"
 
 namespace lh::app {
@@ -169,6 +171,22 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
                   j.value("dir", std::string()).c_str(), j.value("spec", std::string()).c_str(),
                   static_cast<long long>(j.value("from_step", int64_t(0))));
     if (!f->json) print_acknowledgement(j);
+  });
+
+  auto* link = cmd->add_subcommand(
+      "set-link",
+      "reshape the job's emulated links now (a job started with --link): RATE[,DELAY] for every link, or "
+      "LINK[:DIR]=RATE[,DELAY]");
+  link->add_option("rule", f->spec, "e.g. 5M,80ms or 0-1=5M,80ms or 1-2:bwd=100M,5ms")->required();
+  link->callback([f] {
+    auto r = parse_link_rule(f->spec);
+    if (!r.ok()) fail(r.status().message(), 2);
+    auto j = request(*f, "set-link", nlohmann::json{{"rule", f->spec}}.dump());
+    if (f->json)
+      std::printf("%s\n", j.dump().c_str());
+    else
+      std::printf("links reshaped: %s (the job's rules now: %s)\n", f->spec.c_str(),
+                  describe_link_rules(j.value("links", std::vector<std::string>())).c_str());
   });
 });
 

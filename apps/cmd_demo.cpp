@@ -75,7 +75,7 @@ RegisterCommand reg("", 5, [](CLI::App& app) {
   j.job.compress_bwd = "int8";
   j.job.train.steps = 120;
   j.job.train.eval_every = 40;
-  f->launch.link = "20M,20ms";
+  j.job.links = {"20M,20ms"};
   auto* cmd = app.add_subcommand(
       "demo", "a 4-stage job over emulated 20 Mbit/s links with compression: the bytes it saves (~2 min)");
   add_launch_flags(cmd, f->launch, "demo_metrics.jsonl");

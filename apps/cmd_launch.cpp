@@ -19,6 +19,7 @@
 #include "apps/job_cli.h"
 #include "apps/launch.h"
 #include "core/log.h"
+#include "parallel/link_shapes.h"
 #include "transport/link_shaper.h"
 
 namespace lh::app {
@@ -159,11 +160,7 @@ int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
 
 void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch>& switches) {
   PipelineJobConfig job = job_config_from_flags(f.job, cmd);
-  if (!f.link.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
-  if (!f.link.empty()) {
-    auto shape = parse_link_shape(f.link);
-    if (!shape.ok()) fail("--link '" + f.link + "': " + shape.status().message(), 2);
-  }
+  if (!job.links.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
   WanNamespaces wan;
   std::string listen = f.listen;
   if (!f.netns.empty()) {
@@ -200,7 +197,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
       static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
   std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job.compress_fwd.c_str(), job.compress_bwd.c_str(),
               job.compress_link.empty() ? "" : " (with per-link overrides)",
-              !f.link.empty()    ? ("shaped " + parse_link_shape(f.link)->to_string()).c_str()
+              !job.links.empty() ? ("shaped " + describe_link_rules(job.links)).c_str()
               : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
                                  : "loopback, unlimited");
   std::printf("coordinator %s  (longhaul ctl --coordinator %s --key-file %s status)\n", ep.c_str(), ep.c_str(),
@@ -236,7 +233,6 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                                      "--coordinator-timeout",
                                      "0"};
     std::vector<std::string> prefix;
-    if (!f.link.empty()) argv.insert(argv.end(), {"--link", f.link});
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
     if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
     LH_ASSIGN_OR_RETURN(pid_t pid, group.start(argv, prefix, secret.to_hex()));
@@ -361,8 +357,6 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
 
 void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_default) {
   add_job_flags(cmd, f.job, metrics_default);
-  cmd->add_option("--link", f.link, "shape every worker's outgoing traffic in process: RATE[,DELAY], e.g. 20M,30ms")
-      ->capture_default_str();
   cmd->add_option("--netns", f.netns, "each worker in its own network namespace behind a tc tbf link of RATE (root)");
   cmd->add_option("--listen", f.listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
   cmd->add_option("--ucx-tls", f.ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");

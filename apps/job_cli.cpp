@@ -80,6 +80,16 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                 "activations and gradients (trusted networks and benchmarks only)")
       ->excludes(enc)
       ->group(g);
+  const char* e = "Emulation (tests and demos)";
+  cmd->add_option("--link", f.job.links,
+                  "shape the workers' outgoing links in process: RATE[,DELAY] for every link (20M,30ms), or "
+                  "LINK[:DIR]=RATE[,DELAY] for the links a name selects (0-1=100M,5ms, 1-2:bwd=5M,80ms, "
+                  "s0d0-s0d1=1G); repeat it, later ones win; `ctl set-link` changes them while the job runs")
+      ->group(e);
+  cmd->add_option("--slowdown", f.job.slowdown,
+                  "RANK=FACTOR: that worker's forward and backward compute takes FACTOR times as long (it sleeps "
+                  "the difference after each); repeat it for several ranks")
+      ->group(e);
   cmd->add_option("--heartbeat-timeout", f.heartbeat_timeout_s, "seconds of silence before a worker is declared dead")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0))

@@ -14,7 +14,7 @@ namespace lh::app {
 struct LaunchFlags {
   JobFlags job;
   std::string listen = "tcp://127.0.0.1:*";
-  std::string link, netns;
+  std::string netns;
   std::string ucx_tls;
   std::string wan_script;
   int worker_threads = 0;

@@ -41,8 +41,16 @@ cublasHandle_t cublas_handle() {
   }();
   return handle;
 }
+
+Status device_synchronize(bool cuda) {
+  if (cuda) LH_CUDA_CHECK(cudaDeviceSynchronize());
+  return Status::Ok();
+}
 #else
 int cuda_device_count() { return 0; }
+Status device_synchronize(bool) {
+  return Status::Ok();
+}
 std::string cuda_device_summary() { return "built without CUDA"; }
 #endif
 

@@ -14,6 +14,8 @@ int cuda_device_count();
 bool cuda_available();
 // "NVIDIA H200 (sm_90, 139 GiB)" or why there is none.
 std::string cuda_device_summary();
+// Waits for the work queued on the current CUDA device (cuda == true); nothing to wait for on the CPU.
+Status device_synchronize(bool cuda);
 
 }  // namespace lh
 

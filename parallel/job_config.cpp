@@ -13,6 +13,7 @@
 
 #include "parallel/dp_reducer.h"
 #include "parallel/link_name.h"
+#include "parallel/link_shapes.h"
 #include "transport/packet_auth.h"
 
 namespace lh {
@@ -242,6 +243,12 @@ Status PipelineJobConfig::validate() const {
   if (microbatches < 1)
     return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
   if (auto p = parse_packet_protection(data_protection); !p.ok()) return Status(p.status()).prepend("job config");
+  {
+    LH_ASSIGN_OR_RETURN(Topology t, topology());
+    Status l = check_link_rules(t, links);
+    if (!l.ok()) return l.prepend("--link");
+    LH_RETURN_IF_ERROR(parse_slowdowns(slowdown, workers).status());
+  }
   if (batch_slices != 0 || !replica_slices.empty()) {
     // An --elastic job that lost replicas (set by the coordinator, never by a flag).
     if (batch_slices < dp || int(replica_slices.size()) != dp)
@@ -306,6 +313,8 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_tp", compress_tp},
           {"checkpoint_every", checkpoint_every},
           {"data_protection", data_protection},
+          {"links", links},
+          {"slowdown", slowdown},
           {"batch_slices", batch_slices},
           {"replica_slices", replica_slices}};
 }
@@ -330,7 +339,8 @@ std::string PipelineJobConfig::resume_hash() const {
   j["train"].erase("steps");
   j["train"].erase("eval_every");
   j.erase("checkpoint_every");
-  j.erase("data_protection");  // how packets travel, not what is trained
+  // How packets travel and how fast machines are, not what is trained.
+  for (const char* f : {"data_protection", "links", "slowdown"}) j.erase(f);
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -408,6 +418,8 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.integer("batch_slices", c.batch_slices));
   LH_RETURN_IF_ERROR(r.integers("replica_slices", c.replica_slices));
   if (r.find("data_protection")) LH_RETURN_IF_ERROR(r.string("data_protection", c.data_protection));
+  if (r.find("links")) LH_RETURN_IF_ERROR(r.strings("links", c.links));
+  if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

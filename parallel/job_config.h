@@ -42,6 +42,11 @@ struct PipelineJobConfig {
   // How the data plane protects packets: "mac" (authenticated, the default), "aead" (--encrypt-data: also
   // encrypted) or "none" (--no-data-auth: trusted networks and benchmarks only). See transport/packet_auth.h.
   std::string data_protection = "mac";
+  // Emulation for tests and demos (parallel/link_shapes.h): the in-process link shapes, in order ("20M,10ms" for
+  // every link, "0-1:fwd=5M,80ms" for the links a selector names; `ctl set-link` appends), and per-rank compute
+  // slow-downs ("1=2.5").
+  std::vector<std::string> links;
+  std::vector<std::string> slowdown;
   // --elastic: the job went on without lost replicas. The sampler still draws the original global batch, cut into
   // `batch_slices` equal slices (0: dp), and replica d trains on slice replica_slices[d] (empty: slice d); the
   // lost replicas' slices are skipped, so the global batch shrinks and the data order stays the original job's.

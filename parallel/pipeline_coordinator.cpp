@@ -1,4 +1,4 @@
-// The pipeline job's coordinator: plans, metrics, ctl status / set-codec, and lost workers.
+// The pipeline job's coordinator: plans, metrics, ctl status / set-codec / set-link, and lost workers.
 // Used by `longhaul coordinator` and `longhaul launch`.
 #include "parallel/pipeline_coordinator.h"
 
@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "parallel/link_name.h"
+#include "parallel/link_shapes.h"
 
 namespace lh {
 
@@ -566,8 +567,9 @@ Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& 
 Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args,
                                                     uint64_t ack_id) {
   if (command == "status") return status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (command == "set-link") return set_link(args);
   if (command != "set-codec")
-    return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec)");
+    return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec, set-link)");
   auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return invalid_argument("set-codec: the arguments are not a JSON object");
   auto text = [&](const char* f) {
@@ -602,6 +604,27 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
                         {"spec", change.spec},
                         {"from_step", change.from_step}}
       .dump();
+}
+
+Result<std::string> PipelineCoordinator::set_link(const std::string& args) {
+  auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("rule") || !j["rule"].is_string())
+    return invalid_argument("set-link: the arguments are not a JSON object with a \"rule\" string");
+  const std::string rule = j["rule"].get<std::string>();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_.links.empty())
+    return invalid_argument(
+        "set-link: this job does not emulate its links; start it with --link RATE[,DELAY] "
+        "(e.g. --link 10G for links as fast as the machine until changed)");
+  std::vector<std::string> next = job_.links;
+  next.push_back(rule);
+  Status s = check_link_rules(topology_, next);
+  if (!s.ok()) return s.prepend("set-link");
+  if (next.size() > 4096) return invalid_argument("set-link: the job already has 4096 link rules");
+  job_.links = std::move(next);  // the plans of later epochs carry it
+  coordinator_->broadcast(SetLink{rule});
+  LH_LOG_INFO("coordinator: link rule '{}' sent to every worker", rule);
+  return nlohmann::json{{"rule", rule}, {"links", job_.links}}.dump();
 }
 
 PipelineCoordinator::~PipelineCoordinator() {

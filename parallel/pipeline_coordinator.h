@@ -63,11 +63,14 @@ class PipelineCoordinator {
   //   status                                  → JSON: job, step, plan, codecs per link, measured bandwidth
   //   set-codec {"link":"1-2","dir":"fwd","spec":"int4"} (or "src"/"dst" ranks instead of "link")
   //                                           → JSON with the step the change takes effect
+  //   set-link {"rule":"0-1:fwd=5M,80ms"}     → JSON with the job's link rules now
   // `ack_id` non-zero: the SetCodec messages carry it and every worker acknowledges it (CodecApplied).
   Result<std::string> handle_ctl(const std::string& command, const std::string& args, uint64_t ack_id = 0);
   ~PipelineCoordinator();
 
  private:
+  // `ctl set-link`: {"rule": "0-1:fwd=5M,80ms"} appended to the job's link rules and sent to every worker.
+  Result<std::string> set_link(const std::string& args);
   // Hold mu_; broadcast with `ack_id`.
   Result<std::string> set_grad_codec_locked(const std::string& spec, const std::string& link, uint64_t ack_id);
   Result<std::string> set_tp_codec_locked(const std::string& spec, const std::string& link, uint64_t ack_id);

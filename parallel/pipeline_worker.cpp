@@ -16,6 +16,7 @@
 #include "core/dataset.h"
 #include "core/log.h"
 #include "parallel/job_config.h"
+#include "parallel/link_shapes.h"
 #include "parallel/stage_runner.h"
 #include "transport/control_client.h"
 
@@ -26,7 +27,9 @@ namespace {
 // once (so a stage blocked on a receive wakes up); codec changes wait for the next step boundary.
 class EventPump {
  public:
-  EventPump(ControlClient& cc, DataPlane& plane) : cc_(cc), plane_(plane), thread_([this] { run(); }) {}
+  // `on_set_link` runs on the pump's thread for each SetLink (ctl set-link).
+  EventPump(ControlClient& cc, DataPlane& plane, std::function<void(const SetLink&)> on_set_link)
+      : cc_(cc), plane_(plane), on_set_link_(std::move(on_set_link)), thread_([this] { run(); }) {}
   ~EventPump() {
     stop_ = true;
     thread_.join();
@@ -54,6 +57,8 @@ class EventPump {
       std::lock_guard<std::mutex> lock(mu_);
       if (auto* m = std::get_if<SetCodec>(&*ev)) {
         changes_.push_back(*m);
+      } else if (auto* l = std::get_if<SetLink>(&*ev)) {
+        if (on_set_link_) on_set_link_(*l);
       } else if (auto* lost = std::get_if<PeerLost>(&*ev)) {
         const std::string why =
             "worker " + std::to_string(lost->rank) + " (" + lost->hostname + ") was lost: " + lost->reason;
@@ -73,6 +78,7 @@ class EventPump {
   }
   ControlClient& cc_;
   DataPlane& plane_;
+  std::function<void(const SetLink&)> on_set_link_;
   std::mutex mu_;
   std::deque<SetCodec> changes_;
   std::optional<Status> stop_reason_;
@@ -186,7 +192,32 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   UcxDataPlane* ucx_plane = ucx.get();  // for its counters, after the LinkShaper takes it over
   meter->set_self_rank(plan.rank);
   std::unique_ptr<DataPlane> plane = std::move(ucx);
-  if (options.link) plane = std::make_unique<LinkShaper>(std::move(plane), *options.link);
+  // Emulated links: this worker's own --link under the job's rules (ctl set-link adds more while it runs).
+  LinkShaper* shaper = nullptr;
+  std::vector<std::string> link_rules = job->links;
+  const LinkShape base = options.link.value_or(LinkShape{});
+  if (options.link || !link_rules.empty()) {
+    LH_ASSIGN_OR_RETURN(RankShapes shapes, shapes_of(topology, plan.rank, link_rules, base));
+    auto s = std::make_unique<LinkShaper>(std::move(plane), shapes.default_shape);
+    s->set_shapes(shapes.default_shape, shapes.per_peer);
+    shaper = s.get();
+    plane = std::move(s);
+  }
+  auto on_set_link = [&, rank = plan.rank](const SetLink& m) {
+    if (!shaper) {
+      LH_LOG_WARN("set-link '{}' ignored: this worker does not shape its links", m.rule);
+      return;
+    }
+    link_rules.push_back(m.rule);
+    auto shapes = shapes_of(topology, rank, link_rules, base);
+    if (!shapes.ok()) {
+      link_rules.pop_back();
+      LH_LOG_WARN("set-link refused: {}", shapes.status().message());
+      return;
+    }
+    shaper->set_shapes(shapes->default_shape, shapes->per_peer);
+    LH_LOG_INFO("links reshaped by '{}'", m.rule);
+  };
   // Heartbeats carry this worker's progress (its last step, what its data plane waits on) so the coordinator can
   // name a stalled link; the source goes before the plane does.
   std::atomic<int64_t> finished_step{plan.resume_step};
@@ -220,6 +251,13 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   ro.receive_timeout = options.receive_timeout;
   ro.batch_slices = job->slices();
   ro.batch_slice = job->slice_of(topology.coord_of(plan.rank).dp);
+  {
+    LH_ASSIGN_OR_RETURN(auto slow, parse_slowdowns(job->slowdown, topology.workers()));
+    if (slow.count(plan.rank)) {
+      ro.slowdown = slow[plan.rank];
+      LH_LOG_INFO("--slowdown: this worker's compute takes {}x as long", ro.slowdown);
+    }
+  }
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
                       StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));
   LH_LOG_INFO("stage {} of {}: blocks [{}, {}){}{}", runner->span().stage, topology.pp(), runner->span().first_block,
@@ -247,7 +285,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
 
   Status result = Status::Ok();
   {
-    EventPump events(cc, *plane);
+    EventPump events(cc, *plane, on_set_link);
     std::vector<int32_t> tokens, targets;
     // A failed step waits this long for the coordinator's verdict: a lost neighbour (a rollback) or not.
     const auto verdict_wait = std::chrono::milliseconds(plan.heartbeat_timeout_ms) + std::chrono::seconds(3);

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
+#include "core/cuda_runtime.h"
 #include "core/log.h"
 #include "core/ops.h"
 #include "parallel/link_name.h"
@@ -130,6 +132,20 @@ int StageRunner::link_width() const {
 }
 
 Status StageRunner::run_action(const Action& a, int64_t step) {
+  if (options_.slowdown > 1 && (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward)) {
+    // A slower machine: the compute, then (slowdown − 1) times its duration more. Device work is finished first,
+    // so the time is the compute's own.
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = run_compute_action(a, step);
+    if (s.ok()) s = device_synchronize(model_.device() == Device::cuda);
+    if (!s.ok()) return s;
+    std::this_thread::sleep_for(std::chrono::duration<double>((options_.slowdown - 1) * seconds_since(t0)));
+    return Status::Ok();
+  }
+  return run_compute_action(a, step);
+}
+
+Status StageRunner::run_compute_action(const Action& a, int64_t step) {
   const int mb = a.microbatch;
   const int B = mb_batch_, T = train_.model.seq;
   switch (a.kind) {

@@ -49,6 +49,9 @@ struct StageRunnerOptions {
   // `batch_slices` slices and this replica trains on slice `batch_slice`. 0 / −1: dp slices, the replica's own.
   int batch_slices = 0;
   int batch_slice = -1;
+  // --slowdown: forward and backward compute take this many times as long (the runner sleeps the difference after
+  // each), as on a slower machine. 1: as fast as it is.
+  double slowdown = 1;
 };
 
 struct StageStepResult {
@@ -122,7 +125,10 @@ class StageRunner {
 
  private:
   StageRunner() = default;
-  Status run_action(const Action& a, int64_t step);  // compute and the boundary's sends and receives
+  Status run_action(const Action& a, int64_t step);
+  Status run_compute_action(
+      const Action& a,
+      int64_t step);  // run_action without --slowdown  // compute and the boundary's sends and receives
   Status backward(int mb);                           // with dp, the last one hands each bucket to the reducer
   // Clips the gradients in the groups by the whole model's norm and takes the optimizer step with the learning
   // rate of `step` (the step the gradients are from); returns the norm before clipping.

@@ -22,6 +22,7 @@ cmake --build "$BUILD_DIR" -j "${LH_JOBS:-2}" --target fuzz_decode fuzz_decode_s
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 WORK=$BUILD_DIR/campaign
+rm -f "$WORK"/crash-* "$WORK"/leak-* "$WORK"/timeout-* "$WORK"/oom-*
 for target in fuzz_control fuzz_decode; do
   corpus=$WORK/$target
   mkdir -p "$corpus"
@@ -29,8 +30,9 @@ for target in fuzz_control fuzz_decode; do
   echo "fuzz_campaign: $target for ${SECONDS_EACH} s from $(ls "$corpus" | wc -l) inputs"
   (cd "$WORK" && "../bin/$target" -max_total_time="$SECONDS_EACH" -print_final_stats=1 "$target" 2>&1) |
     grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::new_units_added|==[0-9]+==ERROR|SUMMARY)" || true
-  if ls "$WORK"/crash-* "$WORK"/leak-* "$WORK"/timeout-* >/dev/null 2>&1; then
-    echo "fuzz_campaign: $target found a problem: $(ls "$WORK"/crash-* "$WORK"/leak-* "$WORK"/timeout-* 2>/dev/null)" >&2
+  found=$(find "$WORK" -maxdepth 1 \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \))
+  if [[ -n "$found" ]]; then
+    echo "fuzz_campaign: $target found a problem; replay it with $BUILD_DIR/bin/$target FILE: $found" >&2
     exit 1
   fi
 done

@@ -133,6 +133,7 @@ void ControlClient::on_message(Frames&& frames) {
     case MsgType::kBarrier:
     case MsgType::kHeartbeat:
     case MsgType::kSetCodec:
+    case MsgType::kSetLink:
     case MsgType::kShutdown:
     case MsgType::kReject:
     case MsgType::kPeerLost:
@@ -199,6 +200,7 @@ void ControlClient::on_message(Frames&& frames) {
       events_.push_back(std::move(m));
       break;
     case MsgType::kSetCodec:
+    case MsgType::kSetLink:
     case MsgType::kPeerLost:
       events_.push_back(std::move(m));
       break;
@@ -273,7 +275,13 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
     join_sent_ = true;
   }
   plan_.reset();
-  Join j{options_.token, options_.hostname, options_.device, options_.compute_speed, ucx_address, rank};
+  Join j;
+  j.token = options_.token;
+  j.hostname = options_.hostname;
+  j.device = options_.device;
+  j.compute_speed = options_.compute_speed;
+  j.ucx_address = ucx_address;
+  j.rank = rank;
   j.data_key = std::move(data_key);
   j.data_ciphers = data_ciphers;
   {

@@ -678,7 +678,8 @@ std::string Coordinator::find_deadlock_locked(std::chrono::steady_clock::time_po
       if (!sending) waits[rank].insert(p.peer);
     }
   // A cycle in that graph (depth-first, from each rank).
-  for (const auto& [start, _] : waits) {
+  for (const auto& entry : waits) {
+    const int start = entry.first;  // a plain variable: a lambda may not capture a structured binding (C++17)
     std::vector<int> path = {start};
     std::set<int> seen;
     std::function<bool(int)> visit = [&](int r) {

@@ -98,6 +98,12 @@ void LinkShaper::set_shape(int peer, LinkShape shape) {
   shapes_[peer] = shape;
 }
 
+void LinkShaper::set_shapes(LinkShape default_shape, const std::map<int, LinkShape>& per_peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  default_shape_ = default_shape;
+  shapes_ = per_peer;
+}
+
 void LinkShaper::start_send(std::shared_ptr<TransferState> st) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -37,6 +37,9 @@ class LinkShaper final : public DataPlane {
 
   // A different shape for the link to one peer.
   void set_shape(int peer, LinkShape shape);
+  // Every link's shape at once: `default_shape`, except the peers in `per_peer` (packets already on the wire keep
+  // the times they were given).
+  void set_shapes(LinkShape default_shape, const std::map<int, LinkShape>& per_peer);
   DataPlane& inner() { return *inner_; }
 
   int rank() const override { return inner_->rank(); }

@@ -60,7 +60,9 @@ Status validate(const Plan& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "plan rank"));
   if (m.world_size <= m.rank || m.world_size > 4096)
     return corrupt("plan world size " + std::to_string(m.world_size) + " does not hold rank " + std::to_string(m.rank));
-  if (m.pp < 1 || m.tp < 1 || m.dp < 1 || int64_t(m.pp) * m.tp * m.dp != m.world_size)
+  // Each axis is bounded before the product, which would overflow for axes near 2^31 (found by libFuzzer).
+  if (m.pp < 1 || m.tp < 1 || m.dp < 1 || m.pp > 4096 || m.tp > 4096 || m.dp > 4096 ||
+      int64_t(m.pp) * m.tp * m.dp != m.world_size)
     return corrupt("plan grid " + std::to_string(m.pp) + "x" + std::to_string(m.tp) + "x" + std::to_string(m.dp) +
                    " does not match world size " + std::to_string(m.world_size));
   if (m.stage < 0 || m.stage >= m.pp || m.tp_index < 0 || m.tp_index >= m.tp || m.dp_index < 0 || m.dp_index >= m.dp)
@@ -161,6 +163,11 @@ Status validate(const CodecApplied& m) {
   return check_len(m.reason, "codec-applied reason");
 }
 
+Status validate(const SetLink& m) {
+  if (m.rule.empty()) return corrupt("set-link without a rule");
+  return check_name(m.rule, "set-link rule");
+}
+
 template <class T>
 Result<ControlMessage> decode_as(const uint8_t* body, size_t size) {
   T m;
@@ -209,6 +216,8 @@ const char* msg_type_name(MsgType t) {
       return "Rollback";
     case MsgType::kCodecApplied:
       return "CodecApplied";
+    case MsgType::kSetLink:
+      return "SetLink";
   }
   return "unknown";
 }
@@ -244,7 +253,7 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
-  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kCodecApplied))
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kSetLink))
     return corrupt("unknown message type " + std::to_string(type));
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
@@ -294,6 +303,8 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<Rollback>(body, n);
     case MsgType::kCodecApplied:
       return decode_as<CodecApplied>(body, n);
+    case MsgType::kSetLink:
+      return decode_as<SetLink>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }

@@ -66,6 +66,7 @@ enum class MsgType : uint16_t {
   kShardSaved = 13,
   kRollback = 14,
   kCodecApplied = 15,
+  kSetLink = 16,
 };
 const char* msg_type_name(MsgType t);
 
@@ -304,13 +305,23 @@ struct Rollback {
   }
 };
 
+// coordinator → workers (from `ctl set-link`): one more link shape rule of the job's emulated network
+// (parallel/link_shapes.h: "RATE[,DELAY]" or "LINK[:DIR]=RATE[,DELAY]"), applied at once, after the job's others.
+struct SetLink {
+  std::string rule;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rule);
+  }
+};
+
 template <class A>
 void Heartbeat::serialize(A& ar) {
   ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt, blocked_ms);
 }
 
 using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,
-                                    PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback, CodecApplied>;
+                                    PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback, CodecApplied, SetLink>;
 
 MsgType message_type(const ControlMessage& m);
 

@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::vector<uint8_t> msg(kControlHeaderBytes + size - 1);
   const uint32_t magic = kControlMagic;
-  const uint16_t version = kProtocolVersion, type = uint16_t(1 + data[0] % 15);
+  const uint16_t version = kProtocolVersion, type = uint16_t(1 + data[0] % 16);
   const uint32_t seq = 0;
   std::memcpy(msg.data(), &magic, 4);
   std::memcpy(msg.data() + 4, &version, 2);
@@ -77,7 +77,8 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
                                              CtlReply{true, "{}"},
                                              ShardSaved{1, 3, {1, 2, 3}},
                                              Rollback{2, "lost"},
-                                             CodecApplied{1, 9, 12, true, ""}};
+                                             CodecApplied{1, 9, 12, true, ""},
+                                             SetLink{"0-1:fwd=5M,80ms"}};
   std::vector<std::vector<uint8_t>> out;
   for (const ControlMessage& m : seeds) {
     const std::vector<uint8_t> bytes = encode_message(m);
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
   plan.max_edits = 4;
   plan.variants = [](const std::vector<uint8_t>& seed) {
     std::vector<std::vector<uint8_t>> out;
-    for (int t = 0; t < 15; ++t) {
+    for (int t = 0; t < 16; ++t) {
       out.push_back(seed);
       out.back()[0] = uint8_t(t);
     }

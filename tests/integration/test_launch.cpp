@@ -561,6 +561,19 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   EXPECT_NE(slurp(job.out).find("int8"), std::string::npos);  // the summary table's codec column
 }
 
+// The rate a link's sender measured in each step (wire bits over the seconds the link was busy), for `role`.
+std::map<int64_t, double> link_rate_per_step(const std::string& metrics, int src, int dst, const std::string& role) {
+  std::map<int64_t, double> out;
+  auto records = read_step_metrics_file(metrics);
+  EXPECT_TRUE(records.ok()) << records.status().to_string();
+  if (!records.ok()) return out;
+  for (const WorkerStepMetrics& m : *records)
+    for (const LinkTraffic& t : m.links)
+      if (t.src == src && t.dst == dst && t.role == role && t.dir == "send" && t.seconds > 0)
+        out[m.step] = double(t.wire_bytes) * 8 / t.seconds;
+  return out;
+}
+
 // How many links of `role` the summary has; each is expected to have used `codecs`, in that order.
 int links_that_used(const MetricsSummary& sum, const std::string& role, const std::vector<std::string>& codecs) {
   int links = 0;
@@ -1453,6 +1466,83 @@ TEST_F(Launch, DemoShowsTheLinksTheirSavingsAndALiveSwitch) {
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--switch-to"), std::string::npos) << bad.output;
   EXPECT_NE(bad.output.find("int9"), std::string::npos) << bad.output;
+}
+
+// Uneven emulated links: a default shape and per-link overrides by the job's link names, and `ctl set-link`
+// reshaping a link while the job runs. The rates each sender measured show them.
+TEST_F(Launch, UnevenLinksAreShapedPerLinkAndReshapedWhileTheJobRuns) {
+  const int steps = 60;
+  const std::string metrics = temp_path("uneven.jsonl");
+  CtlJob job;
+  ASSERT_NO_FATAL_FAILURE(start_ctl_job(&job, 3, steps, metrics, {"--pp", "3", "--link", "1G", "--link", "0-1:fwd=4M"},
+                                        "uneven", "uneven"));
+  auto with = [&](std::vector<std::string> more) { return job.ctl(std::move(more)); };
+  BinRun bad = run(with({"set-link", "0-2=1M"}), 30s);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("0-2"), std::string::npos) << bad.output;
+  auto newest_step = [&] {
+    BinRun status = run(with({"--json", "status"}), 30s);
+    EXPECT_EQ(status.code, 0) << status.output;
+    return status.code == 0 ? nlohmann::json::parse(status.output)["step"].get<int64_t>() : int64_t(0);
+  };
+  const int64_t fast_until = newest_step();  // steps reported before set-link crossed the fast link
+  BinRun set = run(with({"--json", "set-link", "1-2:fwd=3M"}), 30s);
+  ASSERT_EQ(set.code, 0) << set.output;
+  EXPECT_EQ(nlohmann::json::parse(set.output)["links"].size(), 3u) << set.output;
+  const int64_t reshaped_by = newest_step() + 1;  // the step in progress may have begun before it
+  ASSERT_EQ(wait_exit(job.launch, 300s), 0) << slurp(job.out);
+  ASSERT_LT(reshaped_by + 10, steps) << "the job ended before the link was reshaped";
+  // Medians over steps: one step's rate can sag on a loaded machine (a packet's busy time ends when the inner send
+  // completes). The fast links' rates are far below 1 Gbit/s (4 KiB packets: per-packet costs dominate) but well
+  // above the shaped ones.
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  const auto slow = link_rate_per_step(metrics, 0, 1, "act"), fast = link_rate_per_step(metrics, 1, 2, "act");
+  ASSERT_EQ(slow.size(), size_t(steps));
+  std::vector<double> slow_rates, before, after, back;
+  for (const auto& [step, bps] : slow) slow_rates.push_back(bps);
+  for (const auto& [step, bps] : fast) {
+    if (step > 1 && step <= fast_until) before.push_back(bps);
+    if (step > reshaped_by) after.push_back(bps);
+  }
+  for (const auto& [step, bps] : link_rate_per_step(metrics, 2, 1, "act_grad"))
+    if (step > 1) back.push_back(bps);
+  std::printf(
+      "median rates (Mbit/s): 0-1:fwd %.2f; 1-2:fwd %.2f before set-link (%zu steps), %.2f after; 1-2:bwd %.2f\n",
+      median(slow_rates) / 1e6, median(before) / 1e6, before.size(), median(after) / 1e6, median(back) / 1e6);
+  EXPECT_GT(median(slow_rates), 2e6) << "0-1:fwd, shaped to 4 Mbit/s";
+  EXPECT_LT(median(slow_rates), 4.5e6) << "0-1:fwd, shaped to 4 Mbit/s";
+  EXPECT_GT(after.size(), 10u);
+  EXPECT_LT(median(after), 3.4e6) << "1-2:fwd after set-link to 3 Mbit/s";
+  if (!before.empty()) EXPECT_GT(median(before), 2 * median(after)) << "1-2:fwd before set-link";
+  EXPECT_GT(median(back), 2 * 4.5e6) << "1-2:bwd stays at the default";
+}
+
+// --slowdown RANK=FACTOR: that worker really computes FACTOR times as long (it sleeps the difference), so a job whose
+// stages are balanced runs much slower with one of them slowed; the losses are unchanged.
+TEST_F(Launch, ASlowedWorkerReallyTakesLonger) {
+  const int steps = 8;
+  const std::string plain = temp_path("slow_plain.jsonl"), slowed = temp_path("slowed.jsonl");
+  BinRun a = run(launch_args(2, steps, plain), 300s);
+  ASSERT_EQ(a.code, 0) << a.output;
+  BinRun b = run(launch_args(2, steps, slowed, {"--slowdown", "1=6"}), 300s);
+  ASSERT_EQ(b.code, 0) << b.output;
+  expect_same_losses(losses_of(slowed), losses_of(plain), steps);
+  auto median_tokens = [](const std::string& path) {
+    auto records = read_step_metrics_file(path);
+    std::vector<double> v;
+    for (const WorkerStepMetrics& m : *records)
+      if (m.step > 2 && m.tokens_per_s) v.push_back(*m.tokens_per_s);
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  // Six times the compute of one of two equal stages: well under half the tokens/s (a loose bound, not a speed test).
+  EXPECT_LT(median_tokens(slowed), 0.6 * median_tokens(plain));
+  BinRun bad = run(launch_args(2, steps, temp_path("slow_bad.jsonl"), {"--slowdown", "2=3"}), 60s);
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("--slowdown '2=3'"), std::string::npos) << bad.output;
 }
 
 }  // namespace

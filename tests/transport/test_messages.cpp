@@ -37,7 +37,8 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      CtlReply{true, "{}"},
                                      ShardSaved{2, 10, {1, 2, 3}},
                                      Rollback{3, "worker 2 lost"},
-                                     CodecApplied{1, 5, 100, true, ""}};
+                                     CodecApplied{1, 5, 100, true, ""},
+                                     SetLink{"1-2:bwd=5M,80ms"}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
@@ -126,6 +127,9 @@ TEST(Messages, InvalidFieldsAreRejected) {
   EXPECT_NE(decode_message(encode_message(p)).status().message().find("twice"), std::string::npos);
   p = sample_plan();
   p.tp = 3;
+  EXPECT_NE(decode_message(encode_message(p)).status().message().find("grid"), std::string::npos);
+  // Axes whose product overflows 64 bits (libFuzzer found it: undefined behaviour before the bound per axis).
+  p.pp = p.tp = p.dp = int32_t(1) << 30;
   EXPECT_NE(decode_message(encode_message(p)).status().message().find("grid"), std::string::npos);
   EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", -1, {1}})).ok());
   EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", 1, {}})).ok());
