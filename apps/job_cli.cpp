@@ -40,11 +40,21 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   cmd->add_option("--microbatches", f.job.microbatches, "microbatches per replica's share of the global batch")
       ->capture_default_str()
       ->group(g);
-  cmd->add_option("--compress-fwd", f.job.compress_fwd, "codec spec for activations on every link")
+  cmd->add_option("--compress-fwd", f.job.compress_fwd,
+                  "codec spec for activations on every link, or auto: per link, the least lossy codec of "
+                  "--auto-ladder whose transfer fits under the pipeline's compute per microbatch, re-decided every "
+                  "--auto-every steps from what the job measured")
       ->capture_default_str()
       ->group(g);
-  cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link")
+  cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link, or auto")
       ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--auto-ladder", f.job.auto_ladder, "the codecs auto chooses from, least lossy first")
+      ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--auto-every", f.job.auto_every, "steps between auto's decisions")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000))
       ->group(g);
   cmd->add_option("--compress-link", f.job.compress_link,
                   "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4; or a replica link's group, "

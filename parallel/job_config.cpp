@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 
+#include "parallel/auto_codec.h"
 #include "parallel/dp_reducer.h"
 #include "parallel/link_name.h"
 #include "parallel/link_shapes.h"
@@ -179,14 +180,45 @@ std::optional<LinkSelection> selection_of(const Topology& t, const std::string& 
 
 }  // namespace
 
+namespace {
+// `spec` with "auto" replaced: by `if_auto`, and any other spec by `otherwise` when that is not empty.
+std::string resolve_auto(const std::string& spec, const std::string& if_auto, const std::string& otherwise) {
+  return spec == "auto" ? if_auto : otherwise.empty() ? spec : otherwise;
+}
+}  // namespace
+
 Result<CodecPlan> PipelineJobConfig::codec_plan() const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(auto_ladder));
   std::vector<std::string> pipeline;
   for (const std::string& e : compress_link) {
     auto sel = selection_of(t, e);
-    if (!sel || sel->kind == "pipeline") pipeline.push_back(e);
+    const size_t eq = e.find('=');
+    if (!sel || sel->kind == "pipeline")
+      pipeline.push_back(eq == std::string::npos ? e
+                                                 : e.substr(0, eq + 1) + resolve_auto(e.substr(eq + 1), ladder[0], ""));
   }
-  return CodecPlan::create(t, compress_fwd, compress_bwd, pipeline);
+  return CodecPlan::create(t, resolve_auto(compress_fwd, ladder[0], ""), resolve_auto(compress_bwd, ladder[0], ""),
+                           pipeline);
+}
+
+Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_links() const {
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  // The same overrides with "auto" as bf16 and every other spec as none: the links that come out bf16 are auto.
+  std::vector<std::string> pipeline;
+  for (const std::string& e : compress_link) {
+    auto sel = selection_of(t, e);
+    const size_t eq = e.find('=');
+    if ((!sel || sel->kind == "pipeline") && eq != std::string::npos)
+      pipeline.push_back(e.substr(0, eq + 1) + resolve_auto(e.substr(eq + 1), "bf16", "none"));
+  }
+  LH_ASSIGN_OR_RETURN(CodecPlan marker, CodecPlan::create(t, resolve_auto(compress_fwd, "bf16", "none"),
+                                                          resolve_auto(compress_bwd, "bf16", "none"), pipeline));
+  std::vector<std::pair<PipelineLink, LinkDir>> out;
+  for (const PipelineLink& l : marker.links())
+    for (LinkDir d : {LinkDir::kFwd, LinkDir::kBwd})
+      if (marker.spec(l, d) == "bf16") out.push_back({l, d});
+  return out;
 }
 
 Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
@@ -263,6 +295,8 @@ Status PipelineJobConfig::validate() const {
     return invalid_argument("--batch " + std::to_string(train.batch) + " does not split into --dp " +
                             std::to_string(slices()) + " replicas × --microbatches " + std::to_string(microbatches) +
                             " equal parts");
+  if (auto_every < 1 || auto_every > 1000000)
+    return invalid_argument("--auto-every " + std::to_string(auto_every) + ": expected 1 or more steps");
   LH_RETURN_IF_ERROR(codec_plan().status());
   {
     Status g = check_grad_codec_spec(compress_grad);
@@ -305,6 +339,8 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"schedule", schedule_kind_name(schedule)},
           {"microbatches", microbatches},
           {"compress_fwd", compress_fwd},
+          {"auto_ladder", auto_ladder},
+          {"auto_every", auto_every},
           {"compress_bwd", compress_bwd},
           {"compress_link", compress_link},
           {"compress_grad", compress_grad},
@@ -341,6 +377,8 @@ std::string PipelineJobConfig::resume_hash() const {
   j.erase("checkpoint_every");
   // How packets travel and how fast machines are, not what is trained.
   for (const char* f : {"data_protection", "links", "slowdown"}) j.erase(f);
+  // The codecs auto chose are the job's codec changes, which a checkpoint holds on its own.
+  for (const char* f : {"auto_ladder", "auto_every"}) j.erase(f);
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -419,6 +457,8 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(r.integers("replica_slices", c.replica_slices));
   if (r.find("data_protection")) LH_RETURN_IF_ERROR(r.string("data_protection", c.data_protection));
   if (r.find("links")) LH_RETURN_IF_ERROR(r.strings("links", c.links));
+  if (r.find("auto_ladder")) LH_RETURN_IF_ERROR(r.string("auto_ladder", c.auto_ladder));
+  if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
   LH_RETURN_IF_ERROR(c.validate());
   return c;

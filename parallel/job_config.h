@@ -28,7 +28,11 @@ struct PipelineJobConfig {
   std::string partition;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int microbatches = 4;
+  // A spec, or "auto" (also in --compress-link entries): adaptive compression (parallel/auto_codec.h) from the
+  // ladder, re-decided every auto_every steps; such a link starts with the ladder's first codec.
   std::string compress_fwd = "none", compress_bwd = "none";
+  std::string auto_ladder = "none,bf16,int8,int4";
+  int auto_every = 10;
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
   std::string compress_grad = "none";      // weight gradients between replicas (dp > 1)
   std::string sync = "every-step";         // --sync: every-step | diloco:H=…,outer_lr=…,outer_momentum=…
@@ -68,7 +72,9 @@ struct PipelineJobConfig {
   // The split for workers of these speeds (in rank order: each shard index gets the slowest of its workers' speeds),
   // as heads per shard ("3:1"); the configured one unless tp_split is "speed".
   Result<std::string> planned_tp_split(const std::vector<double>& speeds) const;
-  Result<CodecPlan> codec_plan() const;  // from the --compress-link entries that name pipeline links
+  Result<CodecPlan> codec_plan() const;  // from the --compress-link entries that name pipeline links; auto: ladder[0]
+  // The pipeline links and directions whose codec is "auto".
+  Result<std::vector<std::pair<PipelineLink, LinkDir>>> auto_links() const;
   // The weight-gradient codec of each stage's dp group: --compress-grad, replaced for the groups a --compress-link
   // entry naming replica links touches (e.g. s1d0-s1d1=int4 or d0-d1=ef+int4; later entries win). A group's
   // all-reduce needs one codec, so these entries take no :DIR.

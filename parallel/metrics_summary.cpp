@@ -84,6 +84,11 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
       return invalid_argument("metrics: " + line_of(m) + " repeats step " + std::to_string(m.step) + " of worker " +
                               std::to_string(m.worker) + " (first at " + line_of(*it->second) + ")");
     workers.insert(m.worker);
+    for (const nlohmann::json& d : m.auto_decisions) {
+      auto decision = auto_decision_from_json(d, "metrics: " + line_of(m));
+      if (!decision.ok()) return decision.status();
+      s.auto_decisions.push_back(std::move(decision).value());
+    }
     if (m.loss) loss[m.step].push_back(*m.loss);
     if (m.val_loss) val[m.step].push_back(*m.val_loss);
     if (m.tokens_per_s) {
@@ -139,6 +144,8 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
   std::sort(s.links.begin(), s.links.end(), [](const LinkTotals& a, const LinkTotals& b) {
     return std::make_tuple(role_order(a.role), a.src, a.dst) < std::make_tuple(role_order(b.role), b.src, b.dst);
   });
+  std::stable_sort(s.auto_decisions.begin(), s.auto_decisions.end(),
+                   [](const AutoDecision& a, const AutoDecision& b) { return a.step < b.step; });
   std::sort(s.codec_switches.begin(), s.codec_switches.end(), [](const CodecSwitch& a, const CodecSwitch& b) {
     return std::make_tuple(a.step, a.src, a.dst, role_order(a.role)) <
            std::make_tuple(b.step, b.src, b.dst, role_order(b.role));
@@ -288,6 +295,9 @@ std::string format_step_summary(const MetricsSummary& s, int rows) {
   for (const CodecSwitch& c : s.codec_switches)
     out += "codec change: " + std::to_string(c.src) + "→" + std::to_string(c.dst) + " " + role_label(c.role) + " " +
            c.from + " → " + c.to + " from step " + std::to_string(c.step) + "\n";
+  for (const AutoDecision& d : s.auto_decisions)
+    out += "auto, after step " + std::to_string(d.step) + ": " + d.link + " " + d.from + " → " + d.to + " from step " +
+           std::to_string(d.from_step) + " (" + d.reason + ")\n";
   return out;
 }
 

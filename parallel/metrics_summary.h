@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "parallel/auto_codec.h"
 #include "parallel/step_metrics.h"
 
 namespace lh {
@@ -56,6 +57,7 @@ struct MetricsSummary {
   std::vector<LinkTotals> links;  // every link and role, ordered by role (act, act_grad, grad, tp, other), src, dst
   LinkTotals total;               // sums over links (role "total")
   std::vector<CodecSwitch> codec_switches;
+  std::vector<AutoDecision> auto_decisions;  // adaptive compression's choices with their reasons, by step
   std::vector<StepPoint> loss;  // per step: mean over the workers that reported one
   std::vector<StepPoint> val_loss;
   std::vector<StepPoint> tokens_per_s;  // per step: the slowest reporting worker

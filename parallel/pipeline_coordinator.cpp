@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "compress/codec_chain.h"
 #include "core/log.h"
 #include "parallel/link_name.h"
 #include "parallel/link_shapes.h"
@@ -84,6 +85,10 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   } else {
     LH_ASSIGN_OR_RETURN(c->collector_, MetricsCollector::open(options.metrics_path));
   }
+  {
+    std::lock_guard<std::mutex> lock(c->mu_);
+    LH_RETURN_IF_ERROR(c->setup_auto_locked());
+  }
   CoordinatorOptions control = options.control;
   control.expected_workers = c->job_.workers;
   PipelineCoordinator* self = c.get();
@@ -97,7 +102,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
                   self->job_.train.steps);
       return;
     }
-    Status s = self->collector_->add(m.rank, m.step, m.json);
+    Status s = self->collector_->add(m.rank, m.step, self->observe_auto(m.rank, m.step, m.json));
     if (!s.ok()) LH_LOG_WARN("coordinator: {}", s.message());
   };
   hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
@@ -284,6 +289,7 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     resume_ = std::move(from);
+    if (auto_) auto_->reset_window();  // its steps run again; the codecs it chose are in the codec history
   }
   settle_pending_acks(true, "the job rolled back to step " + std::to_string(step) +
                                 " before every worker acknowledged the change; it is part of the job's codec history, "
@@ -359,7 +365,7 @@ Status PipelineCoordinator::regrid_locked(const PipelineJobConfig& next) {
   topology_ = topology;
   codecs_ = std::move(codecs);
   if (store_) store_->set_workers(next.workers);
-  return Status::Ok();
+  return setup_auto_locked();  // the stand-in ranks of the links moved
 }
 
 void PipelineCoordinator::drop_replicas(const std::set<int>& vacant) {
@@ -415,6 +421,79 @@ Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
   settle_pending_acks(false, "the job ended before every worker reached the step boundary where it applies");
   std::lock_guard<std::mutex> lock(mu_);
   return failure_.value_or(Status::Ok());
+}
+
+Status PipelineCoordinator::setup_auto_locked() {
+  auto_.reset();
+  LH_ASSIGN_OR_RETURN(auto links, job_.auto_links());
+  if (links.empty()) return Status::Ok();
+  AutoCodecConfig config;
+  LH_ASSIGN_OR_RETURN(config.ladder, parse_auto_ladder(job_.auto_ladder));
+  config.every = job_.auto_every;
+  // One microbatch's activation (and its gradient): [batch / (slices · microbatches), seq, width].
+  const GptConfig& m = job_.train.model;
+  const int64_t mb = job_.train.batch / (int64_t(job_.slices()) * job_.microbatches);
+  const Shape shape{mb, m.seq, m.subspace_k > 0 ? m.subspace_k : m.d_model};
+  std::vector<uint64_t> bytes;
+  for (const std::string& spec : config.ladder) {
+    LH_ASSIGN_OR_RETURN(compress::CodecChain chain, compress::parse_codec_spec(spec));
+    auto n = chain.packet_bytes(shape);
+    if (!n.ok()) return Status(n.status()).prepend("--auto-ladder entry '" + spec + "' for activations");
+    bytes.push_back(uint64_t(*n));
+  }
+  std::vector<AutoCodec::Link> out;
+  for (const auto& [l, d] : links) {
+    // The link's stand-in pair (tp shard 0, replica 0), as set-codec's messages name it; all its pairs switch.
+    const int a = topology_.rank_of({l.from, 0, 0}), b = topology_.rank_of({l.to, 0, 0});
+    AutoCodec::Link x;
+    x.src = d == LinkDir::kFwd ? a : b;
+    x.dst = d == LinkDir::kFwd ? b : a;
+    x.name = l.name() + ":" + link_dir_name(d);
+    x.role = d == LinkDir::kFwd ? "act" : "act_grad";
+    x.bytes_per_mb = bytes;
+    const std::string now = codecs_.spec_at(l, d, std::max<int64_t>(codecs_.current_step(), 0));
+    auto at = std::find(config.ladder.begin(), config.ladder.end(), now);
+    x.current = at == config.ladder.end() ? 0 : int(at - config.ladder.begin());
+    out.push_back(std::move(x));
+  }
+  auto_ = std::make_unique<AutoCodec>(config, std::move(out), topology_.workers(), job_.microbatches);
+  LH_LOG_INFO("coordinator: adaptive compression on {} link direction(s), ladder {}, every {} steps",
+              auto_->links().size(), job_.auto_ladder, config.every);
+  return Status::Ok();
+}
+
+std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std::string& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!auto_) return line;
+  auto record = parse_step_metrics_line(line, 0, "rank " + std::to_string(rank));
+  if (!record.ok() || record->worker != rank || record->step != step) return line;  // the collector says why
+  if (std::optional<int64_t> decide_at = auto_->observe(*record)) {
+    // Like set-codec: three steps past the newest report, so every worker learns it before its step begins.
+    if (*decide_at + 2 > codecs_.current_step()) (void)codecs_.begin_step(*decide_at + 2);
+    for (AutoDecision& d : auto_->decide(*decide_at)) {
+      const std::string name = d.link.substr(0, d.link.find(':')), dir = d.link.substr(d.link.find(':') + 1);
+      auto change = codecs_.request_change(name, dir, d.to);
+      if (!change.ok()) {
+        LH_LOG_WARN("coordinator: auto could not switch {} to {}: {}", d.link, d.to, change.status().message());
+        continue;
+      }
+      d.from_step = change->from_step;
+      coordinator_->broadcast(set_codec_message(*change, topology_));
+      LH_LOG_INFO("coordinator: auto: link {} {} → {} from step {} ({})", d.link, d.from, d.to, d.from_step, d.reason);
+      int sender = -1;
+      for (const AutoCodec::Link& l : auto_->links())
+        if (l.name == d.link) sender = l.src;
+      auto_to_record_[sender].push_back(auto_decision_to_json(d));
+      auto_log_.push_back(d);
+    }
+  }
+  auto pending = auto_to_record_.find(rank);
+  if (pending == auto_to_record_.end() || pending->second.empty()) return line;
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+  if (!j.is_object()) return line;
+  j["auto"] = std::move(pending->second);
+  auto_to_record_.erase(pending);
+  return j.dump();
 }
 
 nlohmann::json PipelineCoordinator::status_json() {
@@ -488,6 +567,9 @@ nlohmann::json PipelineCoordinator::status_json() {
                        {"from_step", c.from}});
   for (const GradChange& c : tp_changes_)
     changes.push_back({{"link", "tp shards"}, {"dir", "tp"}, {"spec", c.spec}, {"from_step", c.from}});
+  nlohmann::json decisions = nlohmann::json::array();
+  for (size_t i = auto_log_.size() > 50 ? auto_log_.size() - 50 : 0; i < auto_log_.size(); ++i)
+    decisions.push_back(auto_decision_to_json(auto_log_[i]));
   auto part = job_.make_partition();  // valid: the job was validated at start
   return {{"job", job_.to_json()},
           {"step", step},
@@ -495,6 +577,7 @@ nlohmann::json PipelineCoordinator::status_json() {
           {"schedule", schedule_kind_name(job_.schedule)},
           {"links", links},
           {"codec_changes", changes},
+          {"auto_decisions", decisions},
           {"workers", coordinator_->status_json()}};
 }
 

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "parallel/auto_codec.h"
 #include "parallel/codec_plan.h"
 #include "parallel/dp_reducer.h"
 #include "parallel/job_checkpoint.h"
@@ -100,6 +101,11 @@ class PipelineCoordinator {
   Status regrid_locked(const PipelineJobConfig& next);
   // --elastic, at a rollback: goes on without the replicas of the `vacant` ranks, if a whole replica is left.
   void drop_replicas(const std::set<int>& vacant);
+  // Adaptive compression (--compress-fwd/--compress-bwd/--compress-link … auto): the decider for this grid.
+  Status setup_auto_locked();
+  // A worker's metrics line on its way to the file: observed for adaptive compression (which may decide and
+  // schedule codec changes now) and given the decisions about the worker's outgoing links made since its last line.
+  std::string observe_auto(int rank, int64_t step, const std::string& line);
 
   PipelineJobConfig job_;
   Topology topology_;
@@ -127,6 +133,9 @@ class PipelineCoordinator {
   std::map<uint64_t, PendingAck> pending_acks_;
   std::mutex acks_mu_;
   uint64_t next_ack_id_ = 0;
+  std::unique_ptr<AutoCodec> auto_;                            // null without auto links (guarded by mu_)
+  std::map<int, std::vector<nlohmann::json>> auto_to_record_;  // rank → decisions for its next metrics line
+  std::vector<AutoDecision> auto_log_;                         // every decision, for ctl status
   std::unique_ptr<Coordinator> coordinator_;
 };
 

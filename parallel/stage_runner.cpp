@@ -132,17 +132,18 @@ int StageRunner::link_width() const {
 }
 
 Status StageRunner::run_action(const Action& a, int64_t step) {
-  if (options_.slowdown > 1 && (a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward)) {
-    // A slower machine: the compute, then (slowdown − 1) times its duration more. Device work is finished first,
-    // so the time is the compute's own.
-    const auto t0 = std::chrono::steady_clock::now();
-    Status s = run_compute_action(a, step);
-    if (s.ok()) s = device_synchronize(model_.device() == Device::cuda);
-    if (!s.ok()) return s;
-    std::this_thread::sleep_for(std::chrono::duration<double>((options_.slowdown - 1) * seconds_since(t0)));
-    return Status::Ok();
-  }
-  return run_compute_action(a, step);
+  if (a.kind != ActionKind::kForward && a.kind != ActionKind::kBackward) return run_compute_action(a, step);
+  // Compute is timed (step metrics: compute_s, the pace adaptive compression plans with). With --slowdown, as on a
+  // slower machine: the compute, then (slowdown − 1) times its duration more. Device work is finished first, so
+  // the time is the compute's own.
+  const auto t0 = std::chrono::steady_clock::now();
+  Status s = run_compute_action(a, step);
+  if (s.ok() && options_.slowdown > 1) s = device_synchronize(model_.device() == Device::cuda);
+  if (!s.ok()) return s;
+  const double took = seconds_since(t0);
+  if (options_.slowdown > 1) std::this_thread::sleep_for(std::chrono::duration<double>((options_.slowdown - 1) * took));
+  compute_s_ += took * std::max(1.0, options_.slowdown);
+  return Status::Ok();
 }
 
 Status StageRunner::run_compute_action(const Action& a, int64_t step) {
@@ -377,6 +378,8 @@ WorkerStepMetrics StageRunner::take_step_metrics() {
   last_val_loss_.reset();
   m.lr = last_.lr;
   if (last_.seconds > 0) m.tokens_per_s = double(last_.tokens) / last_.seconds;
+  m.compute_s = compute_s_;
+  compute_s_ = 0;
   if (const auto& meter = plane_->meter()) {
     nlohmann::json j = meter->to_json();
     auto links = link_traffic_from_json(j.value("links", nlohmann::json::array()), "link meter");

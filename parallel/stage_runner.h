@@ -175,6 +175,7 @@ class StageRunner {
   std::vector<std::vector<float>> real_params_, last_update_;
   bool predicted_ = false;
   Gpt model_;
+  double compute_s_ = 0;  // forward and backward compute since the last take_step_metrics
   AdamW opt_;
 
   // Per microbatch, for the current step.

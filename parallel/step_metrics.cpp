@@ -25,6 +25,8 @@ nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
   if (m.lr) j["lr"] = *m.lr;
   if (m.tokens_per_s) j["tokens_per_s"] = *m.tokens_per_s;
   if (m.auth_failures) j["auth_failures"] = *m.auth_failures;
+  if (m.compute_s) j["compute_s"] = *m.compute_s;
+  if (!m.auto_decisions.empty()) j["auto"] = m.auto_decisions;
   nlohmann::json links = nlohmann::json::array();
   for (const LinkTraffic& t : m.links) {
     nlohmann::json l{{"src", t.src}, {"dst", t.dst}, {"role", t.role}, {"dir", t.dir}};
@@ -176,6 +178,11 @@ Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int l
     uint64_t n = 0;
     LH_RETURN_IF_ERROR(r.uint("auth_failures", true, n));
     m.auth_failures = n;
+  }
+  LH_RETURN_IF_ERROR(r.number("compute_s", true, m.compute_s));
+  if (auto a = j.find("auto"); a != j.end() && !a->is_null()) {
+    if (!a->is_array()) return invalid_argument(where + ": field auto: expected an array");
+    for (const auto& d : *a) m.auto_decisions.push_back(d);
   }
   auto links = j.find("links");
   if (links != j.end() && !links->is_null()) {

@@ -44,6 +44,12 @@ struct WorkerStepMetrics {
   // Packets this worker's data plane refused since its epoch began because they failed authentication (a tag that
   // did not verify, a replay, another epoch's packet); absent when the plane does not authenticate.
   std::optional<uint64_t> auth_failures;
+  // Seconds this worker spent in forward and backward compute this step (with --slowdown's share): what adaptive
+  // compression measures the pipeline's pace by.
+  std::optional<double> compute_s;
+  // Adaptive-compression decisions the coordinator made for this worker's outgoing links since its previous record
+  // (parallel/auto_codec.h AutoDecision as JSON; the coordinator adds them to the line before writing it).
+  std::vector<nlohmann::json> auto_decisions;
   std::vector<LinkTraffic> links;
   int source_line = 0;  // line number when read from a file (1-based), 0 otherwise; not written
 };

@@ -1545,5 +1545,128 @@ TEST_F(Launch, ASlowedWorkerReallyTakesLonger) {
   EXPECT_NE(bad.output.find("--slowdown '2=3'"), std::string::npos) << bad.output;
 }
 
+// Adaptive compression through the binary: a model whose activations are 64 KiB a microbatch, three stages. On an
+// unlimited link auto keeps `none`; on a 5 Mbit/s one it compresses; when a fast link is reshaped to 5 Mbit/s mid-run
+// (ctl set-link) it compresses that one too; and with a slowed stage (more compute to hide bytes under) it compresses
+// the slow link less. Each decision is in the metrics with its reason.
+std::vector<std::string> auto_job_args(int steps, const std::string& metrics, std::vector<std::string> extra) {
+  std::vector<std::string> a = {"--log-level",
+                                "warn",
+                                "launch",
+                                "--workers",
+                                "3",
+                                "--pp",
+                                "3",
+                                "--worker-threads",
+                                "1",
+                                "--ucx-tls",
+                                "tcp",
+                                "--layers",
+                                "3",
+                                "--d-model",
+                                "256",
+                                "--heads",
+                                "4",
+                                "--seq",
+                                "32",
+                                "--batch",
+                                "8",
+                                "--microbatches",
+                                "4",
+                                "--steps",
+                                std::to_string(steps),
+                                "--warmup",
+                                "1",
+                                "--seed",
+                                "21",
+                                "--eval-every",
+                                "0",
+                                "--compress-fwd",
+                                "auto",
+                                "--compress-bwd",
+                                "auto",
+                                "--auto-every",
+                                "4",
+                                "--link",
+                                "10G",
+                                "--link",
+                                "0-1=5M",
+                                "--metrics",
+                                metrics};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// The codec auto left each link direction on ("none" when it never moved it), and the step of its first move.
+std::map<std::string, std::pair<std::string, int64_t>> auto_outcome(const std::string& metrics) {
+  std::map<std::string, std::pair<std::string, int64_t>> out;
+  auto records = read_step_metrics_file(metrics);
+  EXPECT_TRUE(records.ok()) << records.status().to_string();
+  if (!records.ok()) return out;
+  auto sum = summarize_step_metrics(*records);
+  EXPECT_TRUE(sum.ok()) << sum.status().to_string();
+  if (!sum.ok()) return out;
+  for (const AutoDecision& d : sum->auto_decisions) {
+    auto [it, fresh] = out.try_emplace(d.link, d.to, d.step);
+    if (!fresh) it->second.first = d.to;
+    EXPECT_FALSE(d.reason.empty());
+    EXPECT_GT(d.bandwidth_bps, 0);
+    EXPECT_GT(d.compute_s, 0);
+  }
+  return out;
+}
+
+TEST_F(Launch, AutoCompressesTheSlowLinksOnlyAndFollowsReshapingAndSlowdowns) {
+  const int steps = 36;
+  const std::string metrics = temp_path("auto.jsonl");
+  CtlJob job;
+  job.token = temp_path("auto.key");
+  ASSERT_EQ(run({"keygen", job.token}).code, 0);
+  job.out = temp_path("auto_launch.txt");
+  job.launch = spawn(auto_job_args(steps, metrics, {"--key-file", job.token}), job.out);
+  job.ep = wait_for_line(job.out, "coordinator ", 60s);
+  job.ep = job.ep.substr(0, job.ep.find(' '));
+  ASSERT_FALSE(job.ep.empty()) << slurp(job.out);
+  auto step_now = [&] {
+    BinRun s = run(job.ctl({"--json", "status"}), 30s);
+    return s.code == 0 ? nlohmann::json::parse(s.output)["step"].get<int64_t>() : int64_t(-1);
+  };
+  int64_t step = -1;
+  for (int i = 0; i < 3000 && step < 14; ++i) {
+    step = step_now();
+    if (step < 14) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_GE(step, 14) << slurp(job.out);
+  ASSERT_EQ(run(job.ctl({"set-link", "1-2=5M"})).code, 0);
+  const int64_t reshaped = step_now();
+  ASSERT_EQ(wait_exit(job.launch, 600s), 0) << slurp(job.out);
+  ASSERT_LT(reshaped + 12, steps) << "too late to see auto follow the reshaped link";
+  auto outcome = auto_outcome(metrics);
+  for (const char* slow : {"0-1:fwd", "0-1:bwd"}) {
+    ASSERT_TRUE(outcome.count(slow)) << slow << " was never compressed";
+    EXPECT_NE(outcome[slow].first, "none") << slow;
+    EXPECT_LE(outcome[slow].second, 12) << slow << ": decided late";
+  }
+  ASSERT_TRUE(outcome.count("1-2:fwd")) << "1-2:fwd was not compressed after it was reshaped to 5 Mbit/s";
+  EXPECT_GT(outcome["1-2:fwd"].second, reshaped - 4) << "1-2:fwd was compressed while it was unlimited";
+  EXPECT_NE(outcome["1-2:fwd"].first, "none");
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok());
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok());
+  EXPECT_NE(format_step_summary(*sum).find("auto, after step"), std::string::npos);
+
+  // The same job with stage 1 eight times slower: the pipeline's pace hides more bytes, so 0-1 is compressed less.
+  const std::string slowed = temp_path("auto_slowed.jsonl");
+  BinRun b = run(auto_job_args(12, slowed, {"--slowdown", "1=8"}), 600s);
+  ASSERT_EQ(b.code, 0) << b.output;
+  const std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
+  auto index = [&](const std::string& spec) { return std::find(ladder.begin(), ladder.end(), spec) - ladder.begin(); };
+  auto slow_outcome = auto_outcome(slowed);
+  const std::string with_slowdown = slow_outcome.count("0-1:fwd") ? slow_outcome["0-1:fwd"].first : "none";
+  EXPECT_LT(index(with_slowdown), index(outcome["0-1:fwd"].first))
+      << "0-1:fwd: " << with_slowdown << " with a slowed stage, " << outcome["0-1:fwd"].first << " without";
+}
+
 }  // namespace
 }  // namespace lh

@@ -1,0 +1,170 @@
+// Adaptive compression of pipeline links: the codec choice per link and direction, and the window of measurements
+// it is made from. Used by PipelineCoordinator.
+#include "parallel/auto_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "parallel/codec_plan.h"
+
+namespace lh {
+
+Result<std::vector<std::string>> parse_auto_ladder(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = text.find(',', start);
+    const std::string spec = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (spec.empty() || spec == "auto")
+      return invalid_argument("--auto-ladder '" + text + "': entry '" + spec + "' is not a codec spec");
+    Status s = check_codec_spec(spec);
+    if (!s.ok()) return s.prepend("--auto-ladder '" + text + "': entry '" + spec + "'");
+    out.push_back(spec);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (out.empty()) return invalid_argument("--auto-ladder is empty");
+  return out;
+}
+
+namespace {
+std::string ms(double s) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f ms", s * 1e3);
+  return b;
+}
+std::string mbit(double bps) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "%.2f Mbit/s", bps / 1e6);
+  return b;
+}
+}  // namespace
+
+AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
+                             double compute_s_per_mb, double relax) {
+  const int n = int(bytes_per_mb.size());
+  current = std::clamp(current, 0, n - 1);
+  auto t = [&](int i) { return double(bytes_per_mb[size_t(i)]) * 8 / bandwidth_bps; };
+  const std::string budget = "compute " + ms(compute_s_per_mb) + " per microbatch at " + mbit(bandwidth_bps);
+  // Less lossy, with room to spare?
+  for (int i = 0; i < current; ++i)
+    if (t(i) <= relax * compute_s_per_mb)
+      return {i, t(i), "transfer " + ms(t(i)) + " fits in " + std::to_string(int(relax * 100)) + "% of " + budget};
+  if (t(current) <= compute_s_per_mb)
+    return {current, t(current), "transfer " + ms(t(current)) + " fits under " + budget};
+  for (int i = current + 1; i < n; ++i)
+    if (t(i) <= compute_s_per_mb) return {i, t(i), "transfer " + ms(t(i)) + " fits under " + budget};
+  // Nothing fits: the fastest, or the least lossy within 10% of it (more compression would buy next to nothing).
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (t(i) < t(best)) best = i;
+  int pick = best;
+  for (int i = 0; i < best; ++i)
+    if (t(i) <= 1.1 * t(best)) {
+      pick = i;
+      break;
+    }
+  return {pick, t(pick), "no codec's transfer fits under " + budget + "; the fastest: " + ms(t(pick))};
+}
+
+nlohmann::json auto_decision_to_json(const AutoDecision& d) {
+  return {{"step", d.step},
+          {"from_step", d.from_step},
+          {"link", d.link},
+          {"from", d.from},
+          {"to", d.to},
+          {"bandwidth_bps", d.bandwidth_bps},
+          {"transfer_s", d.transfer_s},
+          {"compute_s", d.compute_s},
+          {"reason", d.reason}};
+}
+
+Result<AutoDecision> auto_decision_from_json(const nlohmann::json& j, const std::string& where) {
+  AutoDecision d;
+  try {
+    if (!j.is_object()) return invalid_argument(where + ": an auto decision is not an object");
+    d.step = j.at("step").get<int64_t>();
+    d.from_step = j.at("from_step").get<int64_t>();
+    d.link = j.at("link").get<std::string>();
+    d.from = j.at("from").get<std::string>();
+    d.to = j.at("to").get<std::string>();
+    d.bandwidth_bps = j.at("bandwidth_bps").get<double>();
+    d.transfer_s = j.at("transfer_s").get<double>();
+    d.compute_s = j.at("compute_s").get<double>();
+    d.reason = j.at("reason").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    return invalid_argument(where + ": auto decision: " + e.what());
+  }
+  return d;
+}
+
+AutoCodec::AutoCodec(AutoCodecConfig config, std::vector<Link> links, int workers, int microbatches)
+    : config_(std::move(config)), links_(std::move(links)), workers_(workers), microbatches_(microbatches) {}
+
+std::optional<int64_t> AutoCodec::observe(const WorkerStepMetrics& m) {
+  // The first step's times are mostly warm-up (allocation, connection set-up): it only counts as reported.
+  for (const LinkTraffic& t : m.step <= 1 ? std::vector<LinkTraffic>() : m.links) {
+    if (t.dir != "send" || t.src != m.worker) continue;
+    auto it = std::find_if(links_.begin(), links_.end(),
+                           [&](const Link& l) { return l.src == t.src && l.dst == t.dst && l.role == t.role; });
+    if (it == links_.end()) continue;
+    Totals& tot = traffic_[{t.src, t.dst}];
+    tot.wire += t.wire_bytes;
+    tot.seconds += t.seconds;
+  }
+  if (m.compute_s && m.step > 1) {
+    compute_s_[m.worker] += *m.compute_s;
+    compute_steps_[m.worker] += 1;
+  }
+  if (++reports_[m.step] < workers_) return std::nullopt;
+  reports_.erase(m.step);
+  if (config_.every < 1 || m.step % config_.every != 0) return std::nullopt;
+  return m.step;
+}
+
+std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
+  std::vector<AutoDecision> out;
+  // The pace of the pipeline: the slowest stage's compute per microbatch (forward and backward).
+  double pace = 0;
+  for (const auto& [rank, s] : compute_s_)
+    pace = std::max(pace, s / std::max(1, compute_steps_[rank]) / std::max(1, microbatches_));
+  for (Link& l : links_) {
+    auto it = traffic_.find({l.src, l.dst});
+    if (it == traffic_.end() || it->second.seconds <= 0 || it->second.wire == 0 || pace <= 0) continue;
+    const double bw = double(it->second.wire) * 8 / it->second.seconds;
+    AutoChoice c = choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax);
+    if (c.index == l.current) {
+      l.wanted = -1;
+      l.wanted_times = 0;
+      continue;
+    }
+    l.wanted_times = c.index == l.wanted ? l.wanted_times + 1 : 1;
+    l.wanted = c.index;
+    if (l.wanted_times < config_.confirm) continue;
+    l.wanted = -1;
+    l.wanted_times = 0;
+    AutoDecision d;
+    d.step = step;
+    d.link = l.name;
+    d.from = config_.ladder[size_t(l.current)];
+    d.to = config_.ladder[size_t(c.index)];
+    d.bandwidth_bps = bw;
+    d.transfer_s = c.transfer_s;
+    d.compute_s = pace;
+    d.reason = c.reason;
+    l.current = c.index;
+    out.push_back(std::move(d));
+  }
+  reset_window();
+  return out;
+}
+
+void AutoCodec::reset_window() {
+  traffic_.clear();
+  compute_s_.clear();
+  compute_steps_.clear();
+  reports_.clear();
+}
+
+}  // namespace lh

@@ -1,0 +1,95 @@
+// defines: lh::AutoCodec — adaptive compression of pipeline links (`--compress-fwd auto`, `--compress-bwd auto`,
+// `--compress-link LINK:DIR=auto`): from what the job measured over the last `every` steps (each link's bandwidth
+// as its sender saw it, each stage's compute time per microbatch) it picks, per link and direction, the least lossy
+// codec of a ladder whose transfer time per microbatch fits under the compute it overlaps with (the slowest stage's
+// compute per microbatch: the pace of the pipeline), with hysteresis; and lh::AutoDecision, the record of one choice
+// and its reasons (written into the metrics, shown by `report`). Used by PipelineCoordinator.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "parallel/step_metrics.h"
+#include "parallel/topology.h"
+
+namespace lh {
+
+struct AutoCodecConfig {
+  // Least to most lossy; every entry a valid activation codec spec.
+  std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
+  int every = 10;  // steps between decisions
+  // Hysteresis: a less lossy codec is taken only when its transfer fits in this share of the compute; the current
+  // one is kept while it fits in all of it. So a link near the boundary does not flap.
+  double relax = 0.7;
+  // A switch is made once this many decisions in a row chose it (a noisy window alone moves nothing).
+  int confirm = 2;
+};
+// "none,bf16,int8,int4" → the ladder, each spec checked. Errors name the entry.
+Result<std::vector<std::string>> parse_auto_ladder(const std::string& text);
+
+// The choice for one link and direction, given the bytes per microbatch of every ladder entry.
+struct AutoChoice {
+  int index = 0;
+  double transfer_s = 0;  // per microbatch, with the chosen codec
+  std::string reason;
+};
+AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
+                             double compute_s_per_mb, double relax);
+
+// One decision, as the metrics carry it ("auto" on the link's sender's next record) and `report` prints it.
+struct AutoDecision {
+  int64_t step = 0;       // decided after this step's metrics
+  int64_t from_step = 0;  // takes effect from this step
+  std::string link;       // "0-1:fwd"
+  std::string from, to;   // codec specs
+  double bandwidth_bps = 0, transfer_s = 0, compute_s = 0;
+  std::string reason;
+};
+nlohmann::json auto_decision_to_json(const AutoDecision& d);
+Result<AutoDecision> auto_decision_from_json(const nlohmann::json& j, const std::string& where);
+
+// What the coordinator accumulates between decisions and decides from.
+class AutoCodec {
+ public:
+  // `links`: the (sender, receiver) rank pairs whose codec is auto, each with its link name ("0-1:fwd") and the
+  // packet bytes of every ladder entry for one microbatch. `workers`: how many report each step.
+  struct Link {
+    int src = -1, dst = -1;
+    std::string name;  // "0-1:fwd"
+    std::string role;  // metrics role of its traffic: act | act_grad
+    std::vector<uint64_t> bytes_per_mb;
+    int current = 0;                    // ladder index in force
+    int wanted = -1, wanted_times = 0;  // the choice of the last decisions, when not the current one
+  };
+  AutoCodec(AutoCodecConfig config, std::vector<Link> links, int workers, int microbatches);
+
+  const AutoCodecConfig& config() const { return config_; }
+  const std::vector<Link>& links() const { return links_; }
+  // One worker's record of one step; returns the step if that completed a step whose turn it is to decide.
+  std::optional<int64_t> observe(const WorkerStepMetrics& m);
+  // The decisions for the window just completed (changes only), then a new window. `from_step` is filled by the
+  // caller when it schedules them.
+  std::vector<AutoDecision> decide(int64_t step);
+  // Forget the window (a rollback: its steps will be run again).
+  void reset_window();
+
+ private:
+  struct Totals {
+    uint64_t wire = 0;
+    double seconds = 0;
+  };
+  AutoCodecConfig config_;
+  std::vector<Link> links_;
+  int workers_ = 1, microbatches_ = 1;
+  std::map<std::pair<int, int>, Totals> traffic_;  // (src, dst) of auto links, this window
+  std::map<int, double> compute_s_;                // rank → compute seconds, this window
+  std::map<int, int> compute_steps_;               // rank → steps reported, this window
+  std::map<int64_t, int> reports_;                 // step → records seen
+};
+
+}  // namespace lh

@@ -1,0 +1,144 @@
+// Tests for adaptive compression's choice (least lossy codec whose transfer fits under the pipeline's compute per
+// microbatch, hysteresis, the fastest when nothing fits), its measurement window (sender rows only, the slowest stage
+// sets the pace, step 1 ignored, a switch confirmed by two decisions), the ladder flag and which links are auto.
+// Label `parallel`.
+#include <gtest/gtest.h>
+
+#include "parallel/auto_codec.h"
+#include "parallel/job_config.h"
+#include "tests/parallel/result_value.h"
+
+namespace lh {
+namespace {
+
+// Bytes per microbatch of none, bf16, int8, int4 for a 64 KiB activation.
+const std::vector<uint64_t> kBytes = {65536, 32768, 16400, 8300};
+
+TEST(AutoCodec, PicksTheLeastLossyCodecThatFits) {
+  // 1 Gbit/s: even `none` takes 0.5 ms, under 10 ms of compute.
+  EXPECT_EQ(choose_auto_codec(kBytes, 0, 1e9, 0.010, 0.7).index, 0);
+  // 20 Mbit/s: none 26 ms, bf16 13 ms, int8 6.6 ms → int8.
+  AutoChoice c = choose_auto_codec(kBytes, 0, 20e6, 0.010, 0.7);
+  EXPECT_EQ(c.index, 2);
+  EXPECT_NEAR(c.transfer_s, 16400 * 8 / 20e6, 1e-9);
+  EXPECT_NE(c.reason.find("fits under compute 10.00 ms"), std::string::npos) << c.reason;
+  // Nothing fits: the fastest, or a less lossy one within 10% of it.
+  EXPECT_EQ(choose_auto_codec(kBytes, 0, 1e6, 0.010, 0.7).index, 3);
+  EXPECT_NE(choose_auto_codec(kBytes, 0, 1e6, 0.010, 0.7).reason.find("no codec"), std::string::npos);
+  EXPECT_EQ(choose_auto_codec({1000, 990, 980}, 0, 1e3, 0.001, 0.7).index, 0);
+}
+
+TEST(AutoCodec, MovesBackToLessLossyCodecsOnlyWithRoomToSpare) {
+  // int8 in force; bf16 would take 13.1 ms of 14 ms compute: it fits, but not within 70%, so int8 stays.
+  EXPECT_EQ(choose_auto_codec(kBytes, 2, 20e6, 0.014, 0.7).index, 2);
+  // With 20 ms of compute bf16 fits in 70% (13.1 < 14): back to bf16, not none (26 ms).
+  EXPECT_EQ(choose_auto_codec(kBytes, 2, 20e6, 0.020, 0.7).index, 1);
+}
+
+WorkerStepMetrics record(int worker, int64_t step, double compute_s, std::vector<LinkTraffic> links = {}) {
+  WorkerStepMetrics m;
+  m.worker = worker;
+  m.step = step;
+  m.compute_s = compute_s;
+  m.links = std::move(links);
+  return m;
+}
+
+LinkTraffic sent(int src, int dst, const std::string& role, uint64_t wire, double seconds) {
+  LinkTraffic t;
+  t.src = src;
+  t.dst = dst;
+  t.role = role;
+  t.dir = "send";
+  t.wire_bytes = wire;
+  t.seconds = seconds;
+  t.messages = 4;
+  return t;
+}
+
+TEST(AutoCodec, DecidesFromAWindowAndConfirmsASwitch) {
+  AutoCodecConfig config;
+  config.every = 2;
+  AutoCodec::Link fwd;
+  fwd.src = 0;
+  fwd.dst = 1;
+  fwd.name = "0-1:fwd";
+  fwd.role = "act";
+  fwd.bytes_per_mb = kBytes;
+  AutoCodec a(config, {fwd}, /*workers=*/2, /*microbatches=*/4);
+  auto window = [&](int64_t first, double bps, double compute_per_step) {
+    std::optional<int64_t> due;
+    for (int64_t s = first; s < first + 2; ++s) {
+      // The sender's row counts; the receiver's row of the same traffic and other roles do not.
+      EXPECT_FALSE(a.observe(record(0, s, compute_per_step / 4, {sent(0, 1, "act", 4 * 65536, 4 * 65536 * 8 / bps)})));
+      LinkTraffic recv = sent(0, 1, "act", 999999, 1e-9);
+      recv.dir = "recv";
+      due = a.observe(record(1, s, compute_per_step, {recv, sent(1, 0, "act_grad", 10, 1)}));
+    }
+    return due;
+  };
+  // Step 1 is warm-up: its times count for nothing, so this first window decides from step 2 alone.
+  ASSERT_EQ(window(1, 20e6, 0.040), std::optional<int64_t>(2));
+  EXPECT_TRUE(a.decide(2).empty()) << "a first choice of int8 waits for a second decision to confirm it";
+  ASSERT_EQ(window(3, 20e6, 0.040), std::optional<int64_t>(4));
+  auto d = a.decide(4);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].link, "0-1:fwd");
+  EXPECT_EQ(d[0].from, "none");
+  EXPECT_EQ(d[0].to, "int8");  // the slowest stage (worker 1: 40 ms a step, 10 ms a microbatch) sets the pace
+  EXPECT_NEAR(d[0].compute_s, 0.010, 1e-9);
+  EXPECT_NEAR(d[0].bandwidth_bps, 20e6, 1);
+  EXPECT_EQ(a.links()[0].current, 2);
+  // A noisy window alone moves nothing back.
+  ASSERT_TRUE(window(5, 1e9, 0.040));
+  EXPECT_TRUE(a.decide(6).empty());
+  ASSERT_TRUE(window(7, 20e6, 0.040));
+  EXPECT_TRUE(a.decide(8).empty());
+  // A slower pipeline hides more bytes: two windows of 80 ms compute per microbatch bring none back.
+  ASSERT_TRUE(window(9, 20e6, 0.320));
+  EXPECT_TRUE(a.decide(10).empty());
+  ASSERT_TRUE(window(11, 20e6, 0.320));
+  d = a.decide(12);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].to, "none");
+  // The record round-trips through the metrics' JSON.
+  auto back = value_of(auto_decision_from_json(auto_decision_to_json(d[0]), "test"));
+  EXPECT_EQ(back.to, "none");
+  EXPECT_EQ(back.reason, d[0].reason);
+  EXPECT_FALSE(auto_decision_from_json(nlohmann::json{{"step", 1}}, "test").ok());
+}
+
+TEST(AutoCodec, LadderAndAutoLinksOfAJob) {
+  EXPECT_EQ(value_of(parse_auto_ladder("none,int8")), (std::vector<std::string>{"none", "int8"}));
+  EXPECT_NE(parse_auto_ladder("none,,int4").status().message().find("entry ''"), std::string::npos);
+  EXPECT_NE(parse_auto_ladder("none,int9").status().message().find("int9"), std::string::npos);
+  EXPECT_FALSE(parse_auto_ladder("auto").ok());
+  PipelineJobConfig job;
+  job.workers = job.pp = 3;
+  job.train.model.layers = 3;
+  job.compress_fwd = "auto";
+  job.compress_link = {"1-2:fwd=int4", "0-1:bwd=auto"};
+  ASSERT_TRUE(job.validate().ok()) << job.validate().to_string();
+  auto links = value_of(job.auto_links());
+  ASSERT_EQ(links.size(), 2u);  // 0-1:fwd and 0-1:bwd; 1-2:fwd was set to int4, 1-2:bwd is none
+  EXPECT_EQ(links[0].first.name(), "0-1");
+  EXPECT_EQ(links[0].second, LinkDir::kFwd);
+  EXPECT_EQ(links[1].second, LinkDir::kBwd);
+  auto plan = value_of(job.codec_plan());
+  EXPECT_EQ(plan.spec(links[0].first, LinkDir::kFwd), "none");  // auto starts at the ladder's first codec
+  job.auto_ladder = "int8,int4";
+  EXPECT_EQ(value_of(job.codec_plan()).spec(links[0].first, LinkDir::kFwd), "int8");
+  job.auto_ladder = "int8,lots";
+  EXPECT_FALSE(job.validate().ok());
+  job.auto_ladder = "none,int8";
+  job.auto_every = 0;
+  EXPECT_NE(job.validate().message().find("--auto-every"), std::string::npos);
+  // Through JSON (the Plan) and back.
+  job.auto_every = 7;
+  auto again = value_of(PipelineJobConfig::from_json(job.to_json().dump()));
+  EXPECT_EQ(again.auto_every, 7);
+  EXPECT_EQ(again.compress_fwd, "auto");
+}
+
+}  // namespace
+}  // namespace lh
