@@ -56,6 +56,12 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000))
       ->group(g);
+  cmd->add_option("--auto-fit", f.job.auto_fit,
+                  "auto: the share of the pipeline's compute per microbatch a link's transfer may take (under 1: "
+                  "room for the pipeline's fill and drain, when transfers are not hidden)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 4.0))
+      ->group(g);
   cmd->add_option("--compress-link", f.job.compress_link,
                   "per-link override LINK:DIR=SPEC, e.g. 1-2:fwd=int4; or a replica link's group, "
                   "s1d0-s1d1=int4 (repeatable; docs/grid.md names links)")

@@ -42,11 +42,13 @@ std::string mbit(double bps) {
 }  // namespace
 
 AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
-                             double compute_s_per_mb, double relax) {
+                             double compute_s_per_mb, double relax, double fit) {
   const int n = int(bytes_per_mb.size());
   current = std::clamp(current, 0, n - 1);
   auto t = [&](int i) { return double(bytes_per_mb[size_t(i)]) * 8 / bandwidth_bps; };
-  const std::string budget = "compute " + ms(compute_s_per_mb) + " per microbatch at " + mbit(bandwidth_bps);
+  const std::string budget = (fit < 1 ? std::to_string(int(std::lround(fit * 100))) + "% of " : std::string()) +
+                             "compute " + ms(compute_s_per_mb) + " per microbatch at " + mbit(bandwidth_bps);
+  compute_s_per_mb *= fit;
   // Less lossy, with room to spare?
   for (int i = 0; i < current; ++i)
     if (t(i) <= relax * compute_s_per_mb)
@@ -133,7 +135,7 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     auto it = traffic_.find({l.src, l.dst});
     if (it == traffic_.end() || it->second.seconds <= 0 || it->second.wire == 0 || pace <= 0) continue;
     const double bw = double(it->second.wire) * 8 / it->second.seconds;
-    AutoChoice c = choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax);
+    AutoChoice c = choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit);
     if (c.index == l.current) {
       l.wanted = -1;
       l.wanted_times = 0;
@@ -141,7 +143,8 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     }
     l.wanted_times = c.index == l.wanted ? l.wanted_times + 1 : 1;
     l.wanted = c.index;
-    if (l.wanted_times < config_.confirm) continue;
+    if (l.moved && l.wanted_times < config_.confirm) continue;
+    l.moved = true;
     l.wanted = -1;
     l.wanted_times = 0;
     AutoDecision d;

@@ -23,10 +23,14 @@ struct AutoCodecConfig {
   // Least to most lossy; every entry a valid activation codec spec.
   std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
   int every = 10;  // steps between decisions
+  // A transfer "fits" when it takes at most this share of the pace. Under 1: in a 1F1B step each link's transfer also
+  // sits on the critical path while the pipeline fills and drains, so hiding it needs headroom (scripts/bench_auto.sh).
+  double fit = 0.5;
   // Hysteresis: a less lossy codec is taken only when its transfer fits in this share of the compute; the current
   // one is kept while it fits in all of it. So a link near the boundary does not flap.
   double relax = 0.7;
-  // A switch is made once this many decisions in a row chose it (a noisy window alone moves nothing).
+  // A switch is made once this many decisions in a row chose it (a noisy window alone moves nothing). A link's first
+  // move, away from the ladder's first codec it started on untested, needs no confirmation.
   int confirm = 2;
 };
 // "none,bf16,int8,int4" → the ladder, each spec checked. Errors name the entry.
@@ -38,8 +42,9 @@ struct AutoChoice {
   double transfer_s = 0;  // per microbatch, with the chosen codec
   std::string reason;
 };
+// A transfer fits when it takes at most `fit` × compute_s_per_mb (see AutoCodecConfig).
 AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
-                             double compute_s_per_mb, double relax);
+                             double compute_s_per_mb, double relax, double fit = 1.0);
 
 // One decision, as the metrics carry it ("auto" on the link's sender's next record) and `report` prints it.
 struct AutoDecision {
@@ -65,6 +70,7 @@ class AutoCodec {
     std::vector<uint64_t> bytes_per_mb;
     int current = 0;                    // ladder index in force
     int wanted = -1, wanted_times = 0;  // the choice of the last decisions, when not the current one
+    bool moved = false;                 // auto has switched it before
   };
   AutoCodec(AutoCodecConfig config, std::vector<Link> links, int workers, int microbatches);
 

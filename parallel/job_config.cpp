@@ -297,6 +297,8 @@ Status PipelineJobConfig::validate() const {
                             " equal parts");
   if (auto_every < 1 || auto_every > 1000000)
     return invalid_argument("--auto-every " + std::to_string(auto_every) + ": expected 1 or more steps");
+  if (!(auto_fit > 0 && auto_fit <= 4))
+    return invalid_argument("--auto-fit " + std::to_string(auto_fit) + ": expected a share of the compute in (0, 4]");
   LH_RETURN_IF_ERROR(codec_plan().status());
   {
     Status g = check_grad_codec_spec(compress_grad);
@@ -341,6 +343,7 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_fwd", compress_fwd},
           {"auto_ladder", auto_ladder},
           {"auto_every", auto_every},
+          {"auto_fit", auto_fit},
           {"compress_bwd", compress_bwd},
           {"compress_link", compress_link},
           {"compress_grad", compress_grad},
@@ -378,7 +381,7 @@ std::string PipelineJobConfig::resume_hash() const {
   // How packets travel and how fast machines are, not what is trained.
   for (const char* f : {"data_protection", "links", "slowdown"}) j.erase(f);
   // The codecs auto chose are the job's codec changes, which a checkpoint holds on its own.
-  for (const char* f : {"auto_ladder", "auto_every"}) j.erase(f);
+  for (const char* f : {"auto_ladder", "auto_every", "auto_fit"}) j.erase(f);
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -459,6 +462,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   if (r.find("links")) LH_RETURN_IF_ERROR(r.strings("links", c.links));
   if (r.find("auto_ladder")) LH_RETURN_IF_ERROR(r.string("auto_ladder", c.auto_ladder));
   if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
+  if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.real("auto_fit", c.auto_fit));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
   LH_RETURN_IF_ERROR(c.validate());
   return c;

@@ -33,6 +33,7 @@ struct PipelineJobConfig {
   std::string compress_fwd = "none", compress_bwd = "none";
   std::string auto_ladder = "none,bf16,int8,int4";
   int auto_every = 10;
+  float auto_fit = 0.5f;                   // AutoCodecConfig::fit
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
   std::string compress_grad = "none";      // weight gradients between replicas (dp > 1)
   std::string sync = "every-step";         // --sync: every-step | diloco:H=…,outer_lr=…,outer_momentum=…

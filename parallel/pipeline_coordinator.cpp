@@ -430,6 +430,7 @@ Status PipelineCoordinator::setup_auto_locked() {
   AutoCodecConfig config;
   LH_ASSIGN_OR_RETURN(config.ladder, parse_auto_ladder(job_.auto_ladder));
   config.every = job_.auto_every;
+  config.fit = job_.auto_fit;
   // One microbatch's activation (and its gradient): [batch / (slices · microbatches), seq, width].
   const GptConfig& m = job_.train.model;
   const int64_t mb = job_.train.batch / (int64_t(job_.slices()) * job_.microbatches);

@@ -1587,6 +1587,8 @@ std::vector<std::string> auto_job_args(int steps, const std::string& metrics, st
                                 "auto",
                                 "--auto-every",
                                 "4",
+                                "--auto-fit",
+                                "1",
                                 "--link",
                                 "10G",
                                 "--link",

@@ -59,6 +59,7 @@ LinkTraffic sent(int src, int dst, const std::string& role, uint64_t wire, doubl
 TEST(AutoCodec, DecidesFromAWindowAndConfirmsASwitch) {
   AutoCodecConfig config;
   config.every = 2;
+  config.fit = 1;  // a transfer fits under all of the compute
   AutoCodec::Link fwd;
   fwd.src = 0;
   fwd.dst = 1;
@@ -77,11 +78,10 @@ TEST(AutoCodec, DecidesFromAWindowAndConfirmsASwitch) {
     }
     return due;
   };
-  // Step 1 is warm-up: its times count for nothing, so this first window decides from step 2 alone.
+  // Step 1 is warm-up: its times count for nothing, so this first window decides from step 2 alone. The link's first
+  // move (from `none`, which nothing measured as right) needs no confirmation.
   ASSERT_EQ(window(1, 20e6, 0.040), std::optional<int64_t>(2));
-  EXPECT_TRUE(a.decide(2).empty()) << "a first choice of int8 waits for a second decision to confirm it";
-  ASSERT_EQ(window(3, 20e6, 0.040), std::optional<int64_t>(4));
-  auto d = a.decide(4);
+  auto d = a.decide(2);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].link, "0-1:fwd");
   EXPECT_EQ(d[0].from, "none");
@@ -101,6 +101,9 @@ TEST(AutoCodec, DecidesFromAWindowAndConfirmsASwitch) {
   d = a.decide(12);
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].to, "none");
+  // With fit 0.5 a transfer must fit in half the compute: 20 Mbit/s under 10 ms per microbatch takes int4.
+  EXPECT_EQ(choose_auto_codec(kBytes, 0, 20e6, 0.010, 0.7, 0.5).index, 3);
+  EXPECT_NE(choose_auto_codec(kBytes, 0, 20e6, 0.010, 0.7, 0.5).reason.find("50% of compute"), std::string::npos);
   // The record round-trips through the metrics' JSON.
   auto back = value_of(auto_decision_from_json(auto_decision_to_json(d[0]), "test"));
   EXPECT_EQ(back.to, "none");
