@@ -5,7 +5,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sodium.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +12,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -21,9 +21,9 @@
 
 #include "apps/commands.h"
 #include "core/log.h"
+#include "parallel/step_metrics.h"
 #include "transport/control_client.h"
 #include "transport/coordinator.h"
-#include "parallel/step_metrics.h"
 #include "transport/link_shaper.h"
 #include "transport/packet_auth.h"
 #include "transport/ucx_data_plane.h"
@@ -426,8 +426,7 @@ Result<Json> netns_run(const LinkBenchOptions& o) {
 // What a MAC (and AEAD for --encrypt-data) per packet would cost, beside memcpy of the same bytes in the same run:
 // each candidate over `size`-byte packets, best of `repeats` runs of about 0.2 s. MAC = an AEAD with the packet as
 // associated data and nothing encrypted (a Poly1305 or GHASH tag under a per-packet nonce).
-Json crypto_rows(size_t size, int repeats) {
-  sodium_init();
+Json crypto_rows(size_t size, int repeats) {  // packet_auth's functions initialise libsodium
   std::vector<uint8_t> src(size, 0x5a), dst(size + kPacketTrailerBytes);
   auto rate = [&](const std::function<void()>& op) {
     double best = 0;
@@ -496,9 +495,17 @@ Result<Json> job_rows(const LinkBenchOptions& o) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return io_error("cannot find this program (/proc/self/exe)");
   self[n] = 0;
-  char dir_template[] = "/tmp/lh_bench_link_XXXXXX";
-  if (!mkdtemp(dir_template)) return io_error("mkdtemp failed");
+  // The runs' metrics and logs, in a fresh directory under $TMPDIR, removed however this returns.
+  std::string dir_template = (std::filesystem::temp_directory_path() / "lh_bench_link_XXXXXX").string();
+  if (!mkdtemp(dir_template.data())) return io_error("mkdtemp in " + dir_template + ": " + std::strerror(errno));
   const std::string dir = dir_template;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  } remove_dir{dir};
   std::map<std::string, double> best;
   const std::vector<std::pair<std::string, std::string>> modes = {
       {"none", "--no-data-auth"}, {"mac", ""}, {"aead", "--encrypt-data"}};
@@ -529,7 +536,6 @@ Result<Json> job_rows(const LinkBenchOptions& o) {
       std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
       best[name] = std::max(best[name], v[v.size() / 2]);
     }
-  std::system(("rm -rf '" + dir + "'").c_str());
   Json rows = Json::array();
   for (const auto& [name, flag] : modes)
     rows.push_back({{"protection", name}, {"tokens_per_s", best[name]}, {"of_none", best[name] / best["none"]}});

@@ -185,35 +185,34 @@ namespace {
 std::string resolve_auto(const std::string& spec, const std::string& if_auto, const std::string& otherwise) {
   return spec == "auto" ? if_auto : otherwise.empty() ? spec : otherwise;
 }
+
+// The job's pipeline codec plan (--compress-fwd/--compress-bwd and the --compress-link entries naming pipeline
+// links) with every spec put through resolve_auto.
+Result<CodecPlan> plan_resolving_auto(const PipelineJobConfig& c, const Topology& t, const std::string& if_auto,
+                                      const std::string& otherwise) {
+  std::vector<std::string> pipeline;
+  for (const std::string& e : c.compress_link) {
+    auto sel = selection_of(t, e);
+    const size_t eq = e.find('=');
+    if (!sel || sel->kind == "pipeline")
+      pipeline.push_back(
+          eq == std::string::npos ? e : e.substr(0, eq + 1) + resolve_auto(e.substr(eq + 1), if_auto, otherwise));
+  }
+  return CodecPlan::create(t, resolve_auto(c.compress_fwd, if_auto, otherwise),
+                           resolve_auto(c.compress_bwd, if_auto, otherwise), pipeline);
+}
 }  // namespace
 
 Result<CodecPlan> PipelineJobConfig::codec_plan() const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
   LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(auto_ladder));
-  std::vector<std::string> pipeline;
-  for (const std::string& e : compress_link) {
-    auto sel = selection_of(t, e);
-    const size_t eq = e.find('=');
-    if (!sel || sel->kind == "pipeline")
-      pipeline.push_back(eq == std::string::npos ? e
-                                                 : e.substr(0, eq + 1) + resolve_auto(e.substr(eq + 1), ladder[0], ""));
-  }
-  return CodecPlan::create(t, resolve_auto(compress_fwd, ladder[0], ""), resolve_auto(compress_bwd, ladder[0], ""),
-                           pipeline);
+  return plan_resolving_auto(*this, t, ladder[0], "");
 }
 
 Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_links() const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
-  // The same overrides with "auto" as bf16 and every other spec as none: the links that come out bf16 are auto.
-  std::vector<std::string> pipeline;
-  for (const std::string& e : compress_link) {
-    auto sel = selection_of(t, e);
-    const size_t eq = e.find('=');
-    if ((!sel || sel->kind == "pipeline") && eq != std::string::npos)
-      pipeline.push_back(e.substr(0, eq + 1) + resolve_auto(e.substr(eq + 1), "bf16", "none"));
-  }
-  LH_ASSIGN_OR_RETURN(CodecPlan marker, CodecPlan::create(t, resolve_auto(compress_fwd, "bf16", "none"),
-                                                          resolve_auto(compress_bwd, "bf16", "none"), pipeline));
+  // The same plan with "auto" as bf16 and every other spec as none: the links that come out bf16 are auto.
+  LH_ASSIGN_OR_RETURN(CodecPlan marker, plan_resolving_auto(*this, t, "bf16", "none"));
   std::vector<std::pair<PipelineLink, LinkDir>> out;
   for (const PipelineLink& l : marker.links())
     for (LinkDir d : {LinkDir::kFwd, LinkDir::kBwd})

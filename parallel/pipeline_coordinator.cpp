@@ -700,11 +700,11 @@ Result<std::string> PipelineCoordinator::set_link(const std::string& args) {
     return invalid_argument(
         "set-link: this job does not emulate its links; start it with --link RATE[,DELAY] "
         "(e.g. --link 10G for links as fast as the machine until changed)");
+  if (job_.links.size() >= 4096) return invalid_argument("set-link: the job already has 4096 link rules");
   std::vector<std::string> next = job_.links;
   next.push_back(rule);
   Status s = check_link_rules(topology_, next);
   if (!s.ok()) return s.prepend("set-link");
-  if (next.size() > 4096) return invalid_argument("set-link: the job already has 4096 link rules");
   job_.links = std::move(next);  // the plans of later epochs carry it
   coordinator_->broadcast(SetLink{rule});
   LH_LOG_INFO("coordinator: link rule '{}' sent to every worker", rule);

@@ -267,11 +267,11 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
   }
   // The pairs' keys, derived before anything changes: a bad key fails connect() as a whole.
   std::map<int, std::shared_ptr<PeerCrypto>> crypto;
+  if (rank_.load() >= 0 && protection_.load() != security.protection)
+    return invalid_argument(std::string("packet protection cannot change from ") +
+                            packet_protection_name(protection_.load()) + " to " +
+                            packet_protection_name(security.protection) + " on a connected plane");
   if (security.protection != PacketProtection::kNone) {
-    if (rank_.load() >= 0 && protection_.load() != security.protection)
-      return invalid_argument(std::string("packet protection cannot change from ") +
-                              packet_protection_name(protection_.load()) + " to " +
-                              packet_protection_name(security.protection) + " on a connected plane");
     std::lock_guard<std::mutex> lock(crypto_mu_);
     for (const auto& [r, a] : raw) {
       if (r == self_rank) continue;
@@ -289,9 +289,6 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
       pc->keys = keys;
       crypto[r] = std::move(pc);
     }
-  } else if (rank_.load() >= 0 && protection_.load() != PacketProtection::kNone) {
-    return invalid_argument(std::string("packet protection cannot change from ") +
-                            packet_protection_name(protection_.load()) + " to none on a connected plane");
   }
   {
     std::lock_guard<std::mutex> lock(crypto_mu_);
@@ -516,13 +513,15 @@ void UcxDataPlane::start_recv(std::shared_ptr<TransferState> st) {
 }
 
 namespace {
+// A fault-injection variable's step (tests only); −1 when it is not set.
+int64_t fault_step(const char* name) {
+  const char* env = std::getenv(name);
+  return env ? std::atoll(env) : int64_t(-1);
+}
 // LH_FAULT_DROP_SEND=STEP (tests only): the first activation this process sends for STEP is reported sent but never
 // leaves, once per process — a packet the data plane lost.
 bool fault_drop_send(const Tag& tag) {
-  static const int64_t step = [] {
-    const char* env = std::getenv("LH_FAULT_DROP_SEND");
-    return env ? std::atoll(env) : int64_t(-1);
-  }();
+  static const int64_t step = fault_step("LH_FAULT_DROP_SEND");
   static std::atomic<bool> dropped{false};
   if (step < 0 || tag.step != uint32_t(step) || tag.role != Role::kActivation || dropped.exchange(true)) return false;
   LH_LOG_WARN("fault injection: dropping the activation {} (LH_FAULT_DROP_SEND)", tag.to_string());
@@ -533,10 +532,7 @@ bool fault_drop_send(const Tag& tag) {
 // tag fails), the same packet under another member's rank (its tag fails: the pair keys differ), and the first
 // activation sent for STEP − 1 again (a replay). The receiver must drop and count each and change nothing else.
 int64_t fault_forge_step() {
-  static const int64_t step = [] {
-    const char* env = std::getenv("LH_FAULT_FORGE");
-    return env ? std::atoll(env) : int64_t(-1);
-  }();
+  static const int64_t step = fault_step("LH_FAULT_FORGE");
   return step;
 }
 }  // namespace
@@ -544,10 +540,11 @@ int64_t fault_forge_step() {
 void UcxDataPlane::forge_for_tests(const std::shared_ptr<TransferState>& st) {
   const int64_t step = fault_forge_step();
   if (step < 2 || st->tag.role != Role::kActivation || protection_.load() == PacketProtection::kNone) return;
-  auto raw = [&](int peer, Bytes bytes, int wire_rank) {
+  // A sealed packet sent as it is (no meter, nobody waits for it), claiming `wire_rank` when that is ≥ 0.
+  auto raw = [&](int peer, Tag tag, Bytes bytes, int wire_rank) {
     auto f = std::make_shared<TransferState>();
     f->peer = peer;
-    f->tag = st->tag;
+    f->tag = tag;
     f->owned = std::move(bytes);
     f->data = f->owned.data();
     f->size = f->owned.size();
@@ -562,19 +559,13 @@ void UcxDataPlane::forge_for_tests(const std::shared_ptr<TransferState>& st) {
   forge_done_ = true;
   Bytes flipped = st->owned;
   flipped[0] ^= 0x40;
-  raw(st->peer, std::move(flipped), -1);
+  raw(st->peer, st->tag, std::move(flipped), -1);
   for (const auto& [r, p] : peer_table_)
     if (r != rank_.load() && r != st->peer) {
-      raw(st->peer, st->owned, r);
+      raw(st->peer, st->tag, st->owned, r);
       break;
     }
-  auto f = std::make_shared<TransferState>();
-  f->peer = forge_replay_peer_;
-  f->tag = forge_replay_tag_;
-  f->owned = forge_replay_;
-  f->data = f->owned.data();
-  f->size = f->owned.size();
-  issue_send(f, -1);
+  raw(forge_replay_peer_, forge_replay_tag_, forge_replay_, -1);
   LH_LOG_WARN("fault injection: sent a forged, a misattributed and a replayed packet before {} (LH_FAULT_FORGE)",
               st->tag.to_string());
 }
@@ -741,21 +732,20 @@ bool UcxDataPlane::probe_inbound() {
     auth_failures_ += 1;
     drop = "shorter than the " + std::to_string(kPacketTrailerBytes) + "-byte authentication trailer";
   }
-  if (drop.empty() && secure) {
-    Key key{in->peer, in->tag};
-    auto posted = posted_.find(key);
-    const uint64_t bound = std::max(options_.max_packet_bytes,
-                                    (posted != posted_.end() && !posted->second.empty() && posted->second.front()->dst)
-                                        ? posted->second.front()->capacity + kPacketTrailerBytes
-                                        : 0);
-    // Until it is authenticated a packet cannot fail a receive: a larger one is only dropped.
-    if (posted != posted_.end() && !posted->second.empty() && info.length > bound)
-      drop = "over the bound of " + std::to_string(bound) + " bytes per packet";
-  }
   if (drop.empty()) {
     Key key{in->peer, in->tag};
     auto posted = posted_.find(key);
-    if (posted != posted_.end() && !posted->second.empty()) {
+    const bool matched = posted != posted_.end() && !posted->second.empty();
+    // The most an authenticated packet for this receive may be: until it is checked it cannot fail the receive, so a
+    // larger one is only dropped.
+    const uint64_t secure_bound =
+        matched && secure
+            ? std::max(options_.max_packet_bytes,
+                       posted->second.front()->dst ? posted->second.front()->capacity + kPacketTrailerBytes : 0)
+            : 0;
+    if (matched && secure && info.length > secure_bound) {
+      drop = "over the bound of " + std::to_string(secure_bound) + " bytes per packet";
+    } else if (matched) {
       std::shared_ptr<TransferState> target = posted->second.front();
       posted->second.erase(posted->second.begin());
       if (posted->second.empty()) posted_.erase(posted);
