@@ -6,6 +6,24 @@
 
 namespace lh {
 
+Status PipelineCosts::check(int stages) const {
+  auto size_is = [](const std::vector<double>& v, int n, const char* name) -> Status {
+    if (!v.empty() && int(v.size()) != n)
+      return invalid_argument(std::string("pipeline costs: ") + name + " has " + std::to_string(v.size()) +
+                              " entries, want " + std::to_string(n));
+    for (double x : v)
+      if (!(x >= 0)) return invalid_argument(std::string("pipeline costs: ") + name + " has a negative or NaN entry");
+    return Status::Ok();
+  };
+  LH_RETURN_IF_ERROR(size_is(stage_forward, stages, "stage_forward"));
+  LH_RETURN_IF_ERROR(size_is(stage_backward, stages, "stage_backward"));
+  LH_RETURN_IF_ERROR(size_is(fwd_transfer, stages - 1, "fwd_transfer"));
+  LH_RETURN_IF_ERROR(size_is(bwd_transfer, stages - 1, "bwd_transfer"));
+  LH_RETURN_IF_ERROR(size_is(fwd_latency, stages - 1, "fwd_latency"));
+  LH_RETURN_IF_ERROR(size_is(bwd_latency, stages - 1, "bwd_latency"));
+  return Status::Ok();
+}
+
 Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, const PipelineCosts& costs) {
   const int S = schedule.stages(), M = schedule.microbatches();
   constexpr double kNever = -1;  // message not sent yet
@@ -14,7 +32,7 @@ Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, co
   std::vector<std::vector<double>> grad_arrival(S, std::vector<double>(M, kNever));
   // Wire free times of link s→s+1 forward and s+1→s backward.
   std::vector<double> fwd_wire_free(S, 0), bwd_wire_free(S, 0);
-  std::vector<double> clock(S, 0);
+  std::vector<double> clock(S, 0), sends_done(S, 0);
   std::vector<size_t> pc(S, 0);
   PipelineSimResult r;
   r.finish.assign(S, 0);
@@ -22,10 +40,11 @@ Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, co
   r.max_in_flight.assign(S, 0);
   std::vector<int> live(S, 0);
 
-  auto send = [&](double now, double& wire_free) {
+  LH_RETURN_IF_ERROR(costs.check(S));
+  auto send = [&](double now, double& wire_free, double transfer, double latency) {
     const double start = std::max(now, wire_free);
-    wire_free = start + costs.transfer;
-    return wire_free + costs.latency;
+    wire_free = start + transfer;
+    return wire_free + latency;
   };
 
   // Each stage runs until it blocks; sweeping until nothing moves is enough because a stage's
@@ -45,16 +64,20 @@ Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, co
           if (grad_arrival[s][a.microbatch] == kNever) break;
           t = std::max(t, grad_arrival[s][a.microbatch]);
         } else if (a.kind == ActionKind::kSendAct) {
-          act_arrival[s + 1][a.microbatch] = send(t, fwd_wire_free[s]);
+          act_arrival[s + 1][a.microbatch] =
+              send(t, fwd_wire_free[s], costs.fwd_transfer_of(s), costs.fwd_latency_of(s));
+          sends_done[s] = std::max(sends_done[s], act_arrival[s + 1][a.microbatch]);
         } else if (a.kind == ActionKind::kSendGrad) {
-          grad_arrival[s - 1][a.microbatch] = send(t, bwd_wire_free[s - 1]);
+          grad_arrival[s - 1][a.microbatch] =
+              send(t, bwd_wire_free[s - 1], costs.bwd_transfer_of(s - 1), costs.bwd_latency_of(s - 1));
+          sends_done[s] = std::max(sends_done[s], grad_arrival[s - 1][a.microbatch]);
         } else if (a.kind == ActionKind::kForward) {
-          t += costs.forward;
-          r.busy[s] += costs.forward;
+          t += costs.forward_of(s);
+          r.busy[s] += costs.forward_of(s);
           r.max_in_flight[s] = std::max(r.max_in_flight[s], ++live[s]);
         } else if (a.kind == ActionKind::kBackward) {
-          t += costs.backward;
-          r.busy[s] += costs.backward;
+          t += costs.backward_of(s);
+          r.busy[s] += costs.backward_of(s);
           --live[s];
         } else {
           t += costs.optimizer;
@@ -75,8 +98,8 @@ Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, co
 
   double total_busy = 0;
   for (int s = 0; s < S; ++s) {
-    r.finish[s] = clock[s];
-    r.makespan = std::max(r.makespan, clock[s]);
+    r.finish[s] = std::max(clock[s], sends_done[s]);
+    r.makespan = std::max(r.makespan, r.finish[s]);
     total_busy += r.busy[s];
   }
   r.bubble_fraction = r.makespan > 0 ? 1.0 - total_busy / (S * r.makespan) : 0.0;

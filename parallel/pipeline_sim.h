@@ -13,17 +13,32 @@ namespace lh {
 
 // Costs in any time unit. A link carries one message at a time per direction: a message waits for
 // the wire, occupies it for `transfer`, then arrives `latency` later. Posting a send costs nothing.
+// The scalars hold for every stage and link; the per-stage and per-link vectors (when not empty: S entries for
+// stages, S − 1 for links, link s joining stage s and s + 1) override them — uneven machines and links.
 struct PipelineCosts {
   double forward = 1.0;   // one microbatch through one stage
   double backward = 1.0;
   double transfer = 0.0;  // activation or gradient message on the wire
   double latency = 0.0;   // one-way delay
   double optimizer = 0.0;
+  std::vector<double> stage_forward, stage_backward;
+  std::vector<double> fwd_transfer, bwd_transfer;  // activation s→s+1; gradient s+1→s
+  std::vector<double> fwd_latency, bwd_latency;
+  double forward_of(int s) const { return stage_forward.empty() ? forward : stage_forward.at(size_t(s)); }
+  double backward_of(int s) const { return stage_backward.empty() ? backward : stage_backward.at(size_t(s)); }
+  double fwd_transfer_of(int link) const { return fwd_transfer.empty() ? transfer : fwd_transfer.at(size_t(link)); }
+  double bwd_transfer_of(int link) const { return bwd_transfer.empty() ? transfer : bwd_transfer.at(size_t(link)); }
+  double fwd_latency_of(int link) const { return fwd_latency.empty() ? latency : fwd_latency.at(size_t(link)); }
+  double bwd_latency_of(int link) const { return bwd_latency.empty() ? latency : bwd_latency.at(size_t(link)); }
+  // The vectors' sizes against S stages; an error names the field.
+  Status check(int stages) const;
 };
 
 struct PipelineSimResult {
-  double makespan = 0;                // when the last stage finished its list
-  std::vector<double> finish;         // per stage
+  double makespan = 0;  // when the last stage finished
+  // Per stage: when its list is done and its last send has arrived (a stage runner waits for its sends before it
+  // ends the step: their buffers are in use until then).
+  std::vector<double> finish;
   std::vector<double> busy;           // per stage: time spent in forward and backward
   std::vector<int> max_in_flight;     // per stage: most microbatches forwarded, not yet backwarded
   double bubble_fraction = 0;         // 1 − Σ busy / (S · makespan)

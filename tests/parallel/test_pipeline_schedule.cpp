@@ -89,6 +89,55 @@ TEST(PipelineSchedule, LinkCostsLengthenTheStep) {
   EXPECT_GE(slow_link, 8 * 3.0);
 }
 
+// A link-bound pipeline: 2 stages, GPipe, transfers longer than compute. Stage 1's forwards wait for each activation
+// (f + m·x_f + L_f), its backwards then feed a backward wire as slow: the step is compute at both ends plus
+// M transfers and one latency each way — bytes/rate + latency, exactly.
+TEST(PipelineSchedule, ALinkBoundPipelineTakesItsTransfersAndLatency) {
+  for (int M : {1, 2, 4, 8}) {
+    auto sched = value_of(PipelineSchedule::build(ScheduleKind::kGPipe, 2, M));
+    PipelineCosts c;
+    c.forward = 1;
+    c.backward = 2;
+    c.fwd_transfer = {5};
+    c.bwd_transfer = {7};
+    c.fwd_latency = {3};
+    c.bwd_latency = {4};
+    auto r = value_of(simulate_pipeline(sched, c));
+    EXPECT_DOUBLE_EQ(r.makespan, 2 * 1.0 + 2 * 2.0 + M * 5.0 + 3 + M * 7.0 + 4) << "M=" << M;
+  }
+}
+
+// Unequal stages, free links: GPipe is two flow shops of identical jobs, forward then backward, each
+// Σ p_s + (M − 1) · max p_s.
+TEST(PipelineSchedule, UnevenStagesFollowTheFlowShopBound) {
+  PipelineCosts c;
+  c.stage_forward = {1, 3, 2};
+  c.stage_backward = {2, 5, 1};
+  for (int M : {1, 4, 7}) {
+    auto r = value_of(simulate_pipeline(value_of(PipelineSchedule::build(ScheduleKind::kGPipe, 3, M)), c));
+    EXPECT_DOUBLE_EQ(r.makespan, (6 + (M - 1) * 3.0) + (8 + (M - 1) * 5.0)) << "M=" << M;
+    // 1F1B cannot beat the slowest stage's own work, nor the one microbatch's way down and back.
+    auto f = value_of(simulate_pipeline(value_of(PipelineSchedule::build(ScheduleKind::k1F1B, 3, M)), c));
+    EXPECT_GE(f.makespan, M * 8.0);
+    EXPECT_GE(f.makespan, 6 + 8.0);
+    EXPECT_EQ(f.busy[1], M * 8.0);
+  }
+}
+
+TEST(PipelineSchedule, CostsOfTheWrongSizeAreRefused) {
+  auto sched = value_of(PipelineSchedule::build(ScheduleKind::k1F1B, 3, 2));
+  PipelineCosts c;
+  c.fwd_transfer = {1, 2, 3};  // 3 stages have 2 links
+  auto r = simulate_pipeline(sched, c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("fwd_transfer has 3 entries, want 2"), std::string::npos) << r.status().message();
+  c = {};
+  c.stage_backward = {1, -1, 1};
+  r = simulate_pipeline(sched, c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("stage_backward"), std::string::npos) << r.status().message();
+}
+
 TEST(PipelineSchedule, ParsesKindNames) {
   EXPECT_EQ(value_of(parse_schedule_kind("gpipe")), ScheduleKind::kGPipe);
   EXPECT_EQ(value_of(parse_schedule_kind("1f1b")), ScheduleKind::k1F1B);
