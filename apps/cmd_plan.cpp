@@ -128,12 +128,12 @@ void run_plan(PlanFlags& f, CLI::App* cmd) {
   }
   std::printf("plan: %s, batch %d, on %d workers of %s (planned in %.2f s)\n\n", train.model.describe().c_str(),
               train.batch, cluster->size(), f.cluster.c_str(), secs);
-  std::printf("%3s %10s %10s %7s %9s %8s  %-28s %s\n", "#", "step s", "tokens/s", "bubble", "MB/step", "GB/wkr",
-              "bottleneck", "plan");
+  std::printf("%3s %10s %10s %7s %9s %8s  %s\n", "#", "step s", "tokens/s", "bubble", "MB/step", "GB/wkr",
+              "plan; bottleneck");
   for (size_t i = 0; i < plans->size(); ++i) {
     const JobPlan& p = (*plans)[i];
-    std::printf("%3zu %10.4f %10.0f %6.1f%% %9.2f %8.3f  %-28s %s\n", i + 1, p.step_s, p.tokens_per_s, 100 * p.bubble,
-                p.wire_bytes / 1e6, p.memory_gb, p.bottleneck.c_str(), p.describe().c_str());
+    std::printf("%3zu %10.4f %10.0f %6.1f%% %9.2f %8.3f  %s; %s\n", i + 1, p.step_s, p.tokens_per_s, 100 * p.bubble,
+                p.wire_bytes / 1e6, p.memory_gb, p.describe().c_str(), p.bottleneck.c_str());
   }
   const JobPlan& best = plans->front();
   std::printf("\nthe best plan, step by step:\n");

@@ -34,7 +34,8 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->check(CLI::Range(1, 4096))
       ->group(g);
   cmd->add_option("--partition", f.job.partition,
-                  "blocks per stage, e.g. 3,3,2; 'speed': by reported speed (default: even)")
+                  "blocks per stage, e.g. 3,3,2; 'speed': by reported speed; 'auto': planned from the reported "
+                  "speeds, --slowdown, --link and the codecs (longhaul plan's model) (default: even)")
       ->group(g);
   cmd->add_option("--schedule", f.schedule, "gpipe|1f1b")->capture_default_str()->group(g);
   cmd->add_option("--microbatches", f.job.microbatches, "microbatches per replica's share of the global batch")

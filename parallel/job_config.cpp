@@ -108,7 +108,7 @@ Result<Topology> PipelineJobConfig::topology() const {
 }
 
 Result<Partition> PipelineJobConfig::make_partition() const {
-  if (partition.empty() || partition == "speed") return Partition::even(train.model.layers, pp);
+  if (partition.empty() || partition == "speed" || partition == "auto") return Partition::even(train.model.layers, pp);
   auto p = Partition::parse(partition, train.model.layers, pp);
   if (!p.ok()) return Status(p.status()).prepend("--partition");
   return p;
@@ -135,7 +135,7 @@ Result<std::vector<double>> slowest_at_each(const Topology& t, const std::vector
 }  // namespace
 
 Result<std::string> PipelineJobConfig::planned_partition(const std::vector<double>& speeds) const {
-  if (partition != "speed") {
+  if (partition != "speed") {  // "auto" is planned by the coordinator (parallel/planner.h plan_partition)
     LH_ASSIGN_OR_RETURN(Partition p, make_partition());
     return partition.empty() ? std::string() : p.to_string();
   }

@@ -22,9 +22,10 @@ namespace lh {
 struct PipelineJobConfig {
   TrainConfig train;  // model, data, steps, global batch, optimizer, seed, device, evaluation
   int workers = 1, pp = 1, tp = 1, dp = 1;
-  // "" = even split; block counts per stage ("3,3,2"); or "speed": the coordinator splits in
+  // "" = even split; block counts per stage ("3,3,2"); "speed": the coordinator splits in
   // proportion to the compute speed each worker reports when it joins (even when any is unknown)
-  // and sends the resulting counts in every worker's plan.
+  // and sends the resulting counts in every worker's plan; or "auto": the coordinator plans it with the planner
+  // (parallel/planner.h plan_partition) from those speeds, --slowdown, the --link rules and the codecs.
   std::string partition;
   ScheduleKind schedule = ScheduleKind::k1F1B;
   int microbatches = 4;
@@ -65,7 +66,7 @@ struct PipelineJobConfig {
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
   Result<Topology> topology() const;
-  Result<Partition> make_partition() const;  // "speed" gives the even split until planned
+  Result<Partition> make_partition() const;  // "speed" and "auto" give the even split until planned
   // The partition for workers of these speeds (in rank order), as a string for `partition`.
   Result<std::string> planned_partition(const std::vector<double>& speeds) const;
   // Heads per tp shard ("speed" gives the even split until planned).

@@ -3,12 +3,14 @@
 #include "parallel/pipeline_coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 
 #include "compress/codec_chain.h"
 #include "core/log.h"
 #include "parallel/link_name.h"
 #include "parallel/link_shapes.h"
+#include "parallel/planner.h"
 
 namespace lh {
 
@@ -57,7 +59,8 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
             "goes on with them",
             ck->step, next.dp, nlohmann::json(next.replica_slices).dump(), next.slices());
       }
-      if (c->job_.partition == "speed" && saved_job.is_object() && saved_job.value("partition", "") != "speed")
+      if ((c->job_.partition == "speed" || c->job_.partition == "auto") && saved_job.is_object() &&
+          saved_job.value("partition", "") != c->job_.partition)
         c->job_.partition = saved_job.value("partition", "");
       if (c->job_.tp_split == "speed" && saved_job.is_object() && saved_job.value("tp_split", "") != "speed")
         c->job_.tp_split = saved_job.value("tp_split", "");
@@ -129,13 +132,25 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
   // Stages follow ranks, ranks follow join order; a speed partition is settled now.
   std::vector<double> speeds;
   for (const WorkerInfo& w : workers) speeds.push_back(w.join.compute_speed);
-  LH_ASSIGN_OR_RETURN(std::string partition, job_.planned_partition(speeds));
+  std::string partition;
+  if (job_.partition == "auto") {
+    // The planner's partition from what is known at the start: the speeds workers report (equal when any is
+    // unknown), --slowdown, the --link rules over otherwise unlimited links, the codecs and the schedule.
+    bool known = true;
+    for (double v : speeds) known &= v > 0 && std::isfinite(v);
+    Cluster cluster = Cluster::uniform(topology_.workers(), 1, 1e13, 0);
+    if (known)
+      for (int r = 0; r < topology_.workers(); ++r) cluster.set_gflops(r, speeds[size_t(r)]);
+    LH_ASSIGN_OR_RETURN(partition, plan_partition(cluster, job_));
+  } else {
+    LH_ASSIGN_OR_RETURN(partition, job_.planned_partition(speeds));
+  }
   LH_ASSIGN_OR_RETURN(std::string tp_split, job_.planned_tp_split(speeds));
   std::string config;
   {
     std::lock_guard<std::mutex> lock(mu_);  // status_json reads job_
-    if (job_.partition == "speed") {
-      LH_LOG_INFO("coordinator: partition by speed: {}", partition);
+    if (job_.partition == "speed" || job_.partition == "auto") {
+      LH_LOG_INFO("coordinator: partition by {}: {}", job_.partition == "auto" ? "the planner" : "speed", partition);
       job_.partition = partition;
     }
     if (job_.tp_split == "speed") {

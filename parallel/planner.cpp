@@ -309,6 +309,32 @@ struct Model {
   }
 };
 
+// Moves single blocks across stage boundaries while the predicted step gets shorter; s.counts ends at the best found.
+Result<JobPlan> improve_partition(Model& m, Setup& s) {
+  LH_ASSIGN_OR_RETURN(JobPlan best, m.step(s));
+  int layers = 0;
+  for (int c : s.counts) layers += c;
+  for (int iter = 0; iter < 4 * layers; ++iter) {
+    bool moved = false;
+    for (int b = 0; b + 1 < s.pp && !moved; ++b)
+      for (int dir : {-1, 1}) {
+        Setup t = s;
+        t.counts[size_t(b)] += dir;
+        t.counts[size_t(b + 1)] -= dir;
+        if (t.counts[size_t(b)] < 1 || t.counts[size_t(b + 1)] < 1) continue;
+        LH_ASSIGN_OR_RETURN(JobPlan cand, m.step(t));
+        if (cand.step_s < best.step_s * (1 - 1e-9)) {
+          best = std::move(cand);
+          s.counts = t.counts;
+          moved = true;
+          break;
+        }
+      }
+    if (!moved) break;
+  }
+  return best;
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -338,7 +364,9 @@ std::string JobPlan::describe() const {
   return o.str();
 }
 
-Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& job) {
+namespace {
+
+Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& job, bool auto_partition) {
   LH_RETURN_IF_ERROR(job.validate());
   if (job.train.model.subspace_k > 0)
     return invalid_argument("plan: --subspace-k models are not modelled yet (their boundary carries K values)");
@@ -371,10 +399,12 @@ Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& j
   LH_ASSIGN_OR_RETURN(auto slow, parse_slowdowns(job.slowdown, job.workers));
   for (const auto& [rank, f] : slow) s.slowdown[size_t(rank)] = f;
   for (int r = 0; r < job.workers; ++r) s.worker_of_rank.push_back(r);
-  if (job.partition == "speed") {
+  if (job.partition == "speed" || auto_partition) {
     std::vector<double> speeds;
     for (int r = 0; r < job.workers; ++r) speeds.push_back(c.worker(r).gflops / s.slowdown[size_t(r)]);
-    LH_ASSIGN_OR_RETURN(std::string planned, job.planned_partition(speeds));
+    PipelineJobConfig by_speed = job;
+    by_speed.partition = "speed";
+    LH_ASSIGN_OR_RETURN(std::string planned, by_speed.planned_partition(speeds));
     LH_ASSIGN_OR_RETURN(Partition part, Partition::parse(planned, job.train.model.layers, job.pp));
     s.counts = part.counts();
   } else {
@@ -403,6 +433,7 @@ Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& j
     s.bwd.push_back(codecs.spec(l, LinkDir::kBwd));
   }
   Model m{c, job.train, model_costs(job.train.model), {}};
+  if (auto_partition) LH_RETURN_IF_ERROR(improve_partition(m, s).status());
   if (!autos.empty()) {
     LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_ladder));
     for (int round = 0; round < 2; ++round) {  // compute depends a little on the codecs (tp relays): settle twice
@@ -430,7 +461,19 @@ Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& j
       }
     }
   }
+  if (auto_partition) return improve_partition(m, s);
   return m.step(s);
+}
+
+}  // namespace
+
+Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& job) {
+  return evaluate_job(cluster, job, job.partition == "auto");
+}
+
+Result<std::string> plan_partition(const Cluster& cluster, const PipelineJobConfig& job) {
+  LH_ASSIGN_OR_RETURN(JobPlan p, evaluate_job(cluster, job, true));
+  return join(p.partition, ',');
 }
 
 Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainConfig& train,
@@ -480,10 +523,21 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
 
   std::vector<JobPlan> top;
   std::string why_none = "no grid fits";
+  // The best plan of each grid (pp, tp, dp), so the list shows alternatives, not one grid's variants; between plans
+  // within 0.1% of each other, the one that needs less memory (fewer microbatches in flight).
+  auto better = [](const JobPlan& a, const JobPlan& b) {
+    if (a.step_s < b.step_s * (1 - 1e-3)) return true;
+    if (b.step_s < a.step_s * (1 - 1e-3)) return false;
+    return a.memory_gb < b.memory_gb;
+  };
+  std::map<std::tuple<int, int, int>, JobPlan> best_of_grid;
   auto keep = [&](JobPlan p) {
-    top.push_back(std::move(p));
-    std::sort(top.begin(), top.end(), [](const JobPlan& a, const JobPlan& b) { return a.step_s < b.step_s; });
-    if (int(top.size()) > std::max(1, options.top)) top.pop_back();
+    auto key = std::make_tuple(p.pp, p.tp, p.dp);
+    auto it = best_of_grid.find(key);
+    if (it == best_of_grid.end())
+      best_of_grid.emplace(key, std::move(p));
+    else if (better(p, it->second))
+      it->second = std::move(p);
   };
   const int max_pp = std::min(g.layers, options.max_pp > 0 ? options.max_pp : g.layers);
   int grids = 0;
@@ -522,38 +576,16 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
           }
           LH_ASSIGN_OR_RETURN(Partition start, Partition::proportional(g.layers, speeds));
           const int local = train.batch / dp;
-          for (ScheduleKind kind : options.schedules)
+          for (size_t k = 0; k < (pp > 1 ? options.schedules.size() : 1); ++k)  // one stage: no schedule to choose
             for (int M : divisors(local)) {
+              const ScheduleKind kind = options.schedules[k];
               if (M > options.max_microbatches) continue;
               s.kind = kind;
               s.M = M;
               s.counts = start.counts();
               s.fwd.assign(size_t(pp - 1), options.ladder.back());
               s.bwd = s.fwd;
-              // Partition: move single blocks across boundaries while the step gets shorter.
-              auto improve_partition = [&]() -> Result<JobPlan> {
-                LH_ASSIGN_OR_RETURN(JobPlan best, m.step(s));
-                for (int iter = 0; iter < 4 * g.layers; ++iter) {
-                  bool moved = false;
-                  for (int b = 0; b + 1 < pp && !moved; ++b)
-                    for (int dir : {-1, 1}) {
-                      Setup t = s;
-                      t.counts[size_t(b)] += dir;
-                      t.counts[size_t(b + 1)] -= dir;
-                      if (t.counts[size_t(b)] < 1 || t.counts[size_t(b + 1)] < 1) continue;
-                      LH_ASSIGN_OR_RETURN(JobPlan cand, m.step(t));
-                      if (cand.step_s < best.step_s * (1 - 1e-9)) {
-                        best = std::move(cand);
-                        s.counts = t.counts;
-                        moved = true;
-                        break;
-                      }
-                    }
-                  if (!moved) break;
-                }
-                return best;
-              };
-              LH_ASSIGN_OR_RETURN(JobPlan lossiest, improve_partition());
+              LH_ASSIGN_OR_RETURN(JobPlan lossiest, improve_partition(m, s));
               // Codecs: per link and direction, the least lossy within the tolerance of the lossiest there.
               for (int l = 0; l + 1 < pp; ++l)
                 for (int dirn = 0; dirn < 2; ++dirn) {
@@ -564,7 +596,7 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
                     if (cand.step_s <= lossiest.step_s * (1 + options.codec_tolerance)) break;
                   }
                 }
-              LH_ASSIGN_OR_RETURN(JobPlan best, improve_partition());
+              LH_ASSIGN_OR_RETURN(JobPlan best, improve_partition(m, s));
               bool fits = true;
               for (int r = 0; r < n; ++r) {
                 const double mem = cluster.worker(s.worker_of_rank[size_t(r)]).memory_gb;
@@ -581,6 +613,9 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
         }
       }
     }
+  for (auto& [key, p] : best_of_grid) top.push_back(std::move(p));
+  std::sort(top.begin(), top.end(), [](const JobPlan& a, const JobPlan& b) { return a.step_s < b.step_s; });
+  if (int(top.size()) > std::max(1, options.top)) top.resize(size_t(std::max(1, options.top)));
   if (top.empty())
     return invalid_argument("plan: " + (grids == 0 ? std::string("no grid of the cluster's ") + std::to_string(W) +
                                                          " workers fits the model (layers, heads) and --batch"

@@ -59,11 +59,17 @@ struct PlanOptions {
   int max_microbatches = 64;
 };
 
-// The step of `job` (its grid, partition, microbatches, schedule, codecs, `--link` rules and `--slowdown` applied on
-// top of the cluster as the emulation does: a rule's rate caps a link, its delay adds to the link's latency) with
-// rank r on cluster worker r. "auto" codecs are predicted as auto settles: the least lossy of the ladder whose
-// transfer fits under --auto-fit of the slowest stage's compute per microbatch.
+// The step of `job` (its grid, partition — "auto" planned as plan_partition() does —, microbatches, schedule, codecs,
+// `--link` rules and `--slowdown` applied on top of the cluster as the emulation does: a rule's rate caps a link, its
+// delay adds to the link's latency) with rank r on cluster worker r. "auto" codecs are predicted as auto settles: the
+// least lossy of the ladder whose transfer fits under --auto-fit of the slowest stage's compute per microbatch.
 Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& job);
+
+// `--partition auto`: the partition of `job` (its own partition ignored) on `cluster`, rank r on worker r, from the
+// split in proportion to each stage's slowest worker (its GFLOP/s over any --slowdown), then single blocks moved
+// across a boundary while the predicted step — compute, the links with the job's --link rules, codecs, schedule —
+// gets shorter. As "3,3,2".
+Result<std::string> plan_partition(const Cluster& cluster, const PipelineJobConfig& job);
 
 // The `options.top` fastest plans for the model and global batch of `train` on `cluster`, fastest first; an error
 // names why nothing fits (too few workers, memory, batch).

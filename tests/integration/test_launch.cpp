@@ -1527,7 +1527,7 @@ TEST_F(Launch, UnevenLinksAreShapedPerLinkAndReshapedWhileTheJobRuns) {
 // --slowdown RANK=FACTOR: that worker really computes FACTOR times as long (it sleeps the difference); the losses are
 // unchanged. Judged within the slowed run, so the machine's load (ctest -j) cannot tip it: the slowed worker's
 // compute per step is several times the other's, and every one of its steps really lasted at least that long.
-TEST_F(Launch, ASlowedWorkerReallyTakesLonger) {
+TEST_F(Launch, ASlowedWorkerReallyTakesLongerAndPartitionAutoGivesItFewerBlocks) {
   const int steps = 8;
   const std::string plain = temp_path("slow_plain.jsonl"), slowed = temp_path("slowed.jsonl");
   BinRun a = run(launch_args(2, steps, plain), 300s);
@@ -1549,6 +1549,15 @@ TEST_F(Launch, ASlowedWorkerReallyTakesLonger) {
   }
   // Six times the compute of a stage like the other: well over twice it (a loose bound, not a speed test).
   EXPECT_GT(median(compute[1]), 2 * median(compute[0]));
+  // --partition auto: the planner gives the slowed stage fewer blocks (4 blocks at speeds 1 and 1/6: 3,1), and the
+  // job still computes the very same losses.
+  const std::string planned = temp_path("slow_auto.jsonl");
+  std::vector<std::string> args = launch_args(2, steps, planned, {"--slowdown", "1=6", "--partition", "auto"});
+  args[1] = "info";  // the coordinator's log names the partition it planned
+  BinRun c = run(args, 300s);
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_NE(c.output.find("partition by the planner: 3,1"), std::string::npos) << c.output;
+  expect_same_losses(losses_of(planned), losses_of(plain), steps);
   BinRun bad = run(launch_args(2, steps, temp_path("slow_bad.jsonl"), {"--slowdown", "2=3"}), 60s);
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.output.find("--slowdown '2=3'"), std::string::npos) << bad.output;

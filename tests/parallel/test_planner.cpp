@@ -187,6 +187,35 @@ TEST(Planner, SlowdownAndAutoFollowTheJob) {
   EXPECT_NE(a.bwd_codec[0], "none");
 }
 
+// --partition auto: from the speeds (over --slowdown), then blocks moved while the predicted step shrinks — never
+// predicted slower than the speed split or the even one, and the last stage (which also holds the head) no fuller
+// than the others on equal machines.
+TEST(Planner, PartitionAutoIsNeverPredictedSlowerThanSpeedOrEven) {
+  PipelineJobConfig j = pipeline_job(4, 4);
+  j.train.model.layers = 12;
+  j.train.model.d_model = 128;
+  Cluster c = Cluster::uniform(4, 10, 1e15, 0);
+  for (const std::vector<std::string>& slow : {std::vector<std::string>{}, {"2=3"}}) {
+    j.slowdown = slow;
+    const std::string planned = value_of(plan_partition(c, j));
+    j.partition = planned;
+    const double auto_step = value_of(evaluate_plan(c, j)).step_s;
+    for (const std::string other : {"", "speed"}) {
+      j.partition = other;
+      EXPECT_LE(auto_step, value_of(evaluate_plan(c, j)).step_s * (1 + 1e-12)) << planned << " vs '" << other << "'";
+    }
+    j.partition = "auto";
+    EXPECT_DOUBLE_EQ(value_of(evaluate_plan(c, j)).step_s, auto_step);
+    Partition p = value_of(Partition::parse(planned, 12, 4));
+    if (slow.empty()) {
+      EXPECT_LE(p.counts()[3], p.counts()[0]) << planned;
+    } else {
+      EXPECT_LT(p.counts()[2], p.counts()[0]) << planned;
+      EXPECT_LT(p.counts()[2], p.counts()[1]) << planned;
+    }
+  }
+}
+
 TEST(Planner, FlopsPerStepMatchTheModelsCount) {
   PipelineJobConfig j = pipeline_job(2, 2);
   j.partition = "3,1";
