@@ -74,6 +74,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   cmd->add_option("--tp-split", f.job.tp_split,
                   "heads per tp shard: weights like 3:1 (shard 0 gets 3/4), or 'speed' (default: even)")
       ->group(g);
+  cmd->add_option("--dp-split", f.job.dp_split,
+                  "how the global batch is shared among the replicas: weights like 3:1 (replica 0 takes 3/4), or "
+                  "'speed' (by each replica's slowest worker's reported speed over --slowdown); each share a "
+                  "multiple of --microbatches, gradients weighted so the update is the whole batch's (default: equal)")
+      ->group(g);
   cmd->add_option("--compress-tp", f.job.compress_tp,
                   "codec spec for the tp shards' partial sums (tp > 1), e.g. int8, bf16, lowrank:rank=8+int8")
       ->capture_default_str()
@@ -176,6 +181,8 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
     std::ifstream in(job.train.data);
     if (!in) fail("--data '" + job.train.data + "': cannot read the file", 2);
   }
+  if (f.elastic && !job.dp_split.empty())
+    fail("--elastic with --dp-split is not supported: a lost replica's share would be skipped unevenly", 2);
   if (f.resume && f.checkpoint_dir.empty())
     fail("--resume needs --checkpoint-dir (where the job's checkpoints are)", 2);
   if (cmd->count("--checkpoint-every") > 0 && f.checkpoint_dir.empty())

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <map>
 #include <optional>
@@ -112,6 +113,70 @@ Result<Partition> PipelineJobConfig::make_partition() const {
   auto p = Partition::parse(partition, train.model.layers, pp);
   if (!p.ok()) return Status(p.status()).prepend("--partition");
   return p;
+}
+
+namespace {
+
+Result<std::vector<double>> slowest_at_each(const Topology& t, const std::vector<double>& speeds,
+                                            int (*index_of)(const WorkerCoord&), const std::string& flag);
+
+// `units` (of --microbatches sequences each) over replicas of these weights, at least one each, each next unit to
+// the replica whose share would take least long (units / weight): the split that minimises the slowest replica.
+std::vector<int> units_by_weight(const std::vector<double>& weights, int units) {
+  std::vector<int> n(weights.size(), 1);
+  for (int u = int(weights.size()); u < units; ++u) {
+    size_t best = 0;
+    for (size_t d = 1; d < n.size(); ++d)
+      if ((n[d] + 1) / weights[d] < (n[best] + 1) / weights[best]) best = d;
+    ++n[best];
+  }
+  return n;
+}
+
+}  // namespace
+
+Result<std::vector<int>> PipelineJobConfig::dp_rows() const {
+  if (dp_split.empty() || dp_split == "speed") return std::vector<int>{};
+  const std::string what = "--dp-split '" + dp_split + "'";
+  std::vector<double> weights;
+  size_t pos = 0;
+  while (true) {
+    const size_t colon = dp_split.find(':', pos);
+    const std::string item = dp_split.substr(pos, colon == std::string::npos ? std::string::npos : colon - pos);
+    char* end = nullptr;
+    const double w = std::strtod(item.c_str(), &end);
+    if (item.empty() || end != item.c_str() + item.size() || !(w > 0) || !std::isfinite(w))
+      return invalid_argument(what + ": entry " + std::to_string(weights.size() + 1) + " '" + item +
+                              "' is not a positive weight (expected one weight per replica, e.g. 3:1, or speed)");
+    weights.push_back(w);
+    if (colon == std::string::npos) break;
+    pos = colon + 1;
+  }
+  if (int(weights.size()) != dp)
+    return invalid_argument(what + " has " + std::to_string(weights.size()) + " weights for --dp " +
+                            std::to_string(dp));
+  if (microbatches < 1 || train.batch % microbatches != 0 || train.batch / microbatches < dp)
+    return invalid_argument(what + ": --batch " + std::to_string(train.batch) + " must split into at least --dp " +
+                            std::to_string(dp) + " shares of whole --microbatches " + std::to_string(microbatches));
+  std::vector<int> rows = units_by_weight(weights, train.batch / microbatches);
+  for (int& r : rows) r *= microbatches;
+  return rows;
+}
+
+Result<std::string> PipelineJobConfig::planned_dp_split(const std::vector<double>& speeds) const {
+  if (dp_split != "speed") return dp_split;
+  LH_ASSIGN_OR_RETURN(Topology t, topology());
+  LH_ASSIGN_OR_RETURN(std::vector<double> replica_speed,
+                      slowest_at_each(
+                          t, speeds, [](const WorkerCoord& c) { return c.dp; }, "--dp-split speed"));
+  std::string out;
+  PipelineJobConfig c = *this;
+  for (size_t d = 0; d < replica_speed.size(); ++d) out += (d ? ":" : "") + std::to_string(replica_speed[d]);
+  c.dp_split = out;
+  LH_ASSIGN_OR_RETURN(std::vector<int> rows, c.dp_rows());
+  out.clear();
+  for (size_t d = 0; d < rows.size(); ++d) out += (d ? ":" : "") + std::to_string(rows[d]);
+  return out;
 }
 
 namespace {
@@ -290,10 +355,27 @@ Status PipelineJobConfig::validate() const {
           (i > 0 && replica_slices[i] <= replica_slices[i - 1]))
         return invalid_argument("job config: replica slices must rise within 0.." + std::to_string(batch_slices - 1));
   }
-  if (train.batch % (slices() * microbatches) != 0)
+  if (!dp_split.empty()) {
+    if (dp < 2) return invalid_argument("--dp-split " + dp_split + " needs --dp > 1");
+    if (batch_slices != 0 || !replica_slices.empty())
+      return invalid_argument("--dp-split " + dp_split + " with --elastic is not supported (a lost replica's share)");
+    LH_ASSIGN_OR_RETURN(SyncConfig sc, parse_sync(sync));
+    if (sc.diloco())
+      return invalid_argument("--dp-split " + dp_split +
+                              " with --sync diloco is not supported: replicas of unequal shares take local steps of "
+                              "unequal noise, and their average is not the whole batch's");
+    // "speed" is planned into weights; its check is that any split can be made.
+    PipelineJobConfig c = *this;
+    if (c.dp_split == "speed") {
+      c.dp_split = "1";
+      for (int d = 1; d < dp; ++d) c.dp_split += ":1";
+    }
+    LH_RETURN_IF_ERROR(c.dp_rows().status());
+  } else if (train.batch % (slices() * microbatches) != 0) {
     return invalid_argument("--batch " + std::to_string(train.batch) + " does not split into --dp " +
                             std::to_string(slices()) + " replicas × --microbatches " + std::to_string(microbatches) +
                             " equal parts");
+  }
   if (auto_every < 1 || auto_every > 1000000)
     return invalid_argument("--auto-every " + std::to_string(auto_every) + ": expected 1 or more steps");
   if (!(auto_fit > 0 && auto_fit <= 4))
@@ -348,6 +430,7 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_grad", compress_grad},
           {"sync", sync},
           {"tp_split", tp_split},
+          {"dp_split", dp_split},
           {"compress_tp", compress_tp},
           {"checkpoint_every", checkpoint_every},
           {"data_protection", data_protection},
@@ -384,6 +467,7 @@ std::string PipelineJobConfig::resume_hash() const {
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
+  j.erase("dp_split");  // the update is the whole batch's, however it is shared
   for (const char* f : {"dp", "workers", "batch_slices", "replica_slices"}) j.erase(f);
   const std::string text = j.dump();
   char hex[17];
@@ -463,6 +547,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
   if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.real("auto_fit", c.auto_fit));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
+  if (r.find("dp_split")) LH_RETURN_IF_ERROR(r.string("dp_split", c.dp_split));
   LH_RETURN_IF_ERROR(c.validate());
   return c;
 }

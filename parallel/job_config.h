@@ -42,6 +42,18 @@ struct PipelineJobConfig {
   // compute speed and sends the resulting split, e.g. "3:1" in heads, in every worker's plan).
   std::string tp_split;
   std::string compress_tp = "none";  // the tp groups' partial sums (tp > 1)
+  // --dp-split: how the global batch is shared among the replicas. "" equal slices; weights per replica ("3:1");
+  // or "speed": the coordinator shares it in proportion to each replica's slowest worker (reported compute speed
+  // over --slowdown) and sends the resulting sequences per replica ("12:4") in every plan. Each replica's share is a
+  // multiple of --microbatches, and its gradients are weighted by share × dp / batch, so the averaged update is the
+  // whole batch's (exactly as with equal slices).
+  std::string dp_split;
+  // Sequences of the global batch per replica, in replica order; empty for equal slices (and for "speed" until it is
+  // planned).
+  Result<std::vector<int>> dp_rows() const;
+  // The split for workers of these speeds (rank order; each replica takes the slowest of its workers), as sequences
+  // per replica ("12:4"); the configured one unless dp_split is "speed".
+  Result<std::string> planned_dp_split(const std::vector<double>& speeds) const;
   // Workers send their state to the coordinator after every this many steps and after the last (a job checkpoint,
   // committed by the coordinator once every shard is durable); 0: never.
   int64_t checkpoint_every = 0;

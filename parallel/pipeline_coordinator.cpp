@@ -64,6 +64,8 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
         c->job_.partition = saved_job.value("partition", "");
       if (c->job_.tp_split == "speed" && saved_job.is_object() && saved_job.value("tp_split", "") != "speed")
         c->job_.tp_split = saved_job.value("tp_split", "");
+      if (c->job_.dp_split == "speed" && saved_job.is_object() && saved_job.value("dp_split", "") != "speed")
+        c->job_.dp_split = saved_job.value("dp_split", "");
       if (ck->manifest.contains("changes")) {
         Status s = c->restore_changes(ck->manifest["changes"]);
         if (!s.ok()) return s.prepend("checkpoint step " + std::to_string(ck->step));
@@ -146,6 +148,17 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
     LH_ASSIGN_OR_RETURN(partition, job_.planned_partition(speeds));
   }
   LH_ASSIGN_OR_RETURN(std::string tp_split, job_.planned_tp_split(speeds));
+  std::string dp_split = job_.dp_split;
+  if (dp_split == "speed") {
+    // Each replica's pace: its slowest worker's reported speed (all equal when any is unknown) over --slowdown.
+    std::vector<double> paced(speeds.size(), 1.0);
+    bool known = true;
+    for (double v : speeds) known &= v > 0 && std::isfinite(v);
+    if (known) paced = speeds;
+    LH_ASSIGN_OR_RETURN(auto slow, parse_slowdowns(job_.slowdown, topology_.workers()));
+    for (const auto& [rank, f] : slow) paced[size_t(rank)] /= f;
+    LH_ASSIGN_OR_RETURN(dp_split, job_.planned_dp_split(paced));
+  }
   std::string config;
   {
     std::lock_guard<std::mutex> lock(mu_);  // status_json reads job_
@@ -156,6 +169,10 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
     if (job_.tp_split == "speed") {
       LH_LOG_INFO("coordinator: tp split by speed (heads per shard): {}", tp_split);
       job_.tp_split = tp_split;
+    }
+    if (job_.dp_split == "speed") {
+      LH_LOG_INFO("coordinator: dp split by speed (sequences per replica): {}", dp_split);
+      job_.dp_split = dp_split;
     }
     config = job_.to_json().dump();
   }
@@ -448,7 +465,9 @@ Status PipelineCoordinator::setup_auto_locked() {
   config.fit = job_.auto_fit;
   // One microbatch's activation (and its gradient): [batch / (slices · microbatches), seq, width].
   const GptConfig& m = job_.train.model;
-  const int64_t mb = job_.train.batch / (int64_t(job_.slices()) * job_.microbatches);
+  int64_t mb = job_.train.batch / (int64_t(job_.slices()) * job_.microbatches);
+  LH_ASSIGN_OR_RETURN(std::vector<int> shares, job_.dp_rows());  // --dp-split: the largest replica's microbatch
+  for (int n : shares) mb = std::max<int64_t>(mb, n / job_.microbatches);
   const Shape shape{mb, m.seq, m.subspace_k > 0 ? m.subspace_k : m.d_model};
   std::vector<uint64_t> bytes;
   for (const std::string& spec : config.ladder) {

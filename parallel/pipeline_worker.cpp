@@ -251,6 +251,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   ro.receive_timeout = options.receive_timeout;
   ro.batch_slices = job->slices();
   ro.batch_slice = job->slice_of(topology.coord_of(plan.rank).dp);
+  LH_ASSIGN_OR_RETURN(ro.dp_rows, job->dp_rows());
   {
     LH_ASSIGN_OR_RETURN(auto slow, parse_slowdowns(job->slowdown, topology.workers()));
     if (slow.count(plan.rank)) {

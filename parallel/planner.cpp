@@ -72,6 +72,7 @@ struct Setup {
   std::string grad = "none", tpc = "none";
   std::vector<int> worker_of_rank;
   std::vector<double> slowdown;  // per rank; compute takes this many times as long
+  std::vector<int> dp_rows;      // --dp-split: sequences per replica (empty: equal)
   int sync_every = 1;            // DiLoCo: the replicas exchange every H steps
   bool delayed = false;          // delayed sync: the all-reduce overlaps the next step
 };
@@ -136,7 +137,13 @@ struct Model {
     p.grad_codec = s.grad;
     p.tp_codec = s.tpc;
     const int S = s.pp;
-    const int64_t rows_mb = int64_t(train.batch / s.dp / s.M) * int64_t(mc.T);  // tokens of one microbatch
+    // Tokens of one microbatch of replica d (--dp-split: its share).
+    auto rows_of = [&](int d) {
+      const int seqs = s.dp_rows.empty() ? train.batch / s.dp : s.dp_rows[size_t(d)];
+      return int64_t(seqs / s.M) * int64_t(mc.T);
+    };
+    int64_t rows_max = 0;
+    for (int d = 0; d < s.dp; ++d) rows_max = std::max(rows_max, rows_of(d));
     const int64_t C = int64_t(mc.C);
     PipelineCosts costs;
     costs.stage_forward.assign(S, 0);
@@ -147,7 +154,6 @@ struct Model {
     costs.bwd_latency = costs.fwd_transfer;
     double wire = 0;
     std::vector<double> stage_params(S), stage_speed(S);
-    int first = 0;
     for (int st = 0; st < S; ++st) {
       const int blocks = s.counts[size_t(st)];
       double fwd_flops = blocks * mc.block_fwd_flops;
@@ -158,26 +164,25 @@ struct Model {
         params += mc.head_params;
       }
       stage_params[size_t(st)] = params / s.tp;
-      // The stage's pace: its slowest worker (every shard of every replica does the same work).
-      double slowest = 1e300, slowdown = 1;
-      for (int d = 0; d < s.dp; ++d)
+      // The stage's pace: its slowest replica, each paced by its slowest shard (a shard does 1/tp of the work).
+      double fwd = 0, bwd = 0, slowest_all = 1e300, slowdown_all = 1;
+      for (int d = 0; d < s.dp; ++d) {
+        const int64_t rows_mb = rows_of(d);
+        double slowest = 1e300;
         for (int t = 0; t < s.tp; ++t) {
           const int r = rank_of(s, st, d, t);
           const double g = cluster.worker(w(s, r)).gflops / s.slowdown[size_t(r)];
-          if (g < slowest) {
-            slowest = g;
-            slowdown = s.slowdown[size_t(r)];
+          slowest = std::min(slowest, g);
+          if (g < slowest_all) {
+            slowest_all = g;
+            slowdown_all = s.slowdown[size_t(r)];
           }
         }
-      stage_speed[size_t(st)] = slowest * slowdown;  // without --slowdown: the optimizer is not slowed
-      const double f = fwd_flops / s.tp * double(rows_mb) / (slowest * 1e9);
-      costs.stage_forward[size_t(st)] = f;
-      costs.stage_backward[size_t(st)] = 2 * f;
-      if (s.tp > 1) {
-        // Two all-reduces of the partial sums per block forward and two backward, on the critical path, and the
-        // relay of each received pipeline slice to the shard's tp peers.
+        const double f = fwd_flops / s.tp * double(rows_mb) / (slowest * 1e9);
         double tp_fwd = 0, tp_bwd = 0;
-        for (int d = 0; d < s.dp; ++d) {
+        if (s.tp > 1) {
+          // Two all-reduces of the partial sums per block forward and two backward, on the critical path, and the
+          // relay of each received pipeline slice to the shard's tp peers.
           std::vector<int> group;
           for (int t = 0; t < s.tp; ++t) group.push_back(rank_of(s, st, d, t));
           auto [bw, lat] = worst_in_group(s, group);
@@ -192,17 +197,19 @@ struct Model {
             LH_ASSIGN_OR_RETURN(double sb, sizes.bytes(s.bwd[size_t(st)], (rows_mb + s.tp - 1) / s.tp, C));
             relay_b = sb * 8 / bw + lat;
           }
-          tp_fwd = std::max(tp_fwd, 2 * blocks * ar + relay_f);
-          tp_bwd = std::max(tp_bwd, 2 * blocks * ar + relay_b);
+          tp_fwd = 2 * blocks * ar + relay_f;
+          tp_bwd = 2 * blocks * ar + relay_b;
           // Per microbatch: each member sends its tensor to every other (direct) or 2(n−1)/n of it (mesh).
           const double per_ar =
               (s.tp == 2 || bytes < kDirectBelowBytes) ? bytes * (s.tp - 1) : 2 * bytes * (s.tp - 1) / s.tp;
           wire += s.M * (4 * blocks * per_ar * s.tp);
         }
-        costs.stage_forward[size_t(st)] += tp_fwd;
-        costs.stage_backward[size_t(st)] += tp_bwd;
+        fwd = std::max(fwd, f + tp_fwd);
+        bwd = std::max(bwd, 2 * f + tp_bwd);
       }
-      first += blocks;
+      stage_speed[size_t(st)] = slowest_all * slowdown_all;  // without --slowdown: the optimizer is not slowed
+      costs.stage_forward[size_t(st)] = fwd;
+      costs.stage_backward[size_t(st)] = bwd;
     }
     // Pipeline links: each shard of each replica sends its slice to the same shard of the next stage.
     for (int st = 0; st + 1 < S; ++st) {
@@ -212,7 +219,7 @@ struct Model {
           fw.push_back({rank_of(s, st, d, t), rank_of(s, st + 1, d, t)});
           bw_pairs.push_back({rank_of(s, st + 1, d, t), rank_of(s, st, d, t)});
         }
-      const int64_t rows = (rows_mb + s.tp - 1) / s.tp;
+      const int64_t rows = (rows_max + s.tp - 1) / s.tp;  // the largest replica's slice
       LH_ASSIGN_OR_RETURN(double fb, sizes.bytes(s.fwd[size_t(st)], rows, C));
       LH_ASSIGN_OR_RETURN(double bb, sizes.bytes(s.bwd[size_t(st)], rows, C));
       auto [fbw, flat] = worst(s, fw);
@@ -283,8 +290,8 @@ struct Model {
     // Memory: weights, gradients and AdamW's two moments (fp32), and the activations of the microbatches in flight.
     for (int st = 0; st < S; ++st) {
       const double in_flight = s.kind == ScheduleKind::kGPipe ? s.M : std::min(S - st, s.M);
-      double act = s.counts[size_t(st)] * double(rows_mb) * (16 * mc.C / s.tp + 2 * (mc.heads / s.tp) * mc.T);
-      if (st == S - 1) act += 2 * double(rows_mb) * mc.V;
+      double act = s.counts[size_t(st)] * double(rows_max) * (16 * mc.C / s.tp + 2 * (mc.heads / s.tp) * mc.T);
+      if (st == S - 1) act += 2 * double(rows_max) * mc.V;
       p.memory_gb = std::max(p.memory_gb, (16 * stage_params[size_t(st)] + 4 * in_flight * act) / 1e9);
     }
 
@@ -414,6 +421,15 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
   if (job.tp > 1 && job.tp_split != "" && job.tp_split != "even")
     return invalid_argument("plan: --tp-split " + job.tp_split +
                             " is not modelled yet (the planner splits heads evenly)");
+  if (job.dp_split == "speed") {
+    std::vector<double> speeds;
+    for (int r = 0; r < job.workers; ++r) speeds.push_back(c.worker(r).gflops / s.slowdown[size_t(r)]);
+    PipelineJobConfig planned = job;
+    LH_ASSIGN_OR_RETURN(planned.dp_split, job.planned_dp_split(speeds));
+    LH_ASSIGN_OR_RETURN(s.dp_rows, planned.dp_rows());
+  } else {
+    LH_ASSIGN_OR_RETURN(s.dp_rows, job.dp_rows());
+  }
   LH_ASSIGN_OR_RETURN(std::vector<std::string> grad, job.grad_specs());
   s.grad = grad.empty() ? job.compress_grad : grad[0];
   s.tpc = job.compress_tp;
@@ -432,7 +448,7 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
     s.fwd.push_back(codecs.spec(l, LinkDir::kFwd));
     s.bwd.push_back(codecs.spec(l, LinkDir::kBwd));
   }
-  Model m{c, job.train, model_costs(job.train.model), {}};
+  Model m{c, job.train, model_costs(job.train.model), {}, {}};
   if (auto_partition) LH_RETURN_IF_ERROR(improve_partition(m, s).status());
   if (!autos.empty()) {
     LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_ladder));
@@ -489,7 +505,7 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
   }
   if (options.schedules.empty()) return invalid_argument("plan: no schedule to try");
   const int W = cluster.size();
-  Model m{cluster, train, model_costs(g), {}};
+  Model m{cluster, train, model_costs(g), {}, {}};
   // Candidate workers, fastest first; a grid of N workers takes the N fastest, ordered into a chain in which each
   // next worker is the one the previous reaches fastest, so that neighbours in rank order share fast links.
   std::vector<int> by_speed(static_cast<size_t>(W));

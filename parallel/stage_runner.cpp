@@ -45,7 +45,19 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   if (slices < topology.dp() || slice >= slices)
     return invalid_argument("stage runner: slice " + std::to_string(slice) + " of " + std::to_string(slices) +
                             " slices of the batch for " + std::to_string(topology.dp()) + " replicas");
-  if (train.batch % (slices * options.microbatches) != 0)
+  if (!options.dp_rows.empty()) {
+    int64_t sum = 0;
+    bool whole = int(options.dp_rows.size()) == topology.dp() && slices == topology.dp();
+    for (int n : options.dp_rows) {
+      sum += n;
+      whole &= n >= options.microbatches && n % options.microbatches == 0;
+    }
+    if (!whole || sum != train.batch)
+      return invalid_argument("stage runner: --dp-split shares " + nlohmann::json(options.dp_rows).dump() +
+                              " are not " + std::to_string(topology.dp()) + " multiples of --microbatches " +
+                              std::to_string(options.microbatches) + " summing to the batch of " +
+                              std::to_string(train.batch));
+  } else if (train.batch % (slices * options.microbatches) != 0)
     return invalid_argument("stage runner: the batch of " + std::to_string(train.batch) +
                             " sequences does not split into " + std::to_string(slices) + " replicas × " +
                             std::to_string(options.microbatches) + " equal microbatches");
@@ -86,6 +98,14 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   r->shard_ = coord.tp;
   r->tp_spec_ = options.compress_tp;
   r->mb_batch_ = train.batch / (slices * options.microbatches);
+  r->row_offset_ = int64_t(train.batch / slices) * slice;
+  if (!options.dp_rows.empty()) {
+    r->row_offset_ = 0;
+    for (int d = 0; d < coord.dp; ++d) r->row_offset_ += options.dp_rows[size_t(d)];
+    const int rows = options.dp_rows[size_t(coord.dp)];
+    r->mb_batch_ = rows / options.microbatches;
+    r->loss_weight_ = float(double(rows) * topology.dp() / train.batch);
+  }
   r->plane_ = &plane;
   r->codecs_ = &codecs;
   r->boundary_ = PipelineBoundary(r->topology_, rank, coord.stage, plane, codecs, options.receive_timeout);
@@ -222,7 +242,7 @@ Status StageRunner::backward(int mb) {
     if (!d.defined() || d.shape() != Shape{B, T, train_.model.d_model}) {
       LH_ASSIGN_OR_RETURN(d, Tensor::create({B, T, train_.model.d_model}, DType::f32, model_.device()));
     }
-    LH_RETURN_IF_ERROR(model_.head_backward(c, 1.0f / float(options_.microbatches), d));
+    LH_RETURN_IF_ERROR(model_.head_backward(c, loss_weight_ / float(options_.microbatches), d));
     if (hand_over) LH_RETURN_IF_ERROR(reducer_->bucket_ready(model_.head(), bucket_of(model_.head())));
   }
   if (!hand_over && !polls_reducer()) {
@@ -304,7 +324,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
                             std::to_string((int64_t(1) << Tag::kStepBits) - 1));
   LH_RETURN_IF_ERROR(codecs_->begin_step(step));
   // This replica's slice of the global batch.
-  const size_t slice = size_t(train_.batch / slices_) * train_.model.seq * slice_;
+  const size_t slice = size_t(row_offset_) * train_.model.seq;
   tokens_ = tokens + slice;
   targets_ = targets + slice;
   loss_sum_ = 0;
@@ -361,8 +381,11 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
 
   // Each replica reports the loss on its own slice; the job's loss is their mean (the metrics summary takes it), so
   // no round trip between replicas is spent on a number only people read.
-  if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M);
-  r.tokens = int64_t(train_.batch / slices_) * replicas_ * train_.model.seq;
+  // With --dp-split the loss is weighted like the gradients (share × dp / batch), so that the replicas' mean is still
+  // the whole batch's loss.
+  if (span_.has_head) r.loss = static_cast<float>(loss_sum_ / M * loss_weight_);
+  r.tokens = options_.dp_rows.empty() ? int64_t(train_.batch / slices_) * replicas_ * train_.model.seq
+                                      : int64_t(train_.batch) * train_.model.seq;
   r.seconds = seconds_since(t0);
   last_ = r;
   return r;

@@ -49,6 +49,10 @@ struct StageRunnerOptions {
   // `batch_slices` slices and this replica trains on slice `batch_slice`. 0 / −1: dp slices, the replica's own.
   int batch_slices = 0;
   int batch_slice = -1;
+  // --dp-split (PipelineJobConfig::dp_rows): sequences of the global batch per replica, in replica order, each a
+  // multiple of `microbatches`; replica d trains on its own run of them and weights its loss (so its gradients) by
+  // rows[d] · dp / batch, so the replicas' average is the whole batch's. Empty: equal slices.
+  std::vector<int> dp_rows;
   // --slowdown: forward and backward compute take this many times as long (the runner sleeps the difference after
   // each), as on a slower machine. 1: as fast as it is.
   double slowdown = 1;
@@ -158,6 +162,8 @@ class StageRunner {
   int rank_ = 0, stages_ = 1, mb_batch_ = 1;
   int replica_ = 0, replicas_ = 1;  // this rank's dp index, and dp
   int slice_ = 0, slices_ = 1;      // its slice of the global batch, and the slices (see StageRunnerOptions)
+  int64_t row_offset_ = 0;          // the first sequence of the global batch this replica trains on
+  float loss_weight_ = 1;           // --dp-split: its share × dp / batch
   int backwards_ = 0;               // backward actions run in this step
   DataPlane* plane_ = nullptr;
   CodecSchedule* codecs_ = nullptr;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -153,19 +154,11 @@ std::vector<std::string> take_heads(std::vector<std::string> extra, int* heads) 
 
 std::vector<std::string> launch_args(int workers, int steps, const std::string& metrics,
                                      std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"--log-level",
-                                "warn",
-                                "launch",
-                                "--workers",
-                                std::to_string(workers),
-                                "--worker-threads",
-                                "1",
-                                "--ucx-tls",
-                                "tcp",
-                                "--metrics",
-                                metrics,
-                                "--microbatches",
-                                "4"};
+  std::vector<std::string> a = {
+      "--log-level", "warn", "launch",    "--workers", std::to_string(workers), "--worker-threads", "1",
+      "--ucx-tls",   "tcp",  "--metrics", metrics};
+  if (std::find(extra.begin(), extra.end(), "--microbatches") == extra.end())
+    a.insert(a.end(), {"--microbatches", "4"});
   int heads = 2;
   extra = take_heads(std::move(extra), &heads);
   for (auto& f : model_flags(steps, heads)) a.push_back(f);
@@ -254,6 +247,23 @@ TEST_F(Launch, TwoReplicasReproduceTrain) {
 }
 TEST_F(Launch, TwoStagesTimesTwoReplicasReproduceTrain) {
   expect_launch_matches_train(4, "1f1b", {}, {"--dp", "2"});
+}
+// --dp-split: replica 0 trains on 6 of the 8 sequences, replica 1 on 2; weighted, the update is the whole batch's.
+TEST_F(Launch, UnequalReplicaSharesReproduceTrain) {
+  expect_launch_matches_train(4, "1f1b", {}, {"--dp", "2", "--dp-split", "3:1", "--microbatches", "2"});
+}
+// --dp-split speed: a replica slowed 3x gets a quarter of the batch.
+TEST_F(Launch, DpSplitBySpeedGivesASlowedReplicaLess) {
+  std::vector<std::string> args =
+      launch_args(2, 3, temp_path("dp_speed.jsonl"),
+                  {"--dp", "2", "--dp-split", "speed", "--slowdown", "1=3", "--microbatches", "2"});
+  args[1] = "info";  // the coordinator's log names the split
+  BinRun r = run(args, 300s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("dp split by speed (sequences per replica): 6:2"), std::string::npos) << r.output;
+  BinRun bad = run(launch_args(2, 3, temp_path("dp_bad.jsonl"), {"--dp-split", "3:1"}), 60s);
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--dp-split 3:1 needs --dp > 1"), std::string::npos) << bad.output;
 }
 // Tensor parallelism: each shard holds its heads of every block and the shards sum their partial results.
 TEST_F(Launch, TwoTensorShardsReproduceTrain) {
@@ -1477,7 +1487,8 @@ TEST_F(Launch, DemoShowsTheLinksTheirSavingsAndALiveSwitch) {
 // Uneven emulated links: a default shape and per-link overrides by the job's link names, and `ctl set-link`
 // reshaping a link while the job runs. The rates each sender measured show them.
 TEST_F(Launch, UnevenLinksAreShapedPerLinkAndReshapedWhileTheJobRuns) {
-  const int steps = 60;
+  // Long enough that the ctl calls below (each a process start, which loads cuBLAS: ~0.7 s here) land mid-run.
+  const int steps = 150;
   const std::string metrics = temp_path("uneven.jsonl");
   CtlJob job;
   ASSERT_NO_FATAL_FAILURE(start_ctl_job(&job, 3, steps, metrics, {"--pp", "3", "--link", "1G", "--link", "0-1:fwd=4M"},

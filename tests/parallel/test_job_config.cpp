@@ -232,6 +232,54 @@ TEST(PipelineJobConfig, TensorShardSplitsAndTheirSpeedPlan) {
             value_of(PipelineJobConfig(c).planned_partition({2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})));
 }
 
+// --dp-split: weights become sequences per replica in whole microbatches, the slowest replica's share minimised;
+// "speed" is planned from each replica's slowest worker; what cannot be split is named.
+TEST(PipelineJobConfig, ReplicaSharesOfTheBatch) {
+  PipelineJobConfig c;
+  c.train.model.layers = 4;
+  c.train.batch = 16;
+  c.workers = 4;
+  c.pp = 2;
+  c.dp = 2;
+  c.microbatches = 2;
+  EXPECT_TRUE(value_of(c.dp_rows()).empty());
+  c.dp_split = "3:1";
+  ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
+  EXPECT_EQ(value_of(c.dp_rows()), (std::vector<int>{12, 4}));
+  c.dp_split = "1:1000";
+  EXPECT_EQ(value_of(c.dp_rows()), (std::vector<int>{2, 14}));  // at least one microbatch each
+  c.dp_split = "2.5:2.5";
+  EXPECT_EQ(value_of(c.dp_rows()), (std::vector<int>{8, 8}));
+  EXPECT_EQ(value_of(PipelineJobConfig::from_json(c.to_json().dump())).dp_split, "2.5:2.5");
+  // Each replica takes its slowest worker (ranks: stage · dp + replica): replica 1's worker on stage 1 is 3x slower.
+  c.dp_split = "speed";
+  ASSERT_TRUE(c.validate().ok());
+  EXPECT_TRUE(value_of(c.dp_rows()).empty());  // until planned
+  EXPECT_EQ(value_of(c.planned_dp_split({3, 3, 3, 1})), "12:4");
+  expect_error(c.planned_dp_split({1, 1}).status(), "2 speeds for 4 workers");
+  // The resume hash does not depend on how the batch is shared.
+  PipelineJobConfig even = c;
+  even.dp_split = "";
+  EXPECT_EQ(c.resume_hash(), even.resume_hash());
+  for (const auto& [split, says] :
+       std::vector<std::pair<std::string, std::string>>{{"3:x", "entry 2 'x' is not a positive weight"},
+                                                        {"3:0", "entry 2 '0' is not a positive weight"},
+                                                        {"1:1:1", "has 3 weights for --dp 2"}}) {
+    c.dp_split = split;
+    expect_error(c.validate(), says);
+  }
+  c.dp_split = "1:1";
+  c.sync = "diloco:H=5";
+  expect_error(c.validate(), "with --sync diloco is not supported");
+  c.sync = "every-step";
+  c.microbatches = 16;  // one share of 16 sequences: not enough for two replicas
+  expect_error(c.validate(), "must split into at least --dp 2 shares of whole --microbatches 16");
+  c.microbatches = 2;
+  c.dp = 1;
+  c.workers = 2;
+  expect_error(c.validate(), "--dp-split 1:1 needs --dp > 1");
+}
+
 TEST(TpSplit, EvenWeightedAndBySpeedWithFixesInTheErrors) {
   EXPECT_EQ(value_of(tp_heads("", 2, 4)), (std::vector<int>{2, 2}));
   EXPECT_EQ(value_of(tp_heads("3:1", 2, 8)), (std::vector<int>{6, 2}));

@@ -216,6 +216,28 @@ TEST(Planner, PartitionAutoIsNeverPredictedSlowerThanSpeedOrEven) {
   }
 }
 
+// --dp-split speed: a replica on a slower machine gets a smaller share, and the step is predicted shorter than with
+// equal shares (where the slow replica sets the pace).
+TEST(Planner, UnequalSharesSpeedUpAJobWithASlowReplica) {
+  PipelineJobConfig j = pipeline_job(1, 2);
+  j.workers = 2;
+  j.dp = 2;
+  j.train.batch = 16;
+  Cluster c = Cluster::uniform(2, 10, 1e15, 0);
+  c.set_gflops(1, 2.5);
+  JobPlan even = value_of(evaluate_plan(c, j));
+  j.dp_split = "speed";
+  JobPlan split = value_of(evaluate_plan(c, j));
+  // Speeds 10 and 2.5: 16 sequences in shares of 2 → 14:2 (1.4 against 0.8 units of time; equal: 3.2 for the slow).
+  EXPECT_LT(split.step_s, 0.6 * even.step_s);
+  j.dp_split = "4:1";
+  EXPECT_DOUBLE_EQ(value_of(evaluate_plan(c, j)).step_s, split.step_s);
+  j.dp_split = "14:2";
+  EXPECT_DOUBLE_EQ(value_of(evaluate_plan(c, j)).step_s, split.step_s);
+  j.dp_split = "1:1";
+  EXPECT_DOUBLE_EQ(value_of(evaluate_plan(c, j)).step_s, even.step_s);
+}
+
 TEST(Planner, FlopsPerStepMatchTheModelsCount) {
   PipelineJobConfig j = pipeline_job(2, 2);
   j.partition = "3,1";
