@@ -105,6 +105,11 @@ void run_plan(PlanFlags& f, CLI::App* cmd) {
   o.codec_tolerance = f.tolerance;
   o.grad_codec = f.job.job.compress_grad;
   o.tp_codec = f.job.job.compress_tp;
+  if (o.grad_codec == "auto" || o.tp_codec == "auto")
+    fail(
+        "--compress-grad/--compress-tp auto: the search takes them as given; name a codec (it chooses pipeline "
+        "codecs from --auto-ladder)",
+        2);
   auto ladder = parse_auto_ladder(f.job.job.auto_ladder);
   if (!ladder.ok()) fail("--auto-ladder: " + ladder.status().message(), 2);
   o.ladder = *ladder;

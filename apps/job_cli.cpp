@@ -68,7 +68,13 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "s1d0-s1d1=int4 (repeatable; docs/grid.md names links)")
       ->group(g);
   cmd->add_option("--compress-grad", f.job.compress_grad,
-                  "codec spec for weight gradients averaged between replicas (dp > 1), e.g. int8, ef+int4")
+                  "codec spec for weight gradients averaged between replicas (dp > 1), e.g. int8, ef+int4; or auto: "
+                  "per stage's replica group, the least lossy of --auto-grad-ladder whose exchange fits under "
+                  "--auto-fit of the compute per microbatch, re-decided every --auto-every steps")
+      ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--auto-grad-ladder", f.job.auto_grad_ladder,
+                  "the gradient codecs auto chooses from, least lossy first")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--tp-split", f.job.tp_split,

@@ -10,21 +10,23 @@
 
 namespace lh {
 
-Result<std::vector<std::string>> parse_auto_ladder(const std::string& text) {
+Result<std::vector<std::string>> parse_auto_ladder(const std::string& text,
+                                                   const std::function<Status(const std::string&)>& check,
+                                                   const std::string& flag) {
   std::vector<std::string> out;
   size_t start = 0;
   while (start <= text.size()) {
     const size_t comma = text.find(',', start);
     const std::string spec = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (spec.empty() || spec == "auto")
-      return invalid_argument("--auto-ladder '" + text + "': entry '" + spec + "' is not a codec spec");
-    Status s = check_codec_spec(spec);
-    if (!s.ok()) return s.prepend("--auto-ladder '" + text + "': entry '" + spec + "'");
+      return invalid_argument(flag + " '" + text + "': entry '" + spec + "' is not a codec spec");
+    Status s = check ? check(spec) : check_codec_spec(spec);
+    if (!s.ok()) return s.prepend(flag + " '" + text + "': entry '" + spec + "'");
     out.push_back(spec);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (out.empty()) return invalid_argument("--auto-ladder is empty");
+  if (out.empty()) return invalid_argument(flag + " is empty");
   return out;
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -34,7 +35,10 @@ struct AutoCodecConfig {
   int confirm = 2;
 };
 // "none,bf16,int8,int4" → the ladder, each spec checked. Errors name the entry.
-Result<std::vector<std::string>> parse_auto_ladder(const std::string& text);
+// `check` (default: an activation codec) and `flag` (in errors) serve --auto-grad-ladder too.
+Result<std::vector<std::string>> parse_auto_ladder(const std::string& text,
+                                                   const std::function<Status(const std::string&)>& check = {},
+                                                   const std::string& flag = "--auto-ladder");
 
 // The choice for one link and direction, given the bytes per microbatch of every ladder entry.
 struct AutoChoice {

@@ -285,7 +285,15 @@ Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_li
   return out;
 }
 
-Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
+Result<std::vector<int>> PipelineJobConfig::auto_grad_stages() const {
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> specs, grad_specs(true));
+  std::vector<int> out;
+  for (size_t s = 0; s < specs.size(); ++s)
+    if (specs[s] == "auto") out.push_back(int(s));
+  return out;
+}
+
+Result<std::vector<std::string>> PipelineJobConfig::grad_specs(bool keep_auto) const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
   std::vector<std::string> specs(size_t(t.pp()), compress_grad);
   for (const std::string& e : compress_link) {
@@ -302,10 +310,21 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs() const {
     if (e.substr(0, eq).find(':') != std::string::npos)
       return invalid_argument(where + ": a replica group's all-reduce uses one codec both ways; drop the :fwd/:bwd");
     const std::string spec = e.substr(eq + 1);
-    Status s = check_grad_codec_spec(spec);
-    if (!s.ok()) return s.prepend(where);
+    if (spec != "auto") {
+      Status s = check_grad_codec_spec(spec);
+      if (!s.ok()) return s.prepend(where);
+    }
     for (const auto& [src, dst] : sel->pairs) specs[size_t(t.coord_of(src).stage)] = spec;
   }
+  if (!keep_auto)
+    for (std::string& spec : specs)
+      if (spec == "auto") {
+        LH_ASSIGN_OR_RETURN(
+            std::vector<std::string> ladder,
+            parse_auto_ladder(
+                auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder"));
+        spec = ladder.front();
+      }
   return specs;
 }
 
@@ -381,13 +400,27 @@ Status PipelineJobConfig::validate() const {
   if (!(auto_fit > 0 && auto_fit <= 4))
     return invalid_argument("--auto-fit " + std::to_string(auto_fit) + ": expected a share of the compute in (0, 4]");
   LH_RETURN_IF_ERROR(codec_plan().status());
-  {
+  if (compress_grad != "auto") {
     Status g = check_grad_codec_spec(compress_grad);
     if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
   }
   LH_ASSIGN_OR_RETURN(SyncConfig sc, parse_sync(sync));
   LH_ASSIGN_OR_RETURN(std::vector<std::string> grad, grad_specs());
-  grad.push_back(compress_grad);  // refused with DiLoCo even where every group overrides it
+  // Refused with DiLoCo even where every group overrides it; auto: every codec it may choose.
+  if (compress_grad != "auto") grad.push_back(compress_grad);
+  LH_ASSIGN_OR_RETURN(std::vector<int> auto_grad, auto_grad_stages());
+  if (!auto_grad.empty()) {
+    auto ladder = parse_auto_ladder(
+        auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder");
+    if (!ladder.ok()) return ladder.status();
+    for (const std::string& g : *ladder) {
+      if (g.rfind("powersgd", 0) == 0)
+        return invalid_argument("--auto-grad-ladder entry '" + g +
+                                "': auto chooses among codec chains (PowerSGD's two rounds are not one); set it with "
+                                "--compress-grad");
+      grad.push_back(g);
+    }
+  }
   for (const std::string& g : grad) {
     Status s = check_grad_codec_spec(g, sc);
     if (!s.ok()) return s.prepend("--compress-grad / --compress-link for replicas with --sync " + sync);
@@ -428,6 +461,7 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"compress_bwd", compress_bwd},
           {"compress_link", compress_link},
           {"compress_grad", compress_grad},
+          {"auto_grad_ladder", auto_grad_ladder},
           {"sync", sync},
           {"tp_split", tp_split},
           {"dp_split", dp_split},
@@ -463,7 +497,7 @@ std::string PipelineJobConfig::resume_hash() const {
   // How packets travel and how fast machines are, not what is trained.
   for (const char* f : {"data_protection", "links", "slowdown"}) j.erase(f);
   // The codecs auto chose are the job's codec changes, which a checkpoint holds on its own.
-  for (const char* f : {"auto_ladder", "auto_every", "auto_fit"}) j.erase(f);
+  for (const char* f : {"auto_ladder", "auto_every", "auto_fit", "auto_grad_ladder"}) j.erase(f);
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -546,6 +580,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   if (r.find("auto_ladder")) LH_RETURN_IF_ERROR(r.string("auto_ladder", c.auto_ladder));
   if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
   if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.real("auto_fit", c.auto_fit));
+  if (r.find("auto_grad_ladder")) LH_RETURN_IF_ERROR(r.string("auto_grad_ladder", c.auto_grad_ladder));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
   if (r.find("dp_split")) LH_RETURN_IF_ERROR(r.string("dp_split", c.dp_split));
   LH_RETURN_IF_ERROR(c.validate());

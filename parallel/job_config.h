@@ -36,7 +36,11 @@ struct PipelineJobConfig {
   int auto_every = 10;
   float auto_fit = 0.5f;                   // AutoCodecConfig::fit
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
-  std::string compress_grad = "none";      // weight gradients between replicas (dp > 1)
+  // Weight gradients between replicas (dp > 1): a spec, or "auto" (also as a --compress-link replica entry): per
+  // stage's replica group, the least lossy codec of auto_grad_ladder whose all-reduce fits under --auto-fit of the
+  // pipeline's compute per microbatch (the last backward it overlaps), re-decided with the pipeline links'.
+  std::string compress_grad = "none";
+  std::string auto_grad_ladder = "none,bf16,int8,ef+int4";
   std::string sync = "every-step";         // --sync: every-step | diloco:H=…,outer_lr=…,outer_momentum=…
   // Heads per tp shard: "" even, "3:1" weights, or "speed" (the coordinator splits by the workers' reported
   // compute speed and sends the resulting split, e.g. "3:1" in heads, in every worker's plan).
@@ -92,7 +96,9 @@ struct PipelineJobConfig {
   // The weight-gradient codec of each stage's dp group: --compress-grad, replaced for the groups a --compress-link
   // entry naming replica links touches (e.g. s1d0-s1d1=int4 or d0-d1=ef+int4; later entries win). A group's
   // all-reduce needs one codec, so these entries take no :DIR.
-  Result<std::vector<std::string>> grad_specs() const;
+  Result<std::vector<std::string>> grad_specs(bool keep_auto = false) const;  // auto: the grad ladder's first
+  // The stages whose replica group's gradient codec is "auto".
+  Result<std::vector<int>> auto_grad_stages() const;
 
   // What a checkpoint of this job must agree with to be resumed: every field but the step count, the checkpoint
   // interval, the evaluation cadence, the partition and the tp split (each worker's state checks its own blocks and

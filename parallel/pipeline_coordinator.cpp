@@ -322,6 +322,7 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
     std::lock_guard<std::mutex> lock(mu_);
     resume_ = std::move(from);
     if (auto_) auto_->reset_window();  // its steps run again; the codecs it chose are in the codec history
+    if (auto_grad_) auto_grad_->reset_window();
   }
   settle_pending_acks(true, "the job rolled back to step " + std::to_string(step) +
                                 " before every worker acknowledged the change; it is part of the job's codec history, "
@@ -455,7 +456,52 @@ Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
   return failure_.value_or(Status::Ok());
 }
 
+// Adaptive compression of the replicas' gradients: one auto "link" per stage whose group's codec is auto, its
+// stand-in the pair (replica 0 → replica 1, shard 0); bytes per ladder entry: what one member sends one other per
+// step, the stage shard's gradients (direct: its whole packet; mesh: 2/dp of it).
+Status PipelineCoordinator::setup_auto_grad_locked() {
+  auto_grad_.reset();
+  LH_ASSIGN_OR_RETURN(std::vector<int> stages, job_.auto_grad_stages());
+  if (stages.empty() || topology_.dp() < 2) return Status::Ok();
+  AutoCodecConfig config;
+  LH_ASSIGN_OR_RETURN(
+      config.ladder,
+      parse_auto_ladder(
+          job_.auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder"));
+  config.every = job_.auto_every;
+  config.fit = job_.auto_fit;
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> now, job_.grad_specs());
+  for (const GradChange& c : grad_changes_)
+    for (int s : stages)
+      if (c.stage < 0 || c.stage == s) now[size_t(s)] = c.spec;
+  std::vector<AutoCodec::Link> out;
+  for (int s : stages) {
+    LH_ASSIGN_OR_RETURN(double params, stage_parameters(job_, s));
+    AutoCodec::Link x;
+    x.src = topology_.rank_of({s, 0, 0});
+    x.dst = topology_.rank_of({s, 0, 1});
+    x.name = link_name(topology_, x.src, x.dst);
+    x.name = x.name.substr(0, x.name.find(':'));  // a group's codec is one for both ways: "s1d0-s1d1"
+    x.role = "grad";
+    for (const std::string& spec : config.ladder) {
+      LH_ASSIGN_OR_RETURN(compress::CodecChain chain, compress::parse_codec_spec(spec));
+      auto n = chain.packet_bytes(Shape{int64_t(params)});
+      if (!n.ok()) return Status(n.status()).prepend("--auto-grad-ladder entry '" + spec + "'");
+      const bool direct = topology_.dp() == 2 || *n < 256 * 1024;  // as the collectives layer chooses
+      x.bytes_per_mb.push_back(direct ? uint64_t(*n) : uint64_t(2 * *n / size_t(topology_.dp())));
+    }
+    auto at = std::find(config.ladder.begin(), config.ladder.end(), now[size_t(s)]);
+    x.current = at == config.ladder.end() ? 0 : int(at - config.ladder.begin());
+    out.push_back(std::move(x));
+  }
+  auto_grad_ = std::make_unique<AutoCodec>(config, std::move(out), topology_.workers(), job_.microbatches);
+  LH_LOG_INFO("coordinator: adaptive compression of {} replica group(s), ladder {}, every {} steps",
+              auto_grad_->links().size(), job_.auto_grad_ladder, config.every);
+  return Status::Ok();
+}
+
 Status PipelineCoordinator::setup_auto_locked() {
+  LH_RETURN_IF_ERROR(setup_auto_grad_locked());
   auto_.reset();
   LH_ASSIGN_OR_RETURN(auto links, job_.auto_links());
   if (links.empty()) return Status::Ok();
@@ -499,10 +545,29 @@ Status PipelineCoordinator::setup_auto_locked() {
 
 std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!auto_) return line;
+  if (!auto_ && !auto_grad_) return line;
   auto record = parse_step_metrics_line(line, 0, "rank " + std::to_string(rank));
   if (!record.ok() || record->worker != rank || record->step != step) return line;  // the collector says why
-  if (std::optional<int64_t> decide_at = auto_->observe(*record)) {
+  if (std::optional<int64_t> decide_at = auto_grad_ ? auto_grad_->observe(*record) : std::nullopt) {
+    // As set-codec --role grad: from the step after the newest a worker may have begun (three past the report).
+    if (*decide_at + 2 > codecs_.current_step()) (void)codecs_.begin_step(*decide_at + 2);
+    for (AutoDecision& d : auto_grad_->decide(*decide_at)) {
+      d.from_step = codecs_.current_step() + 1;
+      auto set = set_grad_codec_locked(d.to, d.link, 0);
+      if (!set.ok()) {
+        LH_LOG_WARN("coordinator: auto could not switch {} to {}: {}", d.link, d.to, set.status().message());
+        continue;
+      }
+      LH_LOG_INFO("coordinator: auto: replica group {} {} → {} from step {} ({})", d.link, d.from, d.to, d.from_step,
+                  d.reason);
+      int sender = -1;
+      for (const AutoCodec::Link& l : auto_grad_->links())
+        if (l.name == d.link) sender = l.src;
+      auto_to_record_[sender].push_back(auto_decision_to_json(d));
+      auto_log_.push_back(d);
+    }
+  }
+  if (std::optional<int64_t> decide_at = auto_ ? auto_->observe(*record) : std::nullopt) {
     // Like set-codec: three steps past the newest report, so every worker learns it before its step begins.
     if (*decide_at + 2 > codecs_.current_step()) (void)codecs_.begin_step(*decide_at + 2);
     for (AutoDecision& d : auto_->decide(*decide_at)) {

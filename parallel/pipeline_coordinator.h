@@ -103,6 +103,7 @@ class PipelineCoordinator {
   void drop_replicas(const std::set<int>& vacant);
   // Adaptive compression (--compress-fwd/--compress-bwd/--compress-link … auto): the decider for this grid.
   Status setup_auto_locked();
+  Status setup_auto_grad_locked();
   // A worker's metrics line on its way to the file: observed for adaptive compression (which may decide and
   // schedule codec changes now) and given the decisions about the worker's outgoing links made since its last line.
   std::string observe_auto(int rank, int64_t step, const std::string& line);
@@ -134,6 +135,7 @@ class PipelineCoordinator {
   std::mutex acks_mu_;
   uint64_t next_ack_id_ = 0;
   std::unique_ptr<AutoCodec> auto_;                            // null without auto links (guarded by mu_)
+  std::unique_ptr<AutoCodec> auto_grad_;                       // null without auto replica groups (guarded by mu_)
   std::map<int, std::vector<nlohmann::json>> auto_to_record_;  // rank → decisions for its next metrics line
   std::vector<AutoDecision> auto_log_;                         // every decision, for ctl status
   std::unique_ptr<Coordinator> coordinator_;

@@ -477,6 +477,34 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
       }
     }
   }
+  // An auto gradient codec settles like auto links: the least lossy of its ladder whose exchange (the slowest
+  // stage group's) fits under --auto-fit of the pace; one codec for every group here.
+  LH_ASSIGN_OR_RETURN(std::vector<int> auto_grad, job.auto_grad_stages());
+  if (!auto_grad.empty() && s.dp > 1) {
+    LH_ASSIGN_OR_RETURN(
+        std::vector<std::string> ladder,
+        parse_auto_ladder(
+            job.auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder"));
+    LH_ASSIGN_OR_RETURN(JobPlan base, m.step(s));
+    double pace = 0;
+    for (int st = 0; st < s.pp; ++st)
+      pace = std::max(pace, base.stage_forward_s[size_t(st)] + base.stage_backward_s[size_t(st)]);
+    std::vector<uint64_t> bytes(ladder.size(), 0);
+    double bw = 1e300;
+    for (int st = 0; st < s.pp; ++st) {
+      LH_ASSIGN_OR_RETURN(double params, stage_parameters(job, st));
+      std::vector<int> group;
+      for (int d = 0; d < s.dp; ++d) group.push_back((st * s.dp + d) * s.tp);
+      bw = std::min(bw, m.worst_in_group(s, group).first);
+      for (size_t i = 0; i < ladder.size(); ++i) {
+        LH_ASSIGN_OR_RETURN(double b, m.sizes.bytes(ladder[i], std::max<int64_t>(1, int64_t(params) / int64_t(m.mc.C)),
+                                                    int64_t(m.mc.C)));
+        const double per_pair = (s.dp == 2 || b < kDirectBelowBytes) ? b : 2 * b / s.dp;
+        bytes[i] = std::max(bytes[i], uint64_t(per_pair));
+      }
+    }
+    s.grad = ladder[size_t(choose_auto_codec(bytes, 0, bw, pace, 1.0, job.auto_fit).index)];
+  }
   if (auto_partition) return improve_partition(m, s);
   return m.step(s);
 }
@@ -652,6 +680,17 @@ Result<std::vector<double>> train_flops_per_step(const PipelineJobConfig& job) {
     flops.push_back(3 * f * tokens / job.tp);
   }
   return flops;
+}
+
+Result<double> stage_parameters(const PipelineJobConfig& job, int stage) {
+  LH_ASSIGN_OR_RETURN(Partition part, job.make_partition());
+  if (stage < 0 || stage >= part.stages())
+    return invalid_argument("stage " + std::to_string(stage) + " is not in the job");
+  const ModelCosts mc = model_costs(job.train.model);
+  double params = part.counts()[size_t(stage)] * mc.block_params;
+  if (stage == 0) params += mc.embed_params;
+  if (stage == part.stages() - 1) params += mc.head_params;
+  return params / job.tp;
 }
 
 std::string launch_command(const JobPlan& p, const TrainConfig& train) {

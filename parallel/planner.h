@@ -79,6 +79,9 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
 // `longhaul probe` divides by a worker's measured compute seconds to get its GFLOP/s).
 Result<std::vector<double>> train_flops_per_step(const PipelineJobConfig& job);
 
+// The parameters one worker of `stage` holds (its tp shard's share), as the planner counts them.
+Result<double> stage_parameters(const PipelineJobConfig& job, int stage);
+
 // The `longhaul launch` command line that runs `plan` with `train`'s model and training flags, and the map of ranks
 // to the cluster's workers for a job started by hand (`longhaul worker --rank R` on each machine).
 std::string launch_command(const JobPlan& plan, const TrainConfig& train);

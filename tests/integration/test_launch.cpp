@@ -1647,6 +1647,39 @@ std::map<std::string, std::pair<std::string, int64_t>> auto_outcome(const std::s
   return out;
 }
 
+// --compress-grad auto: two replicas whose gradients (about 1.9 MB a step) cross an unlimited link stay `none`; over a
+// 20 Mbit/s replica link (0.75 s a step uncompressed, against ~50 ms of compute) auto compresses them, and the
+// decision, with its reason, is in the metrics under the replica link's name.
+TEST_F(Launch, AutoCompressesTheReplicasGradientsOnASlowLink) {
+  auto args = [&](const std::string& metrics, std::vector<std::string> extra) {
+    std::vector<std::string> a = {
+        "--log-level", "warn",         "launch", "--workers", "2",    "--dp",           "2",   "--worker-threads",
+        "1",           "--ucx-tls",    "tcp",    "--layers",  "2",    "--d-model",      "128", "--heads",
+        "2",           "--seq",        "64",     "--batch",   "16",   "--microbatches", "1",   "--steps",
+        "12",          "--warmup",     "1",      "--seed",    "21",   "--eval-every",   "0",   "--compress-grad",
+        "auto",        "--auto-every", "3",      "--metrics", metrics};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const std::string fast = temp_path("grad_auto_fast.jsonl"), slow = temp_path("grad_auto_slow.jsonl");
+  BinRun a = run(args(fast, {}), 300s);
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_TRUE(auto_outcome(fast).empty()) << "auto moved the gradients of replicas on an unlimited link";
+  BinRun b = run(args(slow, {"--link", "d0-d1=20M"}), 300s);
+  ASSERT_EQ(b.code, 0) << b.output;
+  auto outcome = auto_outcome(slow);
+  ASSERT_TRUE(outcome.count("d0-d1")) << "the slow replica link's gradients were never compressed";
+  EXPECT_NE(outcome["d0-d1"].first, "none");
+  EXPECT_LE(outcome["d0-d1"].second, 6) << "decided late";
+  // The losses are a training run's (finite, falling a little); the codec is lossy, so not train's exactly.
+  auto losses = losses_of(slow);
+  ASSERT_EQ(losses.size(), 12u);
+  for (const auto& [step, loss] : losses) EXPECT_TRUE(std::isfinite(loss)) << "step " << step;
+  BinRun bad = run(args(temp_path("grad_auto_bad.jsonl"), {"--auto-grad-ladder", "none,powersgd:rank=2"}), 60s);
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--auto-grad-ladder entry 'powersgd:rank=2'"), std::string::npos) << bad.output;
+}
+
 TEST_F(Launch, AutoCompressesTheSlowLinksOnlyAndFollowsReshapingAndSlowdowns) {
   const int steps = 36;
   const std::string metrics = temp_path("auto.jsonl");

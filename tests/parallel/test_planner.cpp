@@ -278,7 +278,9 @@ TEST(Planner, ASlowWorkerGetsFewerBlocks) {
     if (four->worker_of_rank[size_t(r)] == 2) slow_stage = r;
   ASSERT_GE(slow_stage, 0);
   for (int s = 0; s < 4; ++s)
-    if (s != slow_stage) EXPECT_LT(four->partition[size_t(slow_stage)], four->partition[size_t(s)]) << four->describe();
+    if (s != slow_stage) {
+      EXPECT_LT(four->partition[size_t(slow_stage)], four->partition[size_t(s)]) << four->describe();
+    }
   PipelineJobConfig even;
   even.train = t;
   even.workers = even.pp = 4;
