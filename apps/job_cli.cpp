@@ -86,7 +86,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "multiple of --microbatches, gradients weighted so the update is the whole batch's (default: equal)")
       ->group(g);
   cmd->add_option("--compress-tp", f.job.compress_tp,
-                  "codec spec for the tp shards' partial sums (tp > 1), e.g. int8, bf16, lowrank:rank=8+int8")
+                  "codec spec for the tp shards' partial sums (tp > 1), e.g. int8, bf16, lowrank:rank=8+int8; or "
+                  "auto: the least lossy of --auto-tp-ladder whose step is within 5% of the fastest codec's")
+      ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--auto-tp-ladder", f.job.auto_tp_ladder, "the tp codecs auto chooses from, least lossy first")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--sync", f.job.sync,

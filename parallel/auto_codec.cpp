@@ -72,6 +72,29 @@ AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int curr
   return {pick, t(pick), "no codec's transfer fits under " + budget + "; the fastest: " + ms(t(pick))};
 }
 
+AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int current, double bandwidth_bps,
+                             int64_t ops_per_step, double step_s, double relax, double tolerance) {
+  const int n = int(bytes_per_op.size());
+  current = std::clamp(current, 0, n - 1);
+  auto t = [&](int i) { return double(ops_per_step) * double(bytes_per_op[size_t(i)]) * 8 / bandwidth_bps; };
+  // The step with codec i: the measured one, its transfers swapped for codec i's (never below the transfers).
+  auto step = [&](int i) { return std::max(step_s - t(current), 0.0) + t(i); };
+  int fastest = 0;
+  for (int i = 1; i < n; ++i)
+    if (step(i) < step(fastest)) fastest = i;
+  const std::string at =
+      std::to_string(ops_per_step) + " transfers a step at " + mbit(bandwidth_bps) + ", step " + ms(step_s);
+  auto pct = [](double x) { return std::to_string(int(std::lround(x * 100))) + "%"; };
+  for (int i = 0; i < n; ++i) {
+    const double limit = (i < current ? relax : 1.0) * tolerance;
+    if (step(i) <= (1 + limit) * step(fastest))
+      return {i, t(i),
+              "step " + ms(step(i)) + " within " + pct(limit) + " of the fastest codec's " + ms(step(fastest)) + " (" +
+                  at + ")"};
+  }
+  return {fastest, t(fastest), "the fastest step (" + at + ")"};
+}
+
 nlohmann::json auto_decision_to_json(const AutoDecision& d) {
   return {{"step", d.step},
           {"from_step", d.from_step},
@@ -121,6 +144,10 @@ std::optional<int64_t> AutoCodec::observe(const WorkerStepMetrics& m) {
     compute_s_[m.worker] += *m.compute_s;
     compute_steps_[m.worker] += 1;
   }
+  if (m.tokens_per_s && *m.tokens_per_s > 0 && m.step > 1) {
+    auto [it, fresh] = slowest_tps_.try_emplace(m.step, *m.tokens_per_s);
+    if (!fresh) it->second = std::min(it->second, *m.tokens_per_s);
+  }
   if (++reports_[m.step] < workers_) return std::nullopt;
   reports_.erase(m.step);
   if (config_.every < 1 || m.step % config_.every != 0) return std::nullopt;
@@ -137,7 +164,13 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     auto it = traffic_.find({l.src, l.dst});
     if (it == traffic_.end() || it->second.seconds <= 0 || it->second.wire == 0 || pace <= 0) continue;
     const double bw = double(it->second.wire) * 8 / it->second.seconds;
-    AutoChoice c = choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit);
+    double step_s = 0;
+    for (const auto& [st, tps] : slowest_tps_) step_s += config_.tokens_per_step / tps;
+    if (!slowest_tps_.empty()) step_s /= double(slowest_tps_.size());
+    if (!l.overlaps_compute && step_s <= 0) continue;
+    AutoChoice c = l.overlaps_compute
+                       ? choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit)
+                       : choose_step_codec(l.bytes_per_mb, l.current, bw, l.ops_per_step, step_s, config_.relax);
     if (c.index == l.current) {
       l.wanted = -1;
       l.wanted_times = 0;
@@ -156,7 +189,7 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     d.to = config_.ladder[size_t(c.index)];
     d.bandwidth_bps = bw;
     d.transfer_s = c.transfer_s;
-    d.compute_s = pace;
+    d.compute_s = l.overlaps_compute ? pace : step_s;  // what the transfer is weighed against
     d.reason = c.reason;
     l.current = c.index;
     out.push_back(std::move(d));
@@ -169,6 +202,7 @@ void AutoCodec::reset_window() {
   traffic_.clear();
   compute_s_.clear();
   compute_steps_.clear();
+  slowest_tps_.clear();
   reports_.clear();
 }
 

@@ -33,6 +33,8 @@ struct AutoCodecConfig {
   // A switch is made once this many decisions in a row chose it (a noisy window alone moves nothing). A link's first
   // move, away from the ladder's first codec it started on untested, needs no confirmation.
   int confirm = 2;
+  // Tokens of one step (the global batch), for the step time of links that overlap no compute.
+  double tokens_per_step = 0;
 };
 // "none,bf16,int8,int4" → the ladder, each spec checked. Errors name the entry.
 // `check` (default: an activation codec) and `flag` (in errors) serve --auto-grad-ladder too.
@@ -49,6 +51,13 @@ struct AutoChoice {
 // A transfer fits when it takes at most `fit` × compute_s_per_mb (see AutoCodecConfig).
 AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
                              double compute_s_per_mb, double relax, double fit = 1.0);
+
+// The choice for a transfer that overlaps no compute (tp partial sums): every op of the step waits for it, so the
+// step is what is minimised within the ladder (the loss budget). `ops_per_step` transfers of bytes_per_op[i] each;
+// `step_s` the measured step with the `current` codec. The least lossy whose predicted step is within `tolerance` of
+// the fastest codec's; a less lossy one than the current only within relax × tolerance (hysteresis).
+AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int current, double bandwidth_bps,
+                             int64_t ops_per_step, double step_s, double relax, double tolerance = 0.05);
 
 // One decision, as the metrics carry it ("auto" on the link's sender's next record) and `report` prints it.
 struct AutoDecision {
@@ -73,6 +82,10 @@ class AutoCodec {
     std::string role;  // metrics role of its traffic: act | act_grad
     std::vector<uint64_t> bytes_per_mb;
     int current = 0;                    // ladder index in force
+    // false (tp sums): nothing hides the transfer; chosen by choose_step_codec over `ops_per_step` transfers of
+    // bytes_per_mb[i] each and the step time measured (AutoCodecConfig::tokens_per_step / the slowest tokens/s).
+    bool overlaps_compute = true;
+    int64_t ops_per_step = 1;
     int wanted = -1, wanted_times = 0;  // the choice of the last decisions, when not the current one
     bool moved = false;                 // auto has switched it before
   };
@@ -99,6 +112,7 @@ class AutoCodec {
   std::map<std::pair<int, int>, Totals> traffic_;  // (src, dst) of auto links, this window
   std::map<int, double> compute_s_;                // rank → compute seconds, this window
   std::map<int, int> compute_steps_;               // rank → steps reported, this window
+  std::map<int64_t, double> slowest_tps_;          // step → the slowest worker's tokens/s, this window
   std::map<int64_t, int> reports_;                 // step → records seen
 };
 

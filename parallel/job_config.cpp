@@ -285,6 +285,12 @@ Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_li
   return out;
 }
 
+Result<std::string> PipelineJobConfig::tp_spec() const {
+  if (compress_tp != "auto") return compress_tp;
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(auto_tp_ladder, {}, "--auto-tp-ladder"));
+  return ladder.front();
+}
+
 Result<std::vector<int>> PipelineJobConfig::auto_grad_stages() const {
   LH_ASSIGN_OR_RETURN(std::vector<std::string> specs, grad_specs(true));
   std::vector<int> out;
@@ -342,7 +348,7 @@ Status PipelineJobConfig::validate() const {
       return invalid_argument("--tp " + std::to_string(tp) +
                               " with --subspace-k: tensor parallelism does not "
                               "support a subspace model; use --subspace-k 0 or --tp 1");
-    Status s = check_codec_spec(compress_tp);
+    Status s = compress_tp == "auto" ? tp_spec().status() : check_codec_spec(compress_tp);
     if (!s.ok()) return s.prepend("--compress-tp '" + compress_tp + "'");
     // Each step's tp all-reduces are named by a 12-bit sequence in the tag (docs/grid.md §2).
     for (int st = 0; st < part.stages(); ++st) {
@@ -466,6 +472,7 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"tp_split", tp_split},
           {"dp_split", dp_split},
           {"compress_tp", compress_tp},
+          {"auto_tp_ladder", auto_tp_ladder},
           {"checkpoint_every", checkpoint_every},
           {"data_protection", data_protection},
           {"links", links},
@@ -497,7 +504,7 @@ std::string PipelineJobConfig::resume_hash() const {
   // How packets travel and how fast machines are, not what is trained.
   for (const char* f : {"data_protection", "links", "slowdown"}) j.erase(f);
   // The codecs auto chose are the job's codec changes, which a checkpoint holds on its own.
-  for (const char* f : {"auto_ladder", "auto_every", "auto_fit", "auto_grad_ladder"}) j.erase(f);
+  for (const char* f : {"auto_ladder", "auto_every", "auto_fit", "auto_grad_ladder", "auto_tp_ladder"}) j.erase(f);
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -581,6 +588,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
   if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.real("auto_fit", c.auto_fit));
   if (r.find("auto_grad_ladder")) LH_RETURN_IF_ERROR(r.string("auto_grad_ladder", c.auto_grad_ladder));
+  if (r.find("auto_tp_ladder")) LH_RETURN_IF_ERROR(r.string("auto_tp_ladder", c.auto_tp_ladder));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
   if (r.find("dp_split")) LH_RETURN_IF_ERROR(r.string("dp_split", c.dp_split));
   LH_RETURN_IF_ERROR(c.validate());

@@ -45,7 +45,12 @@ struct PipelineJobConfig {
   // Heads per tp shard: "" even, "3:1" weights, or "speed" (the coordinator splits by the workers' reported
   // compute speed and sends the resulting split, e.g. "3:1" in heads, in every worker's plan).
   std::string tp_split;
-  std::string compress_tp = "none";  // the tp groups' partial sums (tp > 1)
+  // The tp groups' partial sums (tp > 1): a spec, or "auto": every group's codec together, the least lossy of
+  // auto_tp_ladder whose step is within 5% of the fastest codec's (tp sums overlap no compute), re-decided with the
+  // pipeline links'.
+  std::string compress_tp = "none";
+  std::string auto_tp_ladder = "none,bf16,int8";
+  Result<std::string> tp_spec() const;  // compress_tp, with auto as its ladder's first
   // --dp-split: how the global batch is shared among the replicas. "" equal slices; weights per replica ("3:1");
   // or "speed": the coordinator shares it in proportion to each replica's slowest worker (reported compute speed
   // over --slowdown) and sends the resulting sequences per replica ("12:4") in every plan. Each replica's share is a

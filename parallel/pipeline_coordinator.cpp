@@ -323,6 +323,7 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
     resume_ = std::move(from);
     if (auto_) auto_->reset_window();  // its steps run again; the codecs it chose are in the codec history
     if (auto_grad_) auto_grad_->reset_window();
+    if (auto_tp_) auto_tp_->reset_window();
   }
   settle_pending_acks(true, "the job rolled back to step " + std::to_string(step) +
                                 " before every worker acknowledged the change; it is part of the job's codec history, "
@@ -461,13 +462,17 @@ Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
 // step, the stage shard's gradients (direct: its whole packet; mesh: 2/dp of it).
 Status PipelineCoordinator::setup_auto_grad_locked() {
   auto_grad_.reset();
+  auto_tp_.reset();
   LH_ASSIGN_OR_RETURN(std::vector<int> stages, job_.auto_grad_stages());
-  if (stages.empty() || topology_.dp() < 2) return Status::Ok();
+  if (topology_.dp() < 2) stages.clear();
+  if (stages.empty() && !(job_.compress_tp == "auto" && topology_.tp() > 1)) return Status::Ok();
   AutoCodecConfig config;
-  LH_ASSIGN_OR_RETURN(
-      config.ladder,
-      parse_auto_ladder(
-          job_.auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder"));
+  if (!stages.empty()) {
+    LH_ASSIGN_OR_RETURN(config.ladder,
+                        parse_auto_ladder(
+                            job_.auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); },
+                            "--auto-grad-ladder"));
+  }
   config.every = job_.auto_every;
   config.fit = job_.auto_fit;
   LH_ASSIGN_OR_RETURN(std::vector<std::string> now, job_.grad_specs());
@@ -494,6 +499,39 @@ Status PipelineCoordinator::setup_auto_grad_locked() {
     x.current = at == config.ladder.end() ? 0 : int(at - config.ladder.begin());
     out.push_back(std::move(x));
   }
+  if (job_.compress_tp == "auto" && topology_.tp() > 1) {
+    // The tp groups' sums: one auto "link" for all of them (they switch together), its stand-in stage 0's pair
+    // (shard 0 → shard 1, replica 0); per step, four sums per block and microbatch, each one partial sum's packet.
+    AutoCodecConfig tc = config;
+    LH_ASSIGN_OR_RETURN(tc.ladder, parse_auto_ladder(job_.auto_tp_ladder, {}, "--auto-tp-ladder"));
+    AutoCodec::Link x;
+    x.src = topology_.rank_of({0, 0, 0});
+    x.dst = topology_.rank_of({0, 1, 0});
+    x.name = link_name(topology_, x.src, x.dst);
+    x.name = x.name.substr(0, x.name.find(':'));
+    x.role = "tp";
+    x.overlaps_compute = false;
+    LH_ASSIGN_OR_RETURN(Partition part, job_.make_partition());
+    x.ops_per_step = 4 * int64_t(part.counts()[0]) * job_.microbatches;
+    int64_t rows = job_.train.batch / (int64_t(job_.slices()) * job_.microbatches);
+    LH_ASSIGN_OR_RETURN(std::vector<int> shares, job_.dp_rows());
+    for (int n : shares) rows = std::max<int64_t>(rows, n / job_.microbatches);
+    for (const std::string& spec : tc.ladder) {
+      LH_ASSIGN_OR_RETURN(compress::CodecChain chain, compress::parse_codec_spec(spec));
+      auto n = chain.packet_bytes(Shape{rows, job_.train.model.seq, job_.train.model.d_model});
+      if (!n.ok()) return Status(n.status()).prepend("--auto-tp-ladder entry '" + spec + "'");
+      x.bytes_per_mb.push_back(uint64_t(*n));
+    }
+    std::string now = job_.tp_spec().ok() ? job_.tp_spec().value() : tc.ladder.front();
+    for (const GradChange& c : tp_changes_) now = c.spec;
+    auto at = std::find(tc.ladder.begin(), tc.ladder.end(), now);
+    x.current = at == tc.ladder.end() ? 0 : int(at - tc.ladder.begin());
+    tc.tokens_per_step = double(job_.train.batch) * job_.train.model.seq;
+    auto_tp_ = std::make_unique<AutoCodec>(tc, std::vector<AutoCodec::Link>{x}, topology_.workers(), job_.microbatches);
+    LH_LOG_INFO("coordinator: adaptive compression of the tp sums, ladder {}, every {} steps", job_.auto_tp_ladder,
+                config.every);
+  }
+  if (out.empty()) return Status::Ok();
   auto_grad_ = std::make_unique<AutoCodec>(config, std::move(out), topology_.workers(), job_.microbatches);
   LH_LOG_INFO("coordinator: adaptive compression of {} replica group(s), ladder {}, every {} steps",
               auto_grad_->links().size(), job_.auto_grad_ladder, config.every);
@@ -545,7 +583,7 @@ Status PipelineCoordinator::setup_auto_locked() {
 
 std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!auto_ && !auto_grad_) return line;
+  if (!auto_ && !auto_grad_ && !auto_tp_) return line;
   auto record = parse_step_metrics_line(line, 0, "rank " + std::to_string(rank));
   if (!record.ok() || record->worker != rank || record->step != step) return line;  // the collector says why
   if (std::optional<int64_t> decide_at = auto_grad_ ? auto_grad_->observe(*record) : std::nullopt) {
@@ -564,6 +602,20 @@ std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std:
       for (const AutoCodec::Link& l : auto_grad_->links())
         if (l.name == d.link) sender = l.src;
       auto_to_record_[sender].push_back(auto_decision_to_json(d));
+      auto_log_.push_back(d);
+    }
+  }
+  if (std::optional<int64_t> decide_at = auto_tp_ ? auto_tp_->observe(*record) : std::nullopt) {
+    if (*decide_at + 2 > codecs_.current_step()) (void)codecs_.begin_step(*decide_at + 2);
+    for (AutoDecision& d : auto_tp_->decide(*decide_at)) {
+      d.from_step = codecs_.current_step() + 1;
+      auto set = set_tp_codec_locked(d.to, "", 0);
+      if (!set.ok()) {
+        LH_LOG_WARN("coordinator: auto could not switch the tp sums to {}: {}", d.to, set.status().message());
+        continue;
+      }
+      LH_LOG_INFO("coordinator: auto: tp sums {} → {} from step {} ({})", d.from, d.to, d.from_step, d.reason);
+      auto_to_record_[auto_tp_->links().front().src].push_back(auto_decision_to_json(d));
       auto_log_.push_back(d);
     }
   }

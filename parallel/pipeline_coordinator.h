@@ -136,6 +136,7 @@ class PipelineCoordinator {
   uint64_t next_ack_id_ = 0;
   std::unique_ptr<AutoCodec> auto_;                            // null without auto links (guarded by mu_)
   std::unique_ptr<AutoCodec> auto_grad_;                       // null without auto replica groups (guarded by mu_)
+  std::unique_ptr<AutoCodec> auto_tp_;                         // null unless --compress-tp auto (guarded by mu_)
   std::map<int, std::vector<nlohmann::json>> auto_to_record_;  // rank → decisions for its next metrics line
   std::vector<AutoDecision> auto_log_;                         // every decision, for ctl status
   std::unique_ptr<Coordinator> coordinator_;

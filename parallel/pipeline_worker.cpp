@@ -246,7 +246,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   LH_ASSIGN_OR_RETURN(std::vector<std::string> grad_specs, job->grad_specs());
   ro.compress_grad = grad_specs.at(size_t(topology.coord_of(plan.rank).stage));
   LH_ASSIGN_OR_RETURN(ro.sync, parse_sync(job->sync));
-  ro.compress_tp = job->compress_tp;
+  LH_ASSIGN_OR_RETURN(ro.compress_tp, job->tp_spec());
   LH_ASSIGN_OR_RETURN(ro.tp_heads, job->tp_heads_split());
   ro.receive_timeout = options.receive_timeout;
   ro.batch_slices = job->slices();

@@ -432,7 +432,7 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
   }
   LH_ASSIGN_OR_RETURN(std::vector<std::string> grad, job.grad_specs());
   s.grad = grad.empty() ? job.compress_grad : grad[0];
-  s.tpc = job.compress_tp;
+  LH_ASSIGN_OR_RETURN(s.tpc, job.tp_spec());
   LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job.sync));
   if (sync.diloco()) s.sync_every = sync.H;
   s.delayed = sync.delayed();
@@ -504,6 +504,22 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
       }
     }
     s.grad = ladder[size_t(choose_auto_codec(bytes, 0, bw, pace, 1.0, job.auto_fit).index)];
+  }
+  // An auto tp codec: the least lossy of its ladder whose step is within 5% of the fastest's (as auto decides).
+  if (job.compress_tp == "auto" && s.tp > 1) {
+    LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_tp_ladder, {}, "--auto-tp-ladder"));
+    std::vector<double> steps;
+    for (const std::string& spec : ladder) {
+      s.tpc = spec;
+      LH_ASSIGN_OR_RETURN(JobPlan p, m.step(s));
+      steps.push_back(p.step_s);
+    }
+    const double fastest = *std::min_element(steps.begin(), steps.end());
+    for (size_t i = 0; i < ladder.size(); ++i)
+      if (steps[i] <= 1.05 * fastest) {
+        s.tpc = ladder[i];
+        break;
+      }
   }
   if (auto_partition) return improve_partition(m, s);
   return m.step(s);

@@ -1680,6 +1680,28 @@ TEST_F(Launch, AutoCompressesTheReplicasGradientsOnASlowLink) {
   EXPECT_NE(bad.output.find("--auto-grad-ladder entry 'powersgd:rank=2'"), std::string::npos) << bad.output;
 }
 
+// --compress-tp auto: two shards whose partial sums (8 a step, 32 KiB each) cross a 20 Mbit/s link spend most of the
+// step on them; auto takes the fastest codec of its ladder, recorded under the tp link's name.
+TEST_F(Launch, AutoCompressesTheTensorShardsSumsOnASlowLink) {
+  const std::string metrics = temp_path("tp_auto.jsonl");
+  BinRun r = run(
+      {"--log-level", "warn",         "launch", "--workers", "2",         "--tp",           "2",    "--worker-threads",
+       "1",           "--ucx-tls",    "tcp",    "--layers",  "2",         "--d-model",      "64",   "--heads",
+       "2",           "--seq",        "16",     "--batch",   "8",         "--microbatches", "1",    "--steps",
+       "12",          "--warmup",     "1",      "--seed",    "21",        "--eval-every",   "0",    "--compress-tp",
+       "auto",        "--auto-every", "3",      "--link",    "t0-t1=20M", "--metrics",      metrics},
+      300s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto outcome = auto_outcome(metrics);
+  ASSERT_TRUE(outcome.count("t0-t1")) << "the tp sums were never compressed";
+  EXPECT_EQ(outcome["t0-t1"].first, "int8");
+  EXPECT_LE(outcome["t0-t1"].second, 6) << "decided late";
+  BinRun bad =
+      run({"launch", "--workers", "2", "--tp", "2", "--compress-tp", "auto", "--auto-tp-ladder", "none,int9"}, 60s);
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("int9"), std::string::npos) << bad.output;
+}
+
 TEST_F(Launch, AutoCompressesTheSlowLinksOnlyAndFollowsReshapingAndSlowdowns) {
   const int steps = 36;
   const std::string metrics = temp_path("auto.jsonl");

@@ -35,6 +35,24 @@ TEST(AutoCodec, MovesBackToLessLossyCodecsOnlyWithRoomToSpare) {
   EXPECT_EQ(choose_auto_codec(kBytes, 2, 20e6, 0.020, 0.7).index, 1);
 }
 
+// tp sums overlap no compute: the step is minimised within the ladder, without compressing for a gain under 5%.
+TEST(AutoCodec, TransfersThatHideUnderNothingMinimiseTheStep) {
+  const std::vector<uint64_t> sums = {65536, 32768, 16400};  // none, bf16, int8
+  // 64 sums a step at 1 Gbit/s: 33.6 ms of a 1 s step with none; int8 would save 25 ms (2.5%): keep none.
+  AutoChoice keep = choose_step_codec(sums, 0, 1e9, 64, 1.0, 0.7);
+  EXPECT_EQ(keep.index, 0) << keep.reason;
+  // At 20 Mbit/s the sums are most of the step (1.68 s of 2 s with none): int8 (0.42 s) is the fastest; bf16's
+  // 0.84 s is 36% slower.
+  AutoChoice slow = choose_step_codec(sums, 0, 20e6, 64, 2.0, 0.7);
+  EXPECT_EQ(slow.index, 2) << slow.reason;
+  EXPECT_NEAR(slow.transfer_s, 64 * 16400 * 8 / 20e6, 1e-9);
+  EXPECT_NE(slow.reason.find("within 5% of the fastest"), std::string::npos) << slow.reason;
+  // From int8, back to none only when none is within 70% of the tolerance (3.5%) of int8's step: at 1 Gbit/s,
+  // a 1 s step measured with int8 (8.4 ms of sums) → none's 1.025 s is 2.5% slower: back; with a 0.5 s step (5%) not.
+  EXPECT_EQ(choose_step_codec(sums, 2, 1e9, 64, 1.0, 0.7).index, 0);
+  EXPECT_NE(choose_step_codec(sums, 2, 1e9, 64, 0.5, 0.7).index, 0);
+}
+
 WorkerStepMetrics record(int worker, int64_t step, double compute_s, std::vector<LinkTraffic> links = {}) {
   WorkerStepMetrics m;
   m.worker = worker;
