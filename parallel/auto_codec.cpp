@@ -31,6 +31,9 @@ Result<std::vector<std::string>> parse_auto_ladder(const std::string& text,
 }
 
 namespace {
+// A message of role other at most this big on average measures latency, not bandwidth (the norm's are 8-40 bytes).
+constexpr uint64_t kSmallMessageBytes = 1024;
+
 std::string ms(double s) {
   char b[32];
   std::snprintf(b, sizeof(b), "%.2f ms", s * 1e3);
@@ -104,6 +107,7 @@ nlohmann::json auto_decision_to_json(const AutoDecision& d) {
           {"bandwidth_bps", d.bandwidth_bps},
           {"transfer_s", d.transfer_s},
           {"compute_s", d.compute_s},
+          {"latency_s", d.latency_s},
           {"reason", d.reason}};
 }
 
@@ -119,6 +123,7 @@ Result<AutoDecision> auto_decision_from_json(const nlohmann::json& j, const std:
     d.bandwidth_bps = j.at("bandwidth_bps").get<double>();
     d.transfer_s = j.at("transfer_s").get<double>();
     d.compute_s = j.at("compute_s").get<double>();
+    d.latency_s = j.value("latency_s", 0.0);  // absent in records written before it was measured
     d.reason = j.at("reason").get<std::string>();
   } catch (const nlohmann::json::exception& e) {
     return invalid_argument(where + ": auto decision: " + e.what());
@@ -133,11 +138,14 @@ std::optional<int64_t> AutoCodec::observe(const WorkerStepMetrics& m) {
   // The first step's times are mostly warm-up (allocation, connection set-up): it only counts as reported.
   for (const LinkTraffic& t : m.step <= 1 ? std::vector<LinkTraffic>() : m.links) {
     if (t.dir != "send" || t.src != m.worker) continue;
-    auto it = std::find_if(links_.begin(), links_.end(),
-                           [&](const Link& l) { return l.src == t.src && l.dst == t.dst && l.role == t.role; });
+    const bool small = t.role == "other" && t.messages > 0 && t.wire_bytes / t.messages <= kSmallMessageBytes;
+    auto it = std::find_if(links_.begin(), links_.end(), [&](const Link& l) {
+      return l.src == t.src && l.dst == t.dst && (l.role == t.role || small);
+    });
     if (it == links_.end()) continue;
-    Totals& tot = traffic_[{t.src, t.dst}];
+    Totals& tot = (small ? small_ : traffic_)[{t.src, t.dst}];
     tot.wire += t.wire_bytes;
+    tot.messages += t.messages;
     tot.seconds += t.seconds;
   }
   if (m.compute_s && m.step > 1) {
@@ -163,10 +171,21 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
   for (Link& l : links_) {
     auto it = traffic_.find({l.src, l.dst});
     if (it == traffic_.end() || it->second.seconds <= 0 || it->second.wire == 0 || pace <= 0) continue;
-    const double bw = double(it->second.wire) * 8 / it->second.seconds;
     double step_s = 0;
     for (const auto& [st, tps] : slowest_tps_) step_s += config_.tokens_per_step / tps;
     if (!slowest_tps_.empty()) step_s /= double(slowest_tps_.size());
+    // Latency out of the busy time (small messages on the pair measure it). The busy time is the union of each
+    // message's [posted, arrived]: on a link that is busy most of the step the messages queue back to back and the
+    // union holds the latency once per step; on one that is mostly idle each message holds it once. At most 99% of
+    // the busy time is taken (a latency measured a little long must not make the bandwidth unbounded).
+    double latency = 0;
+    if (auto sm = small_.find({l.src, l.dst}); sm != small_.end() && sm->second.messages > 0)
+      latency = sm->second.seconds / double(sm->second.messages);
+    const double window_s = step_s * double(slowest_tps_.size());
+    const bool saturated = window_s <= 0 || it->second.seconds > 0.5 * window_s;
+    const double held = saturated ? double(slowest_tps_.size()) : double(it->second.messages);
+    const double busy = std::max(it->second.seconds - latency * held, 0.01 * it->second.seconds);
+    const double bw = double(it->second.wire) * 8 / busy;
     if (!l.overlaps_compute && step_s <= 0) continue;
     AutoChoice c = l.overlaps_compute
                        ? choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit)
@@ -188,9 +207,13 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     d.from = config_.ladder[size_t(l.current)];
     d.to = config_.ladder[size_t(c.index)];
     d.bandwidth_bps = bw;
+    d.latency_s = latency;
     d.transfer_s = c.transfer_s;
     d.compute_s = l.overlaps_compute ? pace : step_s;  // what the transfer is weighed against
     d.reason = c.reason;
+    if (latency > 0)
+      d.reason += "; one-way latency " + ms(latency) + " taken out of the busy time once a " +
+                  (saturated ? "step (the link queues)" : "message");
     l.current = c.index;
     out.push_back(std::move(d));
   }
@@ -200,6 +223,7 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
 
 void AutoCodec::reset_window() {
   traffic_.clear();
+  small_.clear();
   compute_s_.clear();
   compute_steps_.clear();
   slowest_tps_.clear();

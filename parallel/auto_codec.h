@@ -66,6 +66,10 @@ struct AutoDecision {
   std::string link;       // "0-1:fwd"
   std::string from, to;   // codec specs
   double bandwidth_bps = 0, transfer_s = 0, compute_s = 0;
+  // The link's one-way latency as its small messages measured it (the gradient norm's, role other), taken out of
+  // the busy time before bandwidth is computed: a message's busy time is latency + bytes / bandwidth, and only the
+  // second part shrinks with compression. 0 when the pair sent no small messages.
+  double latency_s = 0;
   std::string reason;
 };
 nlohmann::json auto_decision_to_json(const AutoDecision& d);
@@ -103,13 +107,14 @@ class AutoCodec {
 
  private:
   struct Totals {
-    uint64_t wire = 0;
+    uint64_t wire = 0, messages = 0;
     double seconds = 0;
   };
   AutoCodecConfig config_;
   std::vector<Link> links_;
   int workers_ = 1, microbatches_ = 1;
   std::map<std::pair<int, int>, Totals> traffic_;  // (src, dst) of auto links, this window
+  std::map<std::pair<int, int>, Totals> small_;    // their small messages (role other): the latency
   std::map<int, double> compute_s_;                // rank → compute seconds, this window
   std::map<int, int> compute_steps_;               // rank → steps reported, this window
   std::map<int64_t, double> slowest_tps_;          // step → the slowest worker's tokens/s, this window

@@ -475,6 +475,7 @@ Status PipelineCoordinator::setup_auto_grad_locked() {
   }
   config.every = job_.auto_every;
   config.fit = job_.auto_fit;
+  config.tokens_per_step = double(job_.train.batch) * job_.train.model.seq;
   LH_ASSIGN_OR_RETURN(std::vector<std::string> now, job_.grad_specs());
   for (const GradChange& c : grad_changes_)
     for (int s : stages)
@@ -547,6 +548,7 @@ Status PipelineCoordinator::setup_auto_locked() {
   LH_ASSIGN_OR_RETURN(config.ladder, parse_auto_ladder(job_.auto_ladder));
   config.every = job_.auto_every;
   config.fit = job_.auto_fit;
+  config.tokens_per_step = double(job_.train.batch) * job_.train.model.seq;
   // One microbatch's activation (and its gradient): [batch / (slices · microbatches), seq, width].
   const GptConfig& m = job_.train.model;
   int64_t mb = job_.train.batch / (int64_t(job_.slices()) * job_.microbatches);

@@ -129,6 +129,69 @@ TEST(AutoCodec, DecidesFromAWindowAndConfirmsASwitch) {
   EXPECT_FALSE(auto_decision_from_json(nlohmann::json{{"step", 1}}, "test").ok());
 }
 
+// A fast link with a long delay: each 64 KiB activation keeps the wire busy 0.5 ms plus 50 ms of latency, which
+// read as bandwidth is 10 Mbit/s and would call for compression that cannot help. The pair's small messages (the
+// gradient norm's, role other) measure the latency, and auto takes it out: 1 Gbit/s, `none` fits.
+TEST(AutoCodec, LatencyIsNotReadAsLowBandwidth) {
+  AutoCodecConfig config;
+  config.every = 2;
+  config.fit = 1;
+  config.tokens_per_step = 1000;  // steps of 1 s (tokens/s 1000): the link is busy 0.2 s of each, not queueing
+  AutoCodec::Link fwd;
+  fwd.src = 0;
+  fwd.dst = 1;
+  fwd.name = "0-1:fwd";
+  fwd.role = "act";
+  fwd.bytes_per_mb = kBytes;
+  const double latency = 0.050, busy = 4 * (65536 * 8 / 1e9 + latency);
+  for (bool with_norm : {false, true}) {
+    AutoCodec a(config, {fwd}, /*workers=*/2, /*microbatches=*/4);
+    std::optional<int64_t> due;
+    for (int64_t s = 1; s <= 2; ++s) {
+      std::vector<LinkTraffic> rows = {sent(0, 1, "act", 4 * 65536, busy)};
+      if (with_norm) {
+        LinkTraffic norm = sent(0, 1, "other", 16, 2 * latency);
+        norm.messages = 2;
+        rows.push_back(norm);
+      }
+      WorkerStepMetrics m0 = record(0, s, 0.040, rows), m1 = record(1, s, 0.040);
+      m0.tokens_per_s = m1.tokens_per_s = 1000;
+      EXPECT_FALSE(a.observe(m0));
+      due = a.observe(m1);
+    }
+    ASSERT_TRUE(due);
+    auto d = a.decide(*due);
+    if (!with_norm) {
+      ASSERT_EQ(d.size(), 1u);  // 10 Mbit/s: compressed
+      EXPECT_NE(d[0].to, "none");
+      EXPECT_NEAR(d[0].bandwidth_bps, 4 * 65536 * 8 / busy, 1);
+    } else {
+      EXPECT_TRUE(d.empty()) << d[0].to << ": " << d[0].reason;  // none stays
+      EXPECT_EQ(a.links()[0].current, 0);
+    }
+  }
+  // A queueing link (busy most of each step: 5 Mbit/s, 40 ms): the latency is taken out once a step, not once a
+  // message, and the bandwidth comes out right: 4 messages of 64 KiB back to back take 4 · 105 ms + 40 ms.
+  AutoCodec q(config, {fwd}, 2, 4);
+  const double x = 65536 * 8 / 5e6, step_busy = 4 * x + 0.040;
+  std::optional<int64_t> due;
+  for (int64_t s = 1; s <= 2; ++s) {
+    LinkTraffic norm = sent(0, 1, "other", 16, 0.080);
+    norm.messages = 2;
+    WorkerStepMetrics m0 = record(0, s, 0.040, {sent(0, 1, "act", 4 * 65536, step_busy), norm});
+    WorkerStepMetrics m1 = record(1, s, 0.040);
+    m0.tokens_per_s = m1.tokens_per_s = 1000 / (step_busy + 0.05);
+    EXPECT_FALSE(q.observe(m0));
+    due = q.observe(m1);
+  }
+  ASSERT_TRUE(due);
+  auto d = q.decide(*due);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_NEAR(d[0].bandwidth_bps, 5e6, 1e3);
+  EXPECT_NEAR(d[0].latency_s, 0.040, 1e-9);
+  EXPECT_NE(d[0].reason.find("once a step (the link queues)"), std::string::npos) << d[0].reason;
+}
+
 TEST(AutoCodec, LadderAndAutoLinksOfAJob) {
   EXPECT_EQ(value_of(parse_auto_ladder("none,int8")), (std::vector<std::string>{"none", "int8"}));
   EXPECT_NE(parse_auto_ladder("none,,int4").status().message().find("entry ''"), std::string::npos);
