@@ -486,7 +486,8 @@ std::string UcxDataPlane::open_inbound(Inbound& in) {
 }
 
 void UcxDataPlane::refuse_inbound(const std::shared_ptr<Inbound>& in, const std::string& why) {
-  auth_failures_ += 1;
+  // auth_failures_ is counted last (below), once the drop is counted and the packet is out of the unexpected queue:
+  // whoever sees the failure then sees those too.
   note_drop(in->peer, in->length, why);
   in->discard = true;
   Key key{in->peer, in->tag};
@@ -506,6 +507,7 @@ void UcxDataPlane::refuse_inbound(const std::shared_ptr<Inbound>& in, const std:
   in->release();
   // The receive it had matched waits for the next packet, first in line as it was.
   if (in->target) match_recv(std::move(in->target), /*first=*/true);
+  auth_failures_ += 1;
 }
 
 void UcxDataPlane::start_recv(std::shared_ptr<TransferState> st) {
@@ -728,8 +730,9 @@ bool UcxDataPlane::probe_inbound() {
   // Whether the packet is taken is decided before anything is allocated for it: `info.length` is the
   // sender's word, and a dropped packet is received into nothing.
   std::string drop = drop_reason(in->peer, in->tag);
+  bool auth_failure = false;  // counted after the drop (see refuse_inbound)
   if (drop.empty() && secure && info.length < kPacketTrailerBytes) {
-    auth_failures_ += 1;
+    auth_failure = true;
     drop = "shorter than the " + std::to_string(kPacketTrailerBytes) + "-byte authentication trailer";
   }
   if (drop.empty()) {
@@ -789,6 +792,7 @@ bool UcxDataPlane::probe_inbound() {
     in->discard = true;
     note_drop(in->peer, info.length, drop);
   }
+  if (auth_failure) auth_failures_ += 1;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
