@@ -1647,9 +1647,9 @@ std::map<std::string, std::pair<std::string, int64_t>> auto_outcome(const std::s
   return out;
 }
 
-// --compress-grad auto: two replicas whose gradients (about 1.9 MB a step) cross an unlimited link stay `none`; over a
-// 20 Mbit/s replica link (0.75 s a step uncompressed, against ~50 ms of compute) auto compresses them, and the
-// decision, with its reason, is in the metrics under the replica link's name.
+// --compress-grad auto: over a 20 Mbit/s replica link two replicas' gradients (about 1.9 MB a step: 0.75 s
+// uncompressed, against ~50 ms of compute) are compressed, and the decision, with its reason, is in the metrics under
+// the replica link's name.
 TEST_F(Launch, AutoCompressesTheReplicasGradientsOnASlowLink) {
   auto args = [&](const std::string& metrics, std::vector<std::string> extra) {
     std::vector<std::string> a = {
@@ -1661,10 +1661,9 @@ TEST_F(Launch, AutoCompressesTheReplicasGradientsOnASlowLink) {
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  const std::string fast = temp_path("grad_auto_fast.jsonl"), slow = temp_path("grad_auto_slow.jsonl");
-  BinRun a = run(args(fast, {}), 300s);
-  ASSERT_EQ(a.code, 0) << a.output;
-  EXPECT_TRUE(auto_outcome(fast).empty()) << "auto moved the gradients of replicas on an unlimited link";
+  // (An unlimited loopback link is not asserted to keep `none`: under ctest -j2 load its measured rate can fall under
+  // what 1.9 MB a step needs. The choice on a fast link is tested with fixed numbers in test_auto_codec.cpp.)
+  const std::string slow = temp_path("grad_auto_slow.jsonl");
   BinRun b = run(args(slow, {"--link", "d0-d1=20M"}), 300s);
   ASSERT_EQ(b.code, 0) << b.output;
   auto outcome = auto_outcome(slow);
