@@ -48,7 +48,13 @@ Result<std::unique_ptr<ControlClient>> ControlClient::connect(const ControlClien
 }
 
 ControlClient::~ControlClient() {
-  loop_.reset();
+  // The loop's thread may still run on_tick → send() → loop_->send() until the loop's destructor has joined it, so
+  // loop_ keeps pointing at the loop while it is destroyed (unique_ptr::reset would null it first: a crash seen in
+  // Coordinator.SilentWorkerIsDeclaredDeadAndOthersAreTold under load). ZmqLoop::send stays safe until that join.
+  if (ZmqLoop* loop = loop_.get()) {
+    delete loop;
+    (void)loop_.release();
+  }
 }
 
 void ControlClient::send(const ControlMessage& m) {
