@@ -53,7 +53,7 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
     result = (*coord)->wait(std::chrono::milliseconds(200));
     if (result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout")
       break;
-    print_progress(**coord, job.train.steps, printed);
+    print_progress(**coord, job.train.steps, printed, job.dp);
     if (g_stop_signal) {
       std::printf("\nstopping: signal %d; the workers are told to stop\n", int(g_stop_signal));
       result = unavailable("interrupted by signal " + std::to_string(g_stop_signal));
@@ -61,7 +61,7 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
       break;
     }
   }
-  print_progress(**coord, job.train.steps, printed);
+  print_progress(**coord, job.train.steps, printed, job.dp);
   print_job_summary(**coord, f.job.metrics);
   if (!result.ok()) {
     const std::string hint = resume_hint(**coord, f.job, "coordinator");

@@ -271,7 +271,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     result = (*coord)->wait(100ms);
     const bool finished =
         result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout";
-    print_progress(**coord, job.train.steps, printed);
+    print_progress(**coord, job.train.steps, printed, job.dp);
     if (finished) break;
     for (size_t i = next_switch; i < planned.size() && printed >= planned[i].after_step; i = ++next_switch) {
       const ScheduledSwitch& sw = planned[i];
@@ -343,7 +343,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                (rank >= 0 ? std::to_string(rank) + " " : std::string()) + "(pid " + std::to_string(pid) + ") " +
                describe_exit(st);
   }
-  print_progress(**coord, job.train.steps, printed);
+  print_progress(**coord, job.train.steps, printed, job.dp);
   print_job_summary(**coord, f.job.metrics);
   if (!failure.empty() || !result.ok()) {
     std::string msg = failure;

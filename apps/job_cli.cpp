@@ -312,11 +312,20 @@ std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, con
          "; to go on, run the same `longhaul " + command + "` command with --resume";
 }
 
-void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed) {
+void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters) {
   auto s = coord.summary();
-  if (!s.ok() || s->loss.empty() || s->loss.back().step <= last_printed) return;
-  last_printed = s->loss.back().step;
-  double tps = s->tokens_per_s.empty() ? 0 : s->tokens_per_s.back().value;
+  if (!s.ok() || s->loss.empty()) return;
+  // The newest step whose loss every replica has reported: a step seen from one replica alone would
+  // print that replica's loss, not the job's. A step two behind the newest is taken as it is (a job
+  // that lost a replica has fewer reporters from then on).
+  const int64_t newest = s->loss.back().step;
+  auto point = std::find_if(s->loss.rbegin(), s->loss.rend(),
+                            [&](const StepPoint& p) { return p.count >= loss_reporters || p.step + 2 <= newest; });
+  if (point == s->loss.rend() || point->step <= last_printed) return;
+  last_printed = point->step;
+  double tps = 0;
+  for (const StepPoint& t : s->tokens_per_s)
+    if (t.step == last_printed) tps = t.value;
   std::string val;
   if (!s->val_loss.empty() && s->val_loss.back().step == last_printed) {
     char b[32];
@@ -324,7 +333,7 @@ void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& la
     val = b;
   }
   std::printf("step %lld/%lld  loss %.4f%s  %.0f tok/s\n", static_cast<long long>(last_printed),
-              static_cast<long long>(steps), s->loss.back().value, val.c_str(), tps);
+              static_cast<long long>(steps), point->value, val.c_str(), tps);
   std::fflush(stdout);
 }
 

@@ -64,7 +64,9 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
 std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command);
 
 // "step 12/150  loss 3.1234  812 tok/s" when a new step was reported since `last_printed`.
-void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed);
+// Prints "step N/M  loss ..." for the newest step not printed yet whose loss all `loss_reporters`
+// workers (one per replica) have sent.
+void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters);
 // The link table, the step summary and where the metrics went.
 void print_job_summary(const PipelineCoordinator& coord, const std::string& metrics_path);
 

@@ -155,7 +155,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
     for (double x : v) sum += x;
     return sum / double(v.size());
   };
-  for (const auto& [step, v] : loss) s.loss.push_back({step, mean(v)});
+  for (const auto& [step, v] : loss) s.loss.push_back({step, mean(v), int(v.size())});
   for (const auto& [step, v] : val) s.val_loss.push_back({step, mean(v)});
   for (const auto& [step, v] : tps) s.tokens_per_s.push_back({step, v});
   return s;

@@ -48,6 +48,7 @@ struct CodecSwitch {
 struct StepPoint {
   int64_t step = 0;
   double value = 0;
+  int count = 1;  // how many workers' values the point combines
 };
 
 struct MetricsSummary {

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/cuda_runtime.h"
 #include "core/dataset.h"
 #include "core/log.h"
 #include "parallel/job_config.h"
@@ -385,6 +386,8 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.curve = options.curve;
   co.hostname = options.hostname;
   co.compute_speed = options.compute_speed;
+  // What this machine has; the job's plan says which one it trains on (--device of the launch).
+  co.device = cuda_available() ? "cuda: " + cuda_device_summary() : "cpu";
   co.coordinator_wait = options.coordinator_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
   int rank = -1;

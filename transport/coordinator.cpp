@@ -413,9 +413,10 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
     workers_.push_back(w);
     snapshot = w;
     plan_now = complete_locked();
-    LH_LOG_INFO("coordinator: worker {} joined from '{}' ({}, {:.1f} GFLOP/s){}, {}/{}", w.join_order, w.join.hostname,
-                w.join.device, w.join.compute_speed, recovering_ ? " to replace a lost worker" : "", workers_.size(),
-                options_.expected_workers);
+    LH_LOG_INFO("coordinator: worker {} joined from '{}' ({}, {}){}, {}/{}", w.join_order, w.join.hostname,
+                w.join.device,
+                w.join.compute_speed > 0 ? fmt::format("{:.1f} GFLOP/s", w.join.compute_speed) : "speed not reported",
+                recovering_ ? " to replace a lost worker" : "", workers_.size(), options_.expected_workers);
   }
   reset_seq(id);
   if (hooks_.on_join) hooks_.on_join(snapshot);

@@ -167,6 +167,29 @@ std::vector<WorkerStepMetrics> two_stage_job() {
   return out;
 }
 
+// Two replicas report a loss per step; step 2 has come from replica 0 alone so far. The point says how
+// many values it combines, so a live progress line can wait for the whole step (apps/job_cli.cpp).
+TEST(MetricsSummary, LossPointsCountTheirReporters) {
+  std::vector<WorkerStepMetrics> records;
+  auto add = [&](int64_t step, int worker, double loss) {
+    WorkerStepMetrics m;
+    m.step = step;
+    m.worker = worker;
+    m.loss = loss;
+    m.source_line = int(records.size()) + 1;
+    records.push_back(m);
+  };
+  add(1, 0, 4.0);
+  add(1, 1, 5.0);
+  add(2, 0, 3.0);
+  MetricsSummary s = value_of(summarize_step_metrics(records));
+  ASSERT_EQ(s.loss.size(), 2u);
+  EXPECT_EQ(s.loss[0].count, 2);
+  EXPECT_DOUBLE_EQ(s.loss[0].value, 4.5);
+  EXPECT_EQ(s.loss[1].count, 1);
+  EXPECT_DOUBLE_EQ(s.loss[1].value, 3.0);
+}
+
 TEST(MetricsSummary, TotalsPerLinkPreferTheSender) {
   MetricsSummary s = value_of(summarize_step_metrics(two_stage_job()));
   EXPECT_EQ(s.records, 6u);
