@@ -68,6 +68,19 @@ void print_status(const nlohmann::json& j) {
   for (const auto& x : w.value("workers", nlohmann::json::array()))
     std::printf("%-5d %-32s %-8s %lld\n", x.value("rank", -1), x.value("hostname", std::string()).c_str(),
                 x.value("state", std::string()).c_str(), static_cast<long long>(x.value("silent_ms", int64_t(0))));
+  const auto& preflight = w.value("preflight", nlohmann::json::array());
+  if (!preflight.empty()) {
+    std::printf("\npre-flight (this epoch)\n%-16s %-9s %-8s %10s %12s  %s\n", "link", "ranks", "path", "rtt ms",
+                "send Mbit/s", "error");
+    for (const auto& p : preflight) {
+      const std::string ranks = std::to_string(p.value("src", -1)) + "->" + std::to_string(p.value("dst", -1));
+      const bool ok = p.value("ok", false);
+      const double mbps = p.value("mbps", 0.0);
+      std::printf("%-16s %-9s %-8s %10.2f %12s  %s\n", p.value("link", std::string()).c_str(), ranks.c_str(),
+                  ok ? "direct" : "none", p.value("rtt_ms", 0.0),
+                  mbps > 0 ? std::to_string(mbps).substr(0, 8).c_str() : "-", p.value("error", std::string()).c_str());
+    }
+  }
   const auto& stalls = w.value("stalls", nlohmann::json::array());
   if (!stalls.empty()) {
     std::printf("\nstalled links\n");

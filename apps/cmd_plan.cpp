@@ -13,8 +13,10 @@
 #include "apps/commands.h"
 #include "apps/job_cli.h"
 #include "parallel/auto_codec.h"
+#include "parallel/cluster_probe.h"
 #include "parallel/planner.h"
 #include "parallel/step_metrics.h"
+#include "transport/control_client.h"
 
 namespace lh::app {
 namespace {
@@ -148,50 +150,30 @@ void run_plan(PlanFlags& f, CLI::App* cmd) {
   std::printf("\nrun it (one machine, emulated):\n  %s\n", launch_command(best, train).c_str());
 }
 
-constexpr uint64_t kBulkMessageBytes = 16 * 1024;
-
-// Each worker's measured speed from a job's metrics: the FLOPs of its slice per step over its median compute seconds
-// (steps after the first). Links: the senders' wire bytes over the seconds their links were busy, from messages of
-// at least 16 KiB; pairs without such traffic get the median of those measured. Latency is not in the metrics: 0.
-void run_probe(PlanFlags& f, CLI::App* cmd, const std::string& metrics_path) {
+// A cluster description from what a job measured (parallel/cluster_probe.h): a finished job's metrics file, or a
+// running job's coordinator (its pre-flight probe of every pair and the records so far, through `ctl cluster`).
+void run_probe(PlanFlags& f, CLI::App* cmd, const std::string& metrics_path, const std::string& coordinator,
+               const SecretFlags& secret_flags) {
+  if (metrics_path.empty() == coordinator.empty())
+    fail("probe: give either --from-metrics FILE (a job's metrics) or --coordinator ADDR (a running job)", 2);
+  if (!coordinator.empty()) {
+    if (coordinator.rfind("tcp://", 0) != 0) fail("--coordinator '" + coordinator + "': expected tcp://HOST:PORT", 2);
+    const JobSecret secret = required_secret(secret_flags, "probe");
+    auto reply = ctl_request(coordinator, CtlRequest{secret.join_proof(), "cluster", ""}, std::chrono::seconds(10),
+                             secret.client_curve());
+    if (!reply.ok()) fail("--coordinator " + coordinator + ": " + reply.status().message());
+    if (!reply->ok) fail("probe: " + reply->body);
+    auto j = nlohmann::json::parse(reply->body, nullptr, false);
+    if (j.is_discarded()) fail("probe: the coordinator's reply is not JSON: " + reply->body);
+    std::printf("%s\n", j.dump(1).c_str());
+    return;
+  }
   PipelineJobConfig job = job_config_from_flags(f.job, cmd);
   auto records = read_step_metrics_file(metrics_path);
   if (!records.ok()) fail(records.status().message(), 2);
-  auto flops = train_flops_per_step(job);
-  if (!flops.ok()) fail(flops.status().message(), 2);
-  std::map<int, std::vector<double>> compute;
-  std::map<std::pair<int, int>, std::pair<double, double>> traffic;  // (src, dst) → (wire bytes, seconds)
-  for (const auto& m : *records) {
-    if (m.worker >= job.workers)
-      fail(metrics_path + " line " + std::to_string(m.source_line) + ": worker " + std::to_string(m.worker) +
-               " is outside the job's " + std::to_string(job.workers) + " workers (give the job's flags)",
-           2);
-    if (m.step < 2) continue;
-    if (m.compute_s && *m.compute_s > 0) compute[m.worker].push_back(*m.compute_s);
-    // Only bulk transfers tell a link's bandwidth: a small message's busy time is mostly latency (the gradient
-    // norm's 8 bytes would read as a few kbit/s).
-    for (const auto& l : m.links)
-      if (l.dir == "send" && l.seconds > 0 && l.messages > 0 && l.wire_bytes / l.messages >= kBulkMessageBytes &&
-          l.src < job.workers && l.dst < job.workers) {
-        auto& t = traffic[{l.src, l.dst}];
-        t.first += double(l.wire_bytes);
-        t.second += l.seconds;
-      }
-  }
-  std::vector<double> bws;
-  for (const auto& [pair, t] : traffic) bws.push_back(t.first * 8 / t.second);
-  std::sort(bws.begin(), bws.end());
-  const double default_bw = bws.empty() ? 1e10 : bws[bws.size() / 2];
-  Cluster c = Cluster::uniform(job.workers, 1, default_bw, 0);
-  for (int r = 0; r < job.workers; ++r) {
-    auto& v = compute[r];
-    if (v.empty())
-      fail(metrics_path + ": worker " + std::to_string(r) + " reported no compute_s after step 1 (run more steps)", 2);
-    std::nth_element(v.begin(), v.begin() + long(v.size() / 2), v.end());
-    c.set_gflops(r, (*flops)[size_t(r)] / v[v.size() / 2] / 1e9);
-  }
-  for (const auto& [pair, t] : traffic) c.set_link(pair.first, pair.second, t.first * 8 / t.second, 0);
-  std::printf("%s\n", c.to_json().dump(1).c_str());
+  auto c = cluster_from_measurements(job, *records, nlohmann::json::array(), metrics_path);
+  if (!c.ok()) fail(c.status().message(), 2);
+  std::printf("%s\n", c->to_json().dump(1).c_str());
 }
 
 void bench_plan(const std::vector<int>& sizes, int repeats) {
@@ -258,12 +240,17 @@ RegisterCommand reg_plan("", 75, [](CLI::App& app) {
 RegisterCommand reg_probe("", 76, [](CLI::App& app) {
   auto f = std::make_shared<PlanFlags>();
   auto metrics = std::make_shared<std::string>();
-  auto* cmd = app.add_subcommand("probe",
-                                 "write a cluster description for `plan` from what a job measured: each worker's "
-                                 "GFLOP/s from its compute seconds, each link's bandwidth while busy");
-  cmd->add_option("--from-metrics", *metrics, "the job's metrics file (JSON lines)")->required();
+  auto coordinator = std::make_shared<std::string>();
+  auto* cmd =
+      app.add_subcommand("probe",
+                         "write a cluster description for `plan` from what a job measured: each worker's "
+                         "GFLOP/s from its compute seconds; each link's bandwidth and latency from a running "
+                         "job's pre-flight probe (--coordinator), or its bandwidth while busy (--from-metrics)");
+  cmd->add_option("--from-metrics", *metrics, "a job's metrics file (JSON lines; give the job's flags too)");
+  cmd->add_option("--coordinator", *coordinator,
+                  "a running job's coordinator, tcp://HOST:PORT: its pre-flight matrix and the steps so far");
   add_job_flags(cmd, f->job, "");
-  cmd->callback([f, cmd, metrics] { run_probe(*f, cmd, *metrics); });
+  cmd->callback([f, cmd, metrics, coordinator] { run_probe(*f, cmd, *metrics, *coordinator, f->job.secret); });
 });
 
 RegisterCommand reg_bench("bench", 40, [](CLI::App& bench) {

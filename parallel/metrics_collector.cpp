@@ -97,6 +97,11 @@ int64_t MetricsCollector::newest_step() const {
   return newest_;
 }
 
+std::vector<WorkerStepMetrics> MetricsCollector::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_;
+}
+
 size_t MetricsCollector::records() const {
   std::lock_guard<std::mutex> lock(mu_);
   return records_.size();

@@ -35,6 +35,7 @@ class MetricsCollector {
 
   int64_t newest_step() const;  // −1 before the first record
   size_t records() const;
+  std::vector<WorkerStepMetrics> snapshot() const;  // a copy of every record so far
   Result<MetricsSummary> summary() const;
 
  private:

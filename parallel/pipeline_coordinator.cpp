@@ -8,6 +8,7 @@
 
 #include "compress/codec_chain.h"
 #include "core/log.h"
+#include "parallel/cluster_probe.h"
 #include "parallel/link_name.h"
 #include "parallel/link_shapes.h"
 #include "parallel/planner.h"
@@ -111,6 +112,14 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     if (!s.ok()) LH_LOG_WARN("coordinator: {}", s.message());
   };
   hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
+  hooks.on_unreachable = [self](const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      if (self->failure_) return;
+      self->failure_ = unavailable(why);
+    }
+    self->coordinator_->shutdown(why);
+  };
   hooks.on_ctl_async = [self](const CtlRequest& r, CoordinatorHooks::CtlReplyFn reply) {
     self->handle_ctl_async(r, std::move(reply));
   };
@@ -805,8 +814,15 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
                                                     uint64_t ack_id) {
   if (command == "status") return status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (command == "set-link") return set_link(args);
+  if (command == "cluster") {
+    // For `longhaul probe --coordinator`: the pre-flight's links and the workers' speeds from the steps so far.
+    auto c = cluster_from_measurements(job_, collector_->snapshot(), coordinator_->preflight_json(),
+                                       "the job's step metrics");
+    if (!c.ok()) return Status(c.status()).prepend("cluster");
+    return c->to_json().dump();
+  }
   if (command != "set-codec")
-    return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec, set-link)");
+    return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec, set-link, cluster)");
   auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return invalid_argument("set-codec: the arguments are not a JSON object");
   auto text = [&](const char* f) {

@@ -314,9 +314,9 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   return r;
 }
 
-Status ControlClient::ready(std::chrono::milliseconds timeout) {
+Status ControlClient::ready(std::chrono::milliseconds timeout, std::vector<PeerProbe> probes) {
   if (!plan_) return invalid_argument("ready() before join()");
-  send(Ready{plan_->rank});
+  send(Ready{plan_->rank, std::move(probes)});
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(0) || shutdown_ || rollback_; }))
     return unavailable("the job did not start within " + std::to_string(timeout.count()) + " ms");

@@ -247,16 +247,41 @@ void Coordinator::on_message(Frames&& frames) {
         break;
       }
       case MsgType::kReady: {
-        int r = std::get<Ready>(m).rank;
+        auto& ready = std::get<Ready>(m);
+        const int r = ready.rank;
         if (w->state != WorkerInfo::State::kPlanned || r != w->rank) {
           std::string why = "Ready for rank " + std::to_string(r) + " from a worker in state " +
                             worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
           lock.unlock();
           return reject(id, why);
         }
-        w->state = WorkerInfo::State::kReady;
-        LH_LOG_INFO("coordinator: rank {} ready", r);
+        w->probes = std::move(ready.probes);
+        std::string unreachable;
+        for (const PeerProbe& p : w->probes) {
+          if (p.ok) continue;
+          std::string peer_host;
+          for (const auto& o : workers_)
+            if (o.rank == p.peer && live(o)) peer_host = o.join.hostname;
+          const std::string link = hooks_.link_name ? " (link " + hooks_.link_name(r, p.peer) + ")" : "";
+          unreachable = "pre-flight: rank " + std::to_string(r) + " ('" + w->join.hostname + "') cannot reach rank " +
+                        std::to_string(p.peer) + " ('" + peer_host + "', at the UCX worker address its Join gave)" +
+                        link + ": " + p.error;
+          break;
+        }
+        // A worker that cannot reach a peer stays unready: the job cannot start without that link.
+        if (unreachable.empty()) {
+          w->state = WorkerInfo::State::kReady;
+          LH_LOG_INFO("coordinator: rank {} ready", r);
+        }
         lock.unlock();
+        if (!unreachable.empty()) {
+          LH_LOG_ERROR("coordinator: {}", unreachable);
+          if (hooks_.on_unreachable)
+            hooks_.on_unreachable(unreachable);
+          else
+            shutdown(unreachable);
+          return;
+        }
         check_barriers();
         return;
       }
@@ -538,6 +563,28 @@ void Coordinator::check_barriers() {
     }
   }
   if (start) {
+    // The reachability matrix: one line per pair, both ways.
+    const nlohmann::json pf = preflight_json();
+    std::map<std::pair<int, int>, std::string> lines;
+    for (const auto& e : pf) {
+      const int a = e["src"], b = e["dst"];
+      auto& line = lines[{std::min(a, b), std::max(a, b)}];
+      char buf[160];
+      if (a < b) {
+        std::snprintf(buf, sizeof(buf), "rtt %.2f ms", e["rtt_ms"].get<double>());
+        line = std::string(buf) + line;
+      }
+      if (e["mbps"].get<double>() > 0) {
+        std::snprintf(buf, sizeof(buf), ", %d→%d %.1f Mbit/s", a, b, e["mbps"].get<double>());
+        line += buf;
+      }
+    }
+    for (const auto& [pair, line] : lines) {
+      std::string name = hooks_.link_name ? hooks_.link_name(pair.first, pair.second) : "";
+      name = name.empty() ? std::to_string(pair.first) + "-" + std::to_string(pair.second)
+                          : name.substr(0, name.find(':'));  // the pair, both ways
+      LH_LOG_INFO("coordinator: pre-flight {} ({}-{}): direct, {}", name, pair.first, pair.second, line);
+    }
     LH_LOG_INFO("coordinator: every worker is ready; starting");
     broadcast(Barrier{0});
     cv_.notify_all();
@@ -906,7 +953,30 @@ nlohmann::json Coordinator::status_json() const {
              for (const auto& [key, what] : stalls_) a.push_back(what);
              return a;
            }()},
-          {"workers", ws}};
+          {"workers", ws},
+          {"preflight", preflight_json_locked()}};
+}
+
+nlohmann::json Coordinator::preflight_json() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return preflight_json_locked();
+}
+
+nlohmann::json Coordinator::preflight_json_locked() const {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& w : workers_) {
+    if (w.rank < 0 || !live(w)) continue;
+    for (const PeerProbe& p : w.probes)
+      a.push_back({{"src", w.rank},
+                   {"dst", p.peer},
+                   {"link", hooks_.link_name ? hooks_.link_name(w.rank, p.peer) : ""},
+                   {"ok", p.ok},
+                   {"error", p.error},
+                   {"rtt_ms", p.rtt_ms},
+                   {"mbps", p.send_mbps},
+                   {"probe_bytes", p.probe_bytes}});
+  }
+  return a;
 }
 
 uint64_t Coordinator::rejected() const {

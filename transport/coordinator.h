@@ -50,6 +50,7 @@ struct WorkerInfo {
   std::chrono::steady_clock::time_point last_seen{};
   uint32_t next_seq = 1;  // the sequence number its next message must carry (ControlHeader::seq)
   Heartbeat progress;     // its latest heartbeat (step, pending data-plane transfers)
+  std::vector<PeerProbe> probes;  // its pre-flight of this epoch (Ready): one per peer it talks to
   std::chrono::steady_clock::time_point progress_at{};
 };
 const char* worker_state_name(WorkerInfo::State s);
@@ -83,6 +84,9 @@ struct CoordinatorHooks {
   std::function<void(const ShardSaved&)> on_shard;
   // A rollback began (replace_timeout > 0): `epoch` is the new epoch, `reason` names the lost worker.
   std::function<void(int64_t epoch, const std::string& reason)> on_rollback;
+  // A worker's pre-flight found a peer it cannot reach: `why` names both ends and the error. Unset: the coordinator
+  // shuts the job down with `why`.
+  std::function<void(const std::string& why)> on_unreachable;
   // The job's name for the data-plane link src → dst (stall reports). Unset: "rank SRC → rank DST".
   std::function<std::string(int src, int dst)> link_name;
 };
@@ -103,6 +107,9 @@ class Coordinator {
 
   std::vector<WorkerInfo> workers() const;
   nlohmann::json status_json() const;
+  // The pre-flight of the current epoch, one entry per directed pair measured (prober → peer): {"src","dst","link",
+  // "ok","error","rtt_ms","mbps","probe_bytes"}; also in status_json() as "preflight".
+  nlohmann::json preflight_json() const;
   // Messages refused so far (bad token, garbage, wrong version, unknown type, not joined …).
   uint64_t rejected() const;
   // Connections refused by CURVE (handshakes that failed, clients the ZAP handler turned away).
@@ -144,6 +151,7 @@ class Coordinator {
   WorkerInfo* find(const std::string& identity);
   // With mu_ held: every rank has a joined worker (a fresh job's or a rollback's), so plans can go out.
   bool complete_locked() const;
+  nlohmann::json preflight_json_locked() const;
   // With mu_ held: the lost worker `w` starts a rollback (see CoordinatorOptions::replace_timeout).
   // `rejoined`: a worker whose Join starts the rollback (it gets no Rollback message; it has left its epoch).
   void begin_rollback_locked(const std::string& reason, std::vector<std::function<void()>>& later,

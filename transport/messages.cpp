@@ -98,7 +98,15 @@ Status validate(const Plan& m) {
 }
 
 Status validate(const Ready& m) {
-  return check_rank(m.rank, "ready rank");
+  LH_RETURN_IF_ERROR(check_rank(m.rank, "ready rank"));
+  for (const PeerProbe& p : m.probes) {
+    LH_RETURN_IF_ERROR(check_rank(p.peer, "probe peer"));
+    LH_RETURN_IF_ERROR(check_name(p.error, "probe error"));
+    if (!(p.rtt_ms >= 0 && p.rtt_ms < 1e7) || !(p.send_mbps >= 0 && p.send_mbps < 1e9))
+      return corrupt("probe of peer " + std::to_string(p.peer) + ": rtt " + std::to_string(p.rtt_ms) + " ms, " +
+                     std::to_string(p.send_mbps) + " Mbit/s");
+  }
+  return Status::Ok();
 }
 Status validate(const Barrier&) {
   return Status::Ok();

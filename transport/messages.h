@@ -173,12 +173,29 @@ struct Plan {
   }
 };
 
-// worker → coordinator once its data plane is connected to the plan's peers.
-struct Ready {
-  int32_t rank = -1;
+// What a worker's pre-flight measured on the data plane towards one peer it must talk to (parallel/peer_probe.h):
+// reachable or not (and why), the round trip of small messages, and its send rate to that peer from a short burst.
+struct PeerProbe {
+  int32_t peer = -1;
+  bool ok = false;
+  std::string error;         // why the peer could not be reached (ok = false)
+  float rtt_ms = 0;          // median round trip of 8-byte messages
+  float send_mbps = 0;       // this worker → peer, Mbit/s (0: measured by the peer's own entry only)
+  uint32_t probe_bytes = 0;  // bytes the burst sent to measure it
   template <class A>
   void serialize(A& ar) {
-    ar(rank);
+    ar(peer, ok, error, rtt_ms, send_mbps, probe_bytes);
+  }
+};
+
+// worker → coordinator once its data plane is connected to the plan's peers and the pre-flight probe of each peer
+// it talks to has run (probes: one per such peer; empty when the job skips the probe).
+struct Ready {
+  int32_t rank = -1;
+  std::vector<PeerProbe> probes;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rank, bounded(probes, 4096, "ready probes"));
   }
 };
 

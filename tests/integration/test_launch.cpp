@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "parallel/cluster.h"
 #include "parallel/metrics_summary.h"
 #include "parallel/step_metrics.h"
 #include "tests/integration/netns_support.h"
@@ -569,6 +570,62 @@ TEST_F(Launch, CtlSwitchesACodecMidRun) {
   EXPECT_EQ(sum->codec_switches[0].step, from);
   EXPECT_EQ(sum->codec_switches[0].to, "int8");
   EXPECT_NE(slurp(job.out).find("int8"), std::string::npos);  // the summary table's codec column
+}
+
+// Before step 1 every pair that talks probes its link (round trips, a short burst each way); `ctl status` shows the
+// matrix and `longhaul probe --coordinator` turns it, with the steps so far, into a cluster `plan` reads. Link 1-2
+// is shaped to 5 Mbit/s with 20 ms one way; the others are loopback.
+TEST_F(Launch, ThePreflightMeasuresEachLinkAndProbeReadsItFromTheRunningJob) {
+  std::string metrics = temp_path("preflight.jsonl");
+  CtlJob job;
+  ASSERT_NO_FATAL_FAILURE(
+      start_ctl_job(&job, 3, 60, metrics, {"--link", "1-2=5M,20ms"}, "preflight-test", "preflight"));
+  BinRun status = run(job.ctl({"--json", "status"}), 30s);
+  ASSERT_EQ(status.code, 0) << status.output;
+  const auto pf = nlohmann::json::parse(status.output)["workers"]["preflight"];
+  ASSERT_EQ(pf.size(), 6u) << pf.dump();  // 3 pairs (every two stages carry the gradient norm), both ways
+  for (const auto& e : pf) {
+    EXPECT_TRUE(e["ok"].get<bool>()) << e.dump();
+    const int a = e["src"], b = e["dst"];
+    const double rtt = e["rtt_ms"], mbps = e["mbps"];
+    if (std::min(a, b) == 1 && std::max(a, b) == 2) {
+      EXPECT_EQ(e["link"], a == 1 ? "1-2:fwd" : "1-2:bwd");
+      EXPECT_GE(rtt, 39.0) << e.dump();
+      EXPECT_LT(rtt, 150.0) << e.dump();
+      EXPECT_GT(mbps, 5 * 0.6) << e.dump();
+      EXPECT_LT(mbps, 5 * 1.5) << e.dump();
+    } else {
+      EXPECT_LT(rtt, 20.0) << e.dump();
+      if (std::abs(a - b) == 1)
+        EXPECT_GT(mbps, 50.0) << e.dump();  // neighbours get a burst
+      else
+        EXPECT_EQ(mbps, 0.0) << e.dump();  // 0-2 only carries the norm
+    }
+  }
+  // The cluster needs each worker's compute seconds after step 1: ask until they are in.
+  BinRun probe;
+  for (int i = 0; i < 200; ++i) {
+    probe = run({"probe", "--coordinator", job.ep, "--key-file", job.token}, 30s);
+    if (probe.code == 0 || probe.output.find("no compute_s after step 1") == std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(probe.code, 0) << probe.output;
+  auto cluster = Cluster::from_json(nlohmann::json::parse(probe.output), "probe");
+  ASSERT_TRUE(cluster.ok()) << cluster.status().to_string() << "\n" << probe.output;
+  ASSERT_EQ(cluster->workers().size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_GT(cluster->worker(r).gflops, 0) << probe.output;
+  EXPECT_GT(cluster->bandwidth(1, 2), 5e6 * 0.6) << probe.output;
+  EXPECT_LT(cluster->bandwidth(1, 2), 5e6 * 1.5) << probe.output;
+  EXPECT_GE(cluster->latency(1, 2), 0.019) << probe.output;
+  EXPECT_LT(cluster->latency(1, 2), 0.075) << probe.output;
+  EXPECT_GT(cluster->bandwidth(0, 1), 50e6) << probe.output;
+  EXPECT_LT(cluster->latency(0, 1), 0.01) << probe.output;
+  // A probe needs a source, and only one.
+  BinRun neither = run({"probe"}, 30s);
+  EXPECT_NE(neither.code, 0);
+  EXPECT_NE(neither.output.find("either --from-metrics FILE"), std::string::npos) << neither.output;
+  kill(job.launch, SIGTERM);
+  wait_exit(job.launch, 60s);
 }
 
 // The middle value (0 for none).

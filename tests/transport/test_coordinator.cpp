@@ -285,6 +285,47 @@ TEST(Coordinator, SilentWorkerIsDeclaredDeadAndOthersAreTold) {
   t0.join();
 }
 
+// A worker's pre-flight found a peer it cannot reach: the job does not start, and the coordinator ends it at once
+// with a reason naming both ranks, their hosts and the error; the pre-flight is in the status.
+TEST(Coordinator, APreflightThatCannotReachAPeerEndsTheJobNamingThePair) {
+  std::string why;
+  CoordinatorHooks hooks;
+  hooks.on_unreachable = [&](const std::string& w) { why = w; };
+  hooks.link_name = [](int src, int dst) { return std::to_string(src) + "-" + std::to_string(dst) + ":fwd"; };
+  auto c = Coordinator::start(opts(2), hooks);
+  ASSERT_TRUE(c.ok());
+  auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
+  std::thread ta([&] { ASSERT_TRUE(a->join(fake_address(0), 5s).ok()); });
+  ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
+  ta.join();
+  const int ra = a->plan()->rank, rb = b->plan()->rank;
+  PeerProbe good{rb, true, "", 0.5f, 800.f, 4096};
+  PeerProbe bad{ra, false, "waiting for rank " + std::to_string(ra) + ": no answer within 10000 ms", 0, 0, 0};
+  std::thread tr([&] { EXPECT_FALSE(a->ready(1s, {good}).ok()); });
+  EXPECT_FALSE(b->ready(1s, {bad}).ok());  // the start barrier never comes
+  tr.join();
+  EXPECT_NE(why.find("pre-flight: rank " + std::to_string(rb) + " ('test-host') cannot reach rank " +
+                     std::to_string(ra) + " ('test-host'"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("no answer within 10000 ms"), std::string::npos) << why;
+  EXPECT_NE(why.find("(link " + std::to_string(rb) + "-" + std::to_string(ra) + ":fwd)"), std::string::npos) << why;
+  const auto pf = (*c)->status_json()["preflight"];
+  ASSERT_EQ(pf.size(), 2u);
+  for (const auto& e : pf) EXPECT_EQ(e["ok"].get<bool>(), e["src"].get<int>() == ra) << e.dump();
+}
+
+// Without the hook the coordinator shuts the job down itself, with the same reason.
+TEST(Coordinator, AnUnreachablePeerShutsTheJobDownByDefault) {
+  auto c = Coordinator::start(opts(1));
+  ASSERT_TRUE(c.ok());
+  auto a = client((*c)->endpoint());
+  ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
+  EXPECT_FALSE(a->ready(2s, {PeerProbe{3, false, "sending to rank 3: connection refused", 0, 0, 0}}).ok());
+  EXPECT_TRUE((*c)->wait_done(5s));
+  EXPECT_NE(a->shutdown_reason().find("cannot reach rank 3"), std::string::npos) << a->shutdown_reason();
+}
+
 TEST(Coordinator, LeavingWorkerIsReportedAndJobEnds) {
   auto c = Coordinator::start(opts(2));
   ASSERT_TRUE(c.ok());
