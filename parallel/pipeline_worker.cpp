@@ -237,19 +237,6 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     ~ProgressSourceGuard() { cc.set_progress_source(nullptr); }
   } progress_guard{cc};
 
-  // Pre-flight: every pair that must talk tries its link and measures it before step 1; the coordinator prints
-  // the matrix and ends the job at once, naming the pair, if one cannot connect.
-  ProbeOptions po;
-  po.timeout = std::min<std::chrono::milliseconds>(options.receive_timeout, std::chrono::seconds(10));
-  po.cancelled = [&cc] { return cc.rolled_back() || cc.shutdown_requested(); };
-  const auto probe_t0 = std::chrono::steady_clock::now();
-  LH_ASSIGN_OR_RETURN(std::vector<PeerProbe> probes, probe_peers(*plane, topology, plan.rank, po));
-  meter->reset_counters();  // the probe's bytes are not step 1's traffic (the bandwidth estimates stay)
-  for (const PeerProbe& p : probes)
-    if (!p.ok) LH_LOG_ERROR("pre-flight: rank {} cannot reach rank {}: {}", plan.rank, p.peer, p.error);
-  LH_LOG_DEBUG("pre-flight: {} peers probed in {:.3f} s", probes.size(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - probe_t0).count());
-
   const TrainConfig& train = job->train;
   auto data = train.data.empty() ? TextDataset::default_corpus(train.model.seq)
                                  : TextDataset::from_file(train.data, train.model.seq);
@@ -297,7 +284,24 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
         "optimizer state {:.2f} MB",
         plan.rank, me.stage, me.tp, runner->model().local_heads(), me.dp, n, double(n) * 16 / 1e6);
   }
-  LH_RETURN_IF_ERROR(cc.ready(options.join_timeout, std::move(probes)));
+  LH_RETURN_IF_ERROR(cc.ready(options.join_timeout));
+  // Pre-flight, once every plane is connected (the start barrier): every pair that must talk tries its link and
+  // measures it before step 1; the coordinator prints the matrix and ends the job at once, naming the pair, if one
+  // cannot connect.
+  ProbeOptions po;
+  po.timeout = std::min<std::chrono::milliseconds>(options.receive_timeout, std::chrono::seconds(10));
+  po.cancelled = [&cc] { return cc.rolled_back() || cc.shutdown_requested(); };
+  const auto probe_t0 = std::chrono::steady_clock::now();
+  auto probed = probe_peers(*plane, topology, plan.rank, po);
+  if (!probed.ok() && probed.status().code() == StatusCode::kAborted && !cc.rolled_back())
+    return unavailable("the job ended during the pre-flight: " + cc.shutdown_reason());
+  LH_ASSIGN_OR_RETURN(std::vector<PeerProbe> probes, std::move(probed));
+  meter->reset_counters();  // the probe's bytes are not step 1's traffic (the bandwidth estimates stay)
+  for (const PeerProbe& p : probes)
+    if (!p.ok) LH_LOG_ERROR("pre-flight: rank {} cannot reach rank {}: {}", plan.rank, p.peer, p.error);
+  LH_LOG_DEBUG("pre-flight: {} peers probed in {:.3f} s", probes.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - probe_t0).count());
+  LH_RETURN_IF_ERROR(cc.preflight(std::move(probes), options.join_timeout));
 
   Status result = Status::Ok();
   {

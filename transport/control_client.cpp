@@ -314,9 +314,17 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   return r;
 }
 
-Status ControlClient::ready(std::chrono::milliseconds timeout, std::vector<PeerProbe> probes) {
+Status ControlClient::preflight(std::vector<PeerProbe> probes, std::chrono::milliseconds timeout) {
+  if (!plan_) return invalid_argument("preflight() before join()");
+  send(Preflight{plan_->rank, std::move(probes)});
+  Status s = barrier(kPreflightBarrier, timeout);
+  if (!s.ok() && shutdown_requested()) return unavailable("the job ended at its pre-flight: " + shutdown_reason());
+  return s;
+}
+
+Status ControlClient::ready(std::chrono::milliseconds timeout) {
   if (!plan_) return invalid_argument("ready() before join()");
-  send(Ready{plan_->rank, std::move(probes)});
+  send(Ready{plan_->rank});
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(0) || shutdown_ || rollback_; }))
     return unavailable("the job did not start within " + std::to_string(timeout.count()) + " ms");

@@ -56,8 +56,11 @@ class ControlClient {
   // `data_key` / `data_ciphers`: the data plane's public key and the CPU's fast ciphers (Join::data_key).
   Result<Plan> join(const std::vector<uint8_t>& ucx_address, std::chrono::milliseconds timeout, int rank = -1,
                     std::vector<uint8_t> data_key = {}, uint32_t data_ciphers = 0);
-  // Sends Ready (with what the pre-flight probe measured) and waits for the start barrier (Barrier 0).
-  Status ready(std::chrono::milliseconds timeout, std::vector<PeerProbe> probes = {});
+  // Sends Ready and waits for the start barrier (Barrier 0).
+  Status ready(std::chrono::milliseconds timeout);
+  // Sends this worker's pre-flight and waits until every worker's is in (kPreflightBarrier); fails when the
+  // coordinator ends the job instead (an unreachable pair).
+  Status preflight(std::vector<PeerProbe> probes, std::chrono::milliseconds timeout);
   // Waits until every live worker reached barrier `id` (> 0).
   Status barrier(uint64_t id, std::chrono::milliseconds timeout);
   void send_metrics(int64_t step, std::string json);

@@ -27,6 +27,7 @@ bool sent_by_workers(MsgType t) {
   switch (t) {
     case MsgType::kHeartbeat:
     case MsgType::kReady:
+    case MsgType::kPreflight:
     case MsgType::kBarrier:
     case MsgType::kStepMetrics:
     case MsgType::kShutdown:
@@ -247,31 +248,40 @@ void Coordinator::on_message(Frames&& frames) {
         break;
       }
       case MsgType::kReady: {
-        auto& ready = std::get<Ready>(m);
-        const int r = ready.rank;
+        int r = std::get<Ready>(m).rank;
         if (w->state != WorkerInfo::State::kPlanned || r != w->rank) {
           std::string why = "Ready for rank " + std::to_string(r) + " from a worker in state " +
                             worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
           lock.unlock();
           return reject(id, why);
         }
-        w->probes = std::move(ready.probes);
+        w->state = WorkerInfo::State::kReady;
+        w->probes.clear();  // this epoch's pre-flight comes next
+        LH_LOG_INFO("coordinator: rank {} ready", r);
+        lock.unlock();
+        check_barriers();
+        return;
+      }
+      case MsgType::kPreflight: {
+        auto& pf = std::get<Preflight>(m);
+        if (w->state != WorkerInfo::State::kReady || pf.rank != w->rank) {
+          std::string why = "Preflight for rank " + std::to_string(pf.rank) + " from a worker in state " +
+                            worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
+          lock.unlock();
+          return reject(id, why);
+        }
+        w->probes = std::move(pf.probes);
         std::string unreachable;
         for (const PeerProbe& p : w->probes) {
           if (p.ok) continue;
           std::string peer_host;
           for (const auto& o : workers_)
             if (o.rank == p.peer && live(o)) peer_host = o.join.hostname;
-          const std::string link = hooks_.link_name ? " (link " + hooks_.link_name(r, p.peer) + ")" : "";
-          unreachable = "pre-flight: rank " + std::to_string(r) + " ('" + w->join.hostname + "') cannot reach rank " +
-                        std::to_string(p.peer) + " ('" + peer_host + "', at the UCX worker address its Join gave)" +
-                        link + ": " + p.error;
+          const std::string link = hooks_.link_name ? " (link " + hooks_.link_name(pf.rank, p.peer) + ")" : "";
+          unreachable = "pre-flight: rank " + std::to_string(pf.rank) + " ('" + w->join.hostname +
+                        "') cannot reach rank " + std::to_string(p.peer) + " ('" + peer_host +
+                        "', at the UCX worker address its Join gave)" + link + ": " + p.error;
           break;
-        }
-        // A worker that cannot reach a peer stays unready: the job cannot start without that link.
-        if (unreachable.empty()) {
-          w->state = WorkerInfo::State::kReady;
-          LH_LOG_INFO("coordinator: rank {} ready", r);
         }
         lock.unlock();
         if (!unreachable.empty()) {
@@ -280,9 +290,7 @@ void Coordinator::on_message(Frames&& frames) {
             hooks_.on_unreachable(unreachable);
           else
             shutdown(unreachable);
-          return;
         }
-        check_barriers();
         return;
       }
       case MsgType::kBarrier: {
@@ -551,7 +559,16 @@ void Coordinator::check_barriers() {
       all_ready_ = true;
       start = true;
     }
+    // A pre-flight that found an unreachable pair never opens its barrier (the job ends instead).
+    bool preflight_failed = false;
+    for (auto& w : workers_)
+      if (live(w))
+        for (const PeerProbe& p : w.probes) preflight_failed |= !p.ok;
     for (auto it = barrier_arrivals_.begin(); it != barrier_arrivals_.end();) {
+      if (it->first == kPreflightBarrier && preflight_failed) {
+        ++it;
+        continue;
+      }
       bool all = all_ready_ && !live_ranks.empty() &&
                  std::includes(it->second.begin(), it->second.end(), live_ranks.begin(), live_ranks.end());
       if (all) {
@@ -563,34 +580,38 @@ void Coordinator::check_barriers() {
     }
   }
   if (start) {
-    // The reachability matrix: one line per pair, both ways.
-    const nlohmann::json pf = preflight_json();
-    std::map<std::pair<int, int>, std::string> lines;
-    for (const auto& e : pf) {
-      const int a = e["src"], b = e["dst"];
-      auto& line = lines[{std::min(a, b), std::max(a, b)}];
-      char buf[160];
-      if (a < b) {
-        std::snprintf(buf, sizeof(buf), "rtt %.2f ms", e["rtt_ms"].get<double>());
-        line = std::string(buf) + line;
-      }
-      if (e["mbps"].get<double>() > 0) {
-        std::snprintf(buf, sizeof(buf), ", %d→%d %.1f Mbit/s", a, b, e["mbps"].get<double>());
-        line += buf;
-      }
-    }
-    for (const auto& [pair, line] : lines) {
-      std::string name = hooks_.link_name ? hooks_.link_name(pair.first, pair.second) : "";
-      name = name.empty() ? std::to_string(pair.first) + "-" + std::to_string(pair.second)
-                          : name.substr(0, name.find(':'));  // the pair, both ways
-      LH_LOG_INFO("coordinator: pre-flight {} ({}-{}): direct, {}", name, pair.first, pair.second, line);
-    }
     LH_LOG_INFO("coordinator: every worker is ready; starting");
     broadcast(Barrier{0});
     cv_.notify_all();
     if (hooks_.on_all_ready) hooks_.on_all_ready();
   }
-  for (uint64_t id : released) broadcast(Barrier{id});
+  for (uint64_t id : released) {
+    if (id == kPreflightBarrier) {
+      // The reachability matrix: one line per pair, both ways.
+      const nlohmann::json pf = preflight_json();
+      std::map<std::pair<int, int>, std::string> lines;
+      for (const auto& e : pf) {
+        const int a = e["src"], b = e["dst"];
+        auto& line = lines[{std::min(a, b), std::max(a, b)}];
+        char buf[160];
+        if (a < b) {
+          std::snprintf(buf, sizeof(buf), "rtt %.2f ms", e["rtt_ms"].get<double>());
+          line = std::string(buf) + line;
+        }
+        if (e["mbps"].get<double>() > 0) {
+          std::snprintf(buf, sizeof(buf), ", %d→%d %.1f Mbit/s", a, b, e["mbps"].get<double>());
+          line += buf;
+        }
+      }
+      for (const auto& [pair, line] : lines) {
+        std::string name = hooks_.link_name ? hooks_.link_name(pair.first, pair.second) : "";
+        name = name.empty() ? std::to_string(pair.first) + "-" + std::to_string(pair.second)
+                            : name.substr(0, name.find(':'));  // the pair, both ways
+        LH_LOG_INFO("coordinator: pre-flight {} ({}-{}): direct, {}", name, pair.first, pair.second, line);
+      }
+    }
+    broadcast(Barrier{id});
+  }
 }
 
 void Coordinator::declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,

@@ -98,7 +98,10 @@ Status validate(const Plan& m) {
 }
 
 Status validate(const Ready& m) {
-  LH_RETURN_IF_ERROR(check_rank(m.rank, "ready rank"));
+  return check_rank(m.rank, "ready rank");
+}
+Status validate(const Preflight& m) {
+  LH_RETURN_IF_ERROR(check_rank(m.rank, "pre-flight rank"));
   for (const PeerProbe& p : m.probes) {
     LH_RETURN_IF_ERROR(check_rank(p.peer, "probe peer"));
     LH_RETURN_IF_ERROR(check_name(p.error, "probe error"));
@@ -226,6 +229,8 @@ const char* msg_type_name(MsgType t) {
       return "CodecApplied";
     case MsgType::kSetLink:
       return "SetLink";
+    case MsgType::kPreflight:
+      return "Preflight";
   }
   return "unknown";
 }
@@ -261,7 +266,7 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
-  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kSetLink))
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kPreflight))
     return corrupt("unknown message type " + std::to_string(type));
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
@@ -313,6 +318,8 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<CodecApplied>(body, n);
     case MsgType::kSetLink:
       return decode_as<SetLink>(body, n);
+    case MsgType::kPreflight:
+      return decode_as<Preflight>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }

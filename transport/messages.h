@@ -67,6 +67,7 @@ enum class MsgType : uint16_t {
   kRollback = 14,
   kCodecApplied = 15,
   kSetLink = 16,
+  kPreflight = 17,
 };
 const char* msg_type_name(MsgType t);
 
@@ -188,16 +189,26 @@ struct PeerProbe {
   }
 };
 
-// worker → coordinator once its data plane is connected to the plan's peers and the pre-flight probe of each peer
-// it talks to has run (probes: one per such peer; empty when the job skips the probe).
+// worker → coordinator once its data plane is connected to the plan's peers.
 struct Ready {
+  int32_t rank = -1;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rank);
+  }
+};
+
+// worker → coordinator after the start barrier (every plane connected): its pre-flight, one entry per peer it
+// talks to. The worker then waits at kPreflightBarrier, so step 1 begins once every pair was measured.
+struct Preflight {
   int32_t rank = -1;
   std::vector<PeerProbe> probes;
   template <class A>
   void serialize(A& ar) {
-    ar(rank, bounded(probes, 4096, "ready probes"));
+    ar(rank, bounded(probes, 4096, "pre-flight probes"));
   }
 };
+inline constexpr uint64_t kPreflightBarrier = uint64_t(1) << 40;
 
 // worker → coordinator: "I reached barrier id"; coordinator → all: "everyone did". Barrier 0 is the
 // job start, released once every worker is Ready.
@@ -337,8 +348,9 @@ void Heartbeat::serialize(A& ar) {
   ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt, blocked_ms);
 }
 
-using ControlMessage = std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject,
-                                    PeerLost, CtlRequest, CtlReply, ShardSaved, Rollback, CodecApplied, SetLink>;
+using ControlMessage =
+    std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject, PeerLost, CtlRequest,
+                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight>;
 
 MsgType message_type(const ControlMessage& m);
 

@@ -532,7 +532,8 @@ void start_ctl_job(CtlJob* job, int workers, int steps, const std::string& metri
 }
 
 TEST_F(Launch, CtlSwitchesACodecMidRun) {
-  const int steps = 40;
+  // Long enough (about 0.1 s a step here) that the four ctl calls below, ~0.7 s each, land while it runs.
+  const int steps = 200;
   std::string metrics = temp_path("ctl.jsonl");
   CtlJob job;
   ASSERT_NO_FATAL_FAILURE(start_ctl_job(&job, 2, steps, metrics, {"--link", "2M,1ms"}, "ctl-test", "ctl"));

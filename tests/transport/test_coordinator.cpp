@@ -295,14 +295,18 @@ TEST(Coordinator, APreflightThatCannotReachAPeerEndsTheJobNamingThePair) {
   auto c = Coordinator::start(opts(2), hooks);
   ASSERT_TRUE(c.ok());
   auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
-  std::thread ta([&] { ASSERT_TRUE(a->join(fake_address(0), 5s).ok()); });
+  std::thread ta([&] {
+    ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
+    ASSERT_TRUE(a->ready(5s).ok());
+  });
   ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
+  ASSERT_TRUE(b->ready(5s).ok());
   ta.join();
   const int ra = a->plan()->rank, rb = b->plan()->rank;
   PeerProbe good{rb, true, "", 0.5f, 800.f, 4096};
   PeerProbe bad{ra, false, "waiting for rank " + std::to_string(ra) + ": no answer within 10000 ms", 0, 0, 0};
-  std::thread tr([&] { EXPECT_FALSE(a->ready(1s, {good}).ok()); });
-  EXPECT_FALSE(b->ready(1s, {bad}).ok());  // the start barrier never comes
+  std::thread tr([&] { EXPECT_FALSE(a->preflight({good}, 1s).ok()); });
+  EXPECT_FALSE(b->preflight({bad}, 1s).ok());  // the pre-flight barrier is never released
   tr.join();
   EXPECT_NE(why.find("pre-flight: rank " + std::to_string(rb) + " ('test-host') cannot reach rank " +
                      std::to_string(ra) + " ('test-host'"),
@@ -315,15 +319,39 @@ TEST(Coordinator, APreflightThatCannotReachAPeerEndsTheJobNamingThePair) {
   for (const auto& e : pf) EXPECT_EQ(e["ok"].get<bool>(), e["src"].get<int>() == ra) << e.dump();
 }
 
+// Every worker's pre-flight in: the barrier opens and the matrix is in the status.
+TEST(Coordinator, APreflightOfReachablePairsOpensItsBarrier) {
+  auto c = Coordinator::start(opts(2));
+  ASSERT_TRUE(c.ok());
+  auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
+  std::thread ta([&] {
+    ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
+    ASSERT_TRUE(a->ready(5s).ok());
+    EXPECT_TRUE(a->preflight({PeerProbe{1 - a->plan()->rank, true, "", 0.4f, 900.f, 4096}}, 5s).ok());
+  });
+  ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
+  ASSERT_TRUE(b->ready(5s).ok());
+  EXPECT_TRUE(b->preflight({PeerProbe{a->plan()->rank, true, "", 0.4f, 850.f, 4096}}, 5s).ok());
+  ta.join();
+  const auto pf = (*c)->preflight_json();
+  ASSERT_EQ(pf.size(), 2u);
+  for (const auto& e : pf) EXPECT_TRUE(e["ok"].get<bool>());
+  EXPECT_FALSE((*c)->done());
+}
+
 // Without the hook the coordinator shuts the job down itself, with the same reason.
 TEST(Coordinator, AnUnreachablePeerShutsTheJobDownByDefault) {
   auto c = Coordinator::start(opts(1));
   ASSERT_TRUE(c.ok());
   auto a = client((*c)->endpoint());
   ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
-  EXPECT_FALSE(a->ready(2s, {PeerProbe{3, false, "sending to rank 3: connection refused", 0, 0, 0}}).ok());
+  ASSERT_TRUE(a->ready(5s).ok());
+  Status s = a->preflight({PeerProbe{3, false, "sending to rank 3: connection refused", 0, 0, 0}}, 5s);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the job ended at its pre-flight: pre-flight: rank 0 ('test-host') cannot reach rank 3"),
+            std::string::npos)
+      << s.message();
   EXPECT_TRUE((*c)->wait_done(5s));
-  EXPECT_NE(a->shutdown_reason().find("cannot reach rank 3"), std::string::npos) << a->shutdown_reason();
 }
 
 TEST(Coordinator, LeavingWorkerIsReportedAndJobEnds) {

@@ -24,24 +24,25 @@ Plan sample_plan() {
 }
 
 TEST(Messages, EveryTypeRoundTrips) {
-  std::vector<ControlMessage> all = {
-      Join{"tok", "host", "cpu", 12.5, {9, 8, 7}},
-      sample_plan(),
-      Ready{3,
-            {PeerProbe{1, true, "", 40.5f, 5.1f, 86016}, PeerProbe{2, false, "sending to rank 2: timed out", 0, 0, 0}}},
-      Barrier{42},
-      Heartbeat{7, 12, {PendingLink{1, true, 900, 800}}},
-      SetCodec{0, 1, "fwd", "int4", 100, 5},
-      StepMetrics{2, 5, R"({"loss":1.5})"},
-      Shutdown{"done"},
-      Reject{"no"},
-      PeerLost{3, "h3", "silent"},
-      CtlRequest{"tok", "status", "{}"},
-      CtlReply{true, "{}"},
-      ShardSaved{2, 10, {1, 2, 3}},
-      Rollback{3, "worker 2 lost"},
-      CodecApplied{1, 5, 100, true, ""},
-      SetLink{"1-2:bwd=5M,80ms"}};
+  std::vector<ControlMessage> all = {Join{"tok", "host", "cpu", 12.5, {9, 8, 7}},
+                                     sample_plan(),
+                                     Ready{3},
+                                     Barrier{42},
+                                     Heartbeat{7, 12, {PendingLink{1, true, 900, 800}}},
+                                     SetCodec{0, 1, "fwd", "int4", 100, 5},
+                                     StepMetrics{2, 5, R"({"loss":1.5})"},
+                                     Shutdown{"done"},
+                                     Reject{"no"},
+                                     PeerLost{3, "h3", "silent"},
+                                     CtlRequest{"tok", "status", "{}"},
+                                     CtlReply{true, "{}"},
+                                     ShardSaved{2, 10, {1, 2, 3}},
+                                     Rollback{3, "worker 2 lost"},
+                                     CodecApplied{1, 5, 100, true, ""},
+                                     SetLink{"1-2:bwd=5M,80ms"},
+                                     Preflight{3,
+                                               {PeerProbe{1, true, "", 40.5f, 5.1f, 86016},
+                                                PeerProbe{2, false, "sending to rank 2: timed out", 0, 0, 0}}}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
@@ -138,15 +139,17 @@ TEST(Messages, InvalidFieldsAreRejected) {
   EXPECT_FALSE(decode_message(encode_message(Join{"t", "h", "cpu", 1, {}})).ok());
   EXPECT_FALSE(decode_message(encode_message(Ready{-2})).ok());
   // A pre-flight entry must name a rank and hold a time and a rate.
-  EXPECT_NE(decode_message(encode_message(Ready{1, {PeerProbe{-1, true, "", 1, 1, 0}}}))
+  EXPECT_NE(decode_message(encode_message(Preflight{1, {PeerProbe{-1, true, "", 1, 1, 0}}}))
                 .status()
                 .message()
                 .find("probe peer"),
             std::string::npos);
-  EXPECT_NE(
-      decode_message(encode_message(Ready{1, {PeerProbe{0, true, "", -3, 1, 0}}})).status().message().find("rtt -3"),
-      std::string::npos);
-  EXPECT_FALSE(decode_message(encode_message(Ready{1, {PeerProbe{0, true, "", std::nanf(""), 1, 0}}})).ok());
+  EXPECT_NE(decode_message(encode_message(Preflight{1, {PeerProbe{0, true, "", -3, 1, 0}}}))
+                .status()
+                .message()
+                .find("rtt -3"),
+            std::string::npos);
+  EXPECT_FALSE(decode_message(encode_message(Preflight{1, {PeerProbe{0, true, "", std::nanf(""), 1, 0}}})).ok());
   // Only a role-wide change (grad, tp) may leave both ends unnamed.
   EXPECT_TRUE(decode_message(encode_message(SetCodec{-1, -1, "grad", "int8", 7})).ok());
   EXPECT_NE(decode_message(encode_message(SetCodec{-1, -1, "fwd", "int4", 3})).status().message().find("src -1"),
