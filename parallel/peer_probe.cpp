@@ -108,7 +108,9 @@ Status initiate(PairChannel& ch, bool burst, const ProbeOptions& o, PeerProbe& o
       out.send_mbps = float(std::min(bps / 1e6, 1e8));
       prev_bytes = double(size);
       prev_s = s;
-      if (bursts >= 2 && (s > std::chrono::duration<double>(o.burst_time).count() || size * 4 > o.max_burst_bytes))
+      // Stop once a burst's own time (less the round trip) is long enough to time well, or at the size cap.
+      if (bursts >= 2 &&
+          (s - rtt > std::chrono::duration<double>(o.burst_time).count() || size * 4 > o.max_burst_bytes))
         break;
     }
   }

@@ -24,8 +24,8 @@ std::vector<std::pair<int, int>> talking_pairs(const Topology& topology);
 struct ProbeOptions {
   int pings = 3;  // round trips timed per pair and way (the median is kept)
   // The send-rate burst grows 4 KiB, 16 KiB, … up to max_burst_bytes, and stops once one burst took longer than
-  // burst_time (after at least two): the rate is the last two bursts' difference in bytes over their difference in
-  // time, which takes the round trip out.
+  // burst_time beyond the round trip (after at least two): the rate is the last two bursts' difference in bytes over
+  // their difference in time, which takes the round trip out.
   uint32_t max_burst_bytes = 4u << 20;
   std::chrono::milliseconds burst_time{50};
   // How long one message may take before the pair counts as unreachable.
