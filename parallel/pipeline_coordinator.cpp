@@ -113,12 +113,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   };
   hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
   hooks.on_unreachable = [self](const std::string& why) {
-    {
-      std::lock_guard<std::mutex> lock(self->mu_);
-      if (self->failure_) return;
-      self->failure_ = unavailable(why);
-    }
-    self->coordinator_->shutdown(why);
+    if (self->claim_failure(why)) self->coordinator_->shutdown(why);
   };
   hooks.on_ctl_async = [self](const CtlRequest& r, CoordinatorHooks::CtlReplyFn reply) {
     self->handle_ctl_async(r, std::move(reply));
@@ -224,13 +219,16 @@ void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason
                                      : "worker " + std::to_string(w.rank) + host +
                                            (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") +
                                            ": " + said;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failure_) return;  // the first loss is the cause; the rest follow from it
-    failure_ = unavailable(why);
-  }
+  if (!claim_failure(why)) return;
   LH_LOG_ERROR("coordinator: {}", why);
   coordinator_->shutdown(why);
+}
+
+bool PipelineCoordinator::claim_failure(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_) return false;
+  failure_ = unavailable(why);
+  return true;
 }
 
 std::vector<SetCodec> PipelineCoordinator::changes_locked() const {

@@ -86,6 +86,9 @@ class PipelineCoordinator {
       : job_(std::move(job)), topology_(std::move(topology)), codecs_(std::move(schedule)) {}
   Result<std::vector<Plan>> make_plans(const std::vector<WorkerInfo>& workers);
   void on_lost(const WorkerInfo& w, const std::string& reason);
+  // Records `why` as the job's failure unless one is recorded already (the first is the cause; the rest follow from
+  // it). True when this call recorded it: the caller then shuts the job down.
+  bool claim_failure(const std::string& why);
   void on_shard(const ShardSaved& shard);
   void on_rollback(int64_t epoch, const std::string& reason);
   // Every live codec change so far, as the Plan's `changes` list (the manifest stores the same).

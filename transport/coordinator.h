@@ -50,7 +50,7 @@ struct WorkerInfo {
   std::chrono::steady_clock::time_point last_seen{};
   uint32_t next_seq = 1;  // the sequence number its next message must carry (ControlHeader::seq)
   Heartbeat progress;     // its latest heartbeat (step, pending data-plane transfers)
-  std::vector<PeerProbe> probes;  // its pre-flight of this epoch (Ready): one per peer it talks to
+  std::vector<PeerProbe> probes;  // its pre-flight of this epoch (Preflight): one per peer it talks to
   std::chrono::steady_clock::time_point progress_at{};
 };
 const char* worker_state_name(WorkerInfo::State s);

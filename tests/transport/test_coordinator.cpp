@@ -285,6 +285,17 @@ TEST(Coordinator, SilentWorkerIsDeclaredDeadAndOthersAreTold) {
   t0.join();
 }
 
+// Two clients of a two-worker job: both join and pass the start barrier.
+void start_two(ControlClient& a, ControlClient& b) {
+  std::thread ta([&] {
+    ASSERT_TRUE(a.join(fake_address(0), 5s).ok());
+    ASSERT_TRUE(a.ready(5s).ok());
+  });
+  ASSERT_TRUE(b.join(fake_address(1), 5s).ok());
+  ASSERT_TRUE(b.ready(5s).ok());
+  ta.join();
+}
+
 // A worker's pre-flight found a peer it cannot reach: the job does not start, and the coordinator ends it at once
 // with a reason naming both ranks, their hosts and the error; the pre-flight is in the status.
 TEST(Coordinator, APreflightThatCannotReachAPeerEndsTheJobNamingThePair) {
@@ -295,13 +306,7 @@ TEST(Coordinator, APreflightThatCannotReachAPeerEndsTheJobNamingThePair) {
   auto c = Coordinator::start(opts(2), hooks);
   ASSERT_TRUE(c.ok());
   auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
-  std::thread ta([&] {
-    ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
-    ASSERT_TRUE(a->ready(5s).ok());
-  });
-  ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
-  ASSERT_TRUE(b->ready(5s).ok());
-  ta.join();
+  ASSERT_NO_FATAL_FAILURE(start_two(*a, *b));
   const int ra = a->plan()->rank, rb = b->plan()->rank;
   PeerProbe good{rb, true, "", 0.5f, 800.f, 4096};
   PeerProbe bad{ra, false, "waiting for rank " + std::to_string(ra) + ": no answer within 10000 ms", 0, 0, 0};
@@ -324,14 +329,10 @@ TEST(Coordinator, APreflightOfReachablePairsOpensItsBarrier) {
   auto c = Coordinator::start(opts(2));
   ASSERT_TRUE(c.ok());
   auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
-  std::thread ta([&] {
-    ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
-    ASSERT_TRUE(a->ready(5s).ok());
-    EXPECT_TRUE(a->preflight({PeerProbe{1 - a->plan()->rank, true, "", 0.4f, 900.f, 4096}}, 5s).ok());
-  });
-  ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
-  ASSERT_TRUE(b->ready(5s).ok());
-  EXPECT_TRUE(b->preflight({PeerProbe{a->plan()->rank, true, "", 0.4f, 850.f, 4096}}, 5s).ok());
+  ASSERT_NO_FATAL_FAILURE(start_two(*a, *b));
+  const int ra = a->plan()->rank, rb = b->plan()->rank;
+  std::thread ta([&] { EXPECT_TRUE(a->preflight({PeerProbe{rb, true, "", 0.4f, 900.f, 4096}}, 5s).ok()); });
+  EXPECT_TRUE(b->preflight({PeerProbe{ra, true, "", 0.4f, 850.f, 4096}}, 5s).ok());
   ta.join();
   const auto pf = (*c)->preflight_json();
   ASSERT_EQ(pf.size(), 2u);
@@ -358,13 +359,7 @@ TEST(Coordinator, LeavingWorkerIsReportedAndJobEnds) {
   auto c = Coordinator::start(opts(2));
   ASSERT_TRUE(c.ok());
   auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
-  std::thread ta([&] {
-    ASSERT_TRUE(a->join(fake_address(0), 5s).ok());
-    ASSERT_TRUE(a->ready(5s).ok());
-  });
-  ASSERT_TRUE(b->join(fake_address(1), 5s).ok());
-  ASSERT_TRUE(b->ready(5s).ok());
-  ta.join();
+  ASSERT_NO_FATAL_FAILURE(start_two(*a, *b));
   a->leave("finished");
   auto ev = b->wait_event(5s);
   ASSERT_TRUE(ev.has_value() && std::holds_alternative<PeerLost>(*ev));
