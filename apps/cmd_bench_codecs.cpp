@@ -1,17 +1,21 @@
 // `longhaul bench codecs`: compression ratio, error and encode/decode bandwidth of every codec, each
-// beside memcpy of the same buffer in the same run. Used by engineers and CI to check the codec targets.
-#include <nlohmann/json.hpp>
-
+// beside memcpy of the same buffer in the same run (on the CPU a memcpy split across all the codec
+// threads, the speed the streaming codecs are held to). --isa runs the CPU rows once per instruction
+// set (compress/cpu_isa.h), so the portable and the dispatched paths are compared in one run.
+// Used by engineers and CI to check the codec targets; scripts/bench_codecs_vs_torch.sh puts PyTorch's
+// figures beside them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "apps/commands.h"
 #include "compress/codec_chain.h"
+#include "compress/cpu_isa.h"
 #include "core/cuda_runtime.h"
 #include "core/exec.h"
 #include "core/rng.h"
@@ -30,6 +34,7 @@ struct CodecBenchOptions {
   std::vector<int64_t> sizes = {1 << 20, 1 << 24};
   std::string specs;  // ';'-separated; empty = the default list
   int repeats = 5;
+  std::vector<std::string> isas;  // CPU instruction sets; empty = the active one
 };
 
 const char* kDefaultSpecs =
@@ -61,7 +66,7 @@ double median_seconds(Device d, int repeats, F&& f) {
 }
 
 struct Row {
-  std::string spec, shape, device;
+  std::string spec, shape, device, isa;
   double ratio, rel_rms, encode_gbps, decode_gbps, memcpy_gbps;
 };
 
@@ -85,6 +90,16 @@ double rel_rms(const Tensor& a, const Tensor& b) {
   return den > 0 ? std::sqrt(num / den) : 0.0;
 }
 
+void parallel_memcpy(void* dst, const void* src, size_t bytes) {
+  const int64_t chunk = 1 << 20, chunks = static_cast<int64_t>((bytes + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < chunks; ++i) {
+    const size_t off = static_cast<size_t>(i * chunk);
+    std::memcpy(static_cast<char*>(dst) + off, static_cast<const char*>(src) + off,
+                std::min<size_t>(static_cast<size_t>(chunk), bytes - off));
+  }
+}
+
 Row bench_one(const std::string& spec, int64_t n, Device d, int repeats) {
   auto chain = compress::parse_codec_spec(spec);
   if (!chain.ok()) fail(chain.status().to_string());
@@ -94,8 +109,13 @@ Row bench_one(const std::string& spec, int64_t n, Device d, int repeats) {
   auto dst = Tensor::create(shape, DType::f32, d);
   if (!dst.ok()) fail(dst.status().to_string());
   const double raw = double(CodecChain::raw_bytes(x));
-  // The baseline: memcpy of the same bytes (cudaMemcpy device to device on CUDA).
+  // The baseline: memcpy of the same bytes, split across the threads the codecs use (cudaMemcpy
+  // device to device on CUDA).
   double tc = median_seconds(d, repeats, [&] {
+    if (d == Device::cpu) {
+      parallel_memcpy(dst->raw_data(), x.raw_data(), x.nbytes());
+      return;
+    }
     Status s = copy_bytes(dst->raw_data(), d, x.raw_data(), d, x.nbytes());
     if (!s.ok()) fail(s.to_string());
   });
@@ -122,6 +142,7 @@ Row bench_one(const std::string& spec, int64_t n, Device d, int repeats) {
   r.spec = spec;
   r.shape = shape_string(shape);
   r.device = device_name(d);
+  r.isa = d == Device::cpu ? compress::kern::cpu_isa_name(compress::kern::active_cpu_isa()) : "-";
   r.ratio = raw / double(p.size());
   r.rel_rms = rel_rms(x, y);
   r.encode_gbps = raw / te / 1e9;
@@ -145,19 +166,50 @@ int run(const CodecBenchOptions& o) {
     auto c = compress::parse_codec_spec(s);
     if (!c.ok()) fail(c.status().to_string());
   }
-  if (!o.json) {
-    std::printf("longhaul bench codecs: %d threads, %s, median of %d runs; GB/s of raw fp32 bytes\n", num_threads(),
-                cuda_device_summary().c_str(), o.repeats);
-    std::printf("%-4s %-28s %-13s %8s %9s %9s %9s %9s %7s %7s\n", "dev", "spec", "shape", "ratio", "rel_rms", "enc GB/s",
-                "dec GB/s", "memcpy", "enc/mc", "dec/mc");
+  std::vector<compress::kern::CpuIsa> isas;
+  for (const auto& name : o.isas) {
+    if (name == "all") {
+      isas = compress::kern::supported_cpu_isas();
+      break;
+    }
+    auto isa = compress::kern::parse_cpu_isa(name);
+    if (isa.ok()) {
+      Status s = compress::kern::set_cpu_isa(*isa);
+      if (!s.ok()) isa = s;
+    }
+    if (!isa.ok()) fail("bench codecs: --isa " + name + ": " + isa.status().message());
+    isas.push_back(*isa);
   }
-  for (Device d : devices)
-    for (int64_t n : o.sizes)
-      for (const auto& spec : specs) {
-        Row r = bench_one(spec, n, d, o.repeats);
+  if (isas.empty()) isas.push_back(compress::kern::active_cpu_isa());
+  if (!o.json) {
+    std::printf(
+        "longhaul bench codecs: %d threads, %s, median of %d runs; GB/s of raw fp32 bytes; memcpy on %d threads\n",
+        num_threads(), cuda_device_summary().c_str(), o.repeats, num_threads());
+    std::printf("%-4s %-8s %-28s %-13s %8s %9s %9s %9s %9s %7s %7s\n", "dev", "isa", "spec", "shape", "ratio",
+                "rel_rms", "enc GB/s", "dec GB/s", "memcpy", "enc/mc", "dec/mc");
+  }
+  struct Run {
+    Device device;
+    compress::kern::CpuIsa isa;
+  };
+  std::vector<Run> runs;
+  for (Device d : devices) {
+    if (d != Device::cpu) runs.push_back({d, isas.front()});
+    if (d == Device::cpu)
+      for (auto isa : isas) runs.push_back({d, isa});
+  }
+  for (int64_t n : o.sizes)
+    for (const auto& spec : specs)
+      for (const Run& run : runs) {  // the ISAs of one codec side by side, in the same minute
+        if (run.device == Device::cpu) {
+          Status s = compress::kern::set_cpu_isa(run.isa);
+          if (!s.ok()) fail(s.to_string());
+        }
+        Row r = bench_one(spec, n, run.device, o.repeats);
         if (o.json) {
           nlohmann::json j = {{"bench", "codecs"},
                               {"device", r.device},
+                              {"isa", r.isa},
                               {"spec", r.spec},
                               {"shape", r.shape},
                               {"ratio", r.ratio},
@@ -170,9 +222,9 @@ int run(const CodecBenchOptions& o) {
                               {"threads", num_threads()}};
           std::printf("%s\n", j.dump().c_str());
         } else {
-          std::printf("%-4s %-28s %-13s %8.2f %9.2e %9.2f %9.2f %9.2f %7.2f %7.2f\n", r.device.c_str(), r.spec.c_str(),
-                      r.shape.c_str(), r.ratio, r.rel_rms, r.encode_gbps, r.decode_gbps, r.memcpy_gbps,
-                      r.encode_gbps / r.memcpy_gbps, r.decode_gbps / r.memcpy_gbps);
+          std::printf("%-4s %-8s %-28s %-13s %8.2f %9.2e %9.2f %9.2f %9.2f %7.2f %7.2f\n", r.device.c_str(),
+                      r.isa.c_str(), r.spec.c_str(), r.shape.c_str(), r.ratio, r.rel_rms, r.encode_gbps, r.decode_gbps,
+                      r.memcpy_gbps, r.encode_gbps / r.memcpy_gbps, r.decode_gbps / r.memcpy_gbps);
         }
         std::fflush(stdout);
       }
@@ -193,6 +245,9 @@ RegisterCommand reg("bench", 20, [](CLI::App& bench) {
   cmd->add_option("--repeats", opts->repeats, "timed runs per figure (the median is reported)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  cmd->add_option("--isa", opts->isas,
+                  "CPU instruction sets to run the CPU rows on: baseline, avx2, avx512, or all that this CPU runs "
+                  "(default: the best, or LH_CPU_ISA)");
   cmd->callback([opts] {
     for (int64_t n : opts->sizes)
       if (n % 1024 != 0) fail("bench codecs: --sizes must be multiples of 1024, got " + std::to_string(n));

@@ -17,6 +17,8 @@ void quantize(const Exec& ex, const float* x, int64_t n, const QuantSpec& q, uin
 void dequantize(const Exec& ex, const uint8_t* scales, const uint8_t* codes, int64_t n, const QuantSpec& q, float* y);
 void to_half(const Exec& ex, const float* x, int64_t n, bool bf16, uint16_t* y);
 void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y);
+// memcpy between host buffers, split across the OpenMP threads when large (the `none` codec).
+void copy_host(void* dst, const void* src, size_t bytes);
 // y = a + s·b (y may alias a or b).
 void axpby(const Exec& ex, float* y, const float* a, const float* b, float s, int64_t n);
 void randk_gather(const Exec& ex, const float* x, uint64_t n, uint64_t seed, int64_t k, float* v);

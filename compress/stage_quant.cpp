@@ -103,6 +103,10 @@ Status encode_terminal(const Exec& ex, const StageSpec& s, const Tensor& x, uint
   if (s.id == CodecId::none) {
     size_t bytes = static_cast<size_t>(n) * 4;
     std::memset(payload + bytes, 0, pad8(bytes) - bytes);
+    if (ex.device == Device::cpu) {
+      kern::copy_host(payload, xp, bytes);
+      return Status::Ok();
+    }
     return copy_bytes(payload, Device::cpu, xp, ex.device, bytes);
   }
   if (s.id == CodecId::fp16 || s.id == CodecId::bf16) {
@@ -135,6 +139,10 @@ Status decode_terminal(const Exec& ex, const PacketHeader& h, const uint8_t* pay
   if (h.codec == CodecId::none) {
     size_t bytes = static_cast<size_t>(n) * 4;
     LH_RETURN_IF_ERROR(check_zero_pad(payload, bytes, pad8(bytes), "values"));
+    if (ex.device == Device::cpu) {
+      kern::copy_host(y, payload, bytes);
+      return Status::Ok();
+    }
     return copy_bytes(y, ex.device, payload, Device::cpu, bytes);
   }
   const uint8_t* dev = nullptr;

@@ -1,9 +1,11 @@
-// The Packet header: writing, parsing with bounds checks, and the xxHash64 over header and payload.
+// The Packet header: writing, parsing with bounds checks, and the checksum over header and payload.
 // Used by the codec chain, inspect_packet (metering) and the corruption/fuzz tests.
 #include "compress/wire.h"
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
+#include <algorithm>
+#include <cstring>
+
+#include "compress/cpu_isa.h"
 
 namespace lh::compress {
 
@@ -60,11 +62,23 @@ void write_header(const PacketHeader& h, uint8_t* dst) {
 
 uint64_t packet_hash(const uint8_t* packet, const PacketHeader& h) {
   // The hash covers the header too, so a flipped bit in a seed or a shape is caught, not decoded.
-  XXH64_state_t st;
-  XXH64_reset(&st, 0x4C4850ull);
-  XXH64_update(&st, packet, 40);
-  XXH64_update(&st, packet + kFixedHeaderBytes, 8 * h.shape.size() + h.payload_bytes);
-  return XXH64_digest(&st);
+  // Payload segments are hashed independently (in parallel when there are several), then one XXH3
+  // runs over the header bytes and the segment hashes: the same value on any thread count or ISA.
+  const kern::CpuCodecLoops& k = kern::cpu_loops();
+  const uint8_t* payload = packet + h.header_bytes();
+  const int64_t segs = static_cast<int64_t>((h.payload_bytes + kHashSegmentBytes - 1) / kHashSegmentBytes);
+  const size_t head = 40 + 8 * h.shape.size();
+  std::vector<uint8_t> summary(head + 8 * static_cast<size_t>(segs));
+  std::memcpy(summary.data(), packet, 40);
+  std::memcpy(summary.data() + 40, packet + kFixedHeaderBytes, 8 * h.shape.size());
+  uint8_t* out = summary.data() + head;
+#pragma omp parallel for schedule(static) if (h.payload_bytes >= 4 * kHashSegmentBytes)
+  for (int64_t i = 0; i < segs; ++i) {
+    const uint64_t off = static_cast<uint64_t>(i) * kHashSegmentBytes;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kHashSegmentBytes, h.payload_bytes - off));
+    store_le<uint64_t>(out + 8 * i, k.xxh3(payload + off, len, kHashSeed));
+  }
+  return k.xxh3(summary.data(), summary.size(), kHashSeed);
 }
 
 void seal_packet(uint8_t* packet, PacketHeader* h) {
@@ -124,7 +138,7 @@ Result<PacketHeader> parse_header(const uint8_t* data, size_t size, const WireLi
     return corrupt("packet field 'payload_length' says " + std::to_string(h.payload_bytes) + " bytes but only " +
                    std::to_string(size - hb) + " follow the header (truncated)");
   if (limits.verify_hash && packet_hash(data, h) != h.hash)
-    return corrupt("packet field 'hash': xxHash64 mismatch (bytes changed in transit)");
+    return corrupt("packet field 'hash': checksum mismatch (bytes changed in transit)");
   return h;
 }
 

@@ -1,5 +1,5 @@
-// defines: the Packet wire format — a fixed little-endian header, its bounds checks and the xxHash64
-// that covers header and payload. Used by the codec chain (encode/decode), transport and the fuzz target.
+// defines: the Packet wire format — a fixed little-endian header, its bounds checks and the xxHash
+// checksum that covers header and payload. Used by the codec chain (encode/decode), transport and the fuzz target.
 //
 // Layout of one packet (all integers little-endian, every offset a multiple of 8):
 //
@@ -16,7 +16,10 @@
 //    20    4 reserved, must be zero
 //    24    8 p2       codec parameter: a seed or a count
 //    32    8 payload length in bytes (a multiple of 8)
-//    40    8 xxHash64 of bytes [0, 40), the shape and the payload
+//    40    8 checksum of bytes [0, 40), the shape and the payload: XXH3-64 (seed kHashSeed) of
+//            bytes [0, 40) ‖ shape ‖ h_0 ‖ h_1 ‖ …, h_i = XXH3-64 of the payload's i-th segment of
+//            kHashSegmentBytes (the last may be shorter), each as 8 little-endian bytes; segments
+//            are hashed in parallel, and XXH3 runs at the CPU's vector width (cpu_isa.h)
 //    48 8*nd shape (int64 per dimension)
 //  48+8nd  … payload
 //
@@ -38,7 +41,9 @@
 namespace lh::compress {
 
 constexpr uint32_t kWireMagic = 0x4B50484Cu;  // "LHPK" read as little-endian u32
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;          // 2: the segmented XXH3 checksum (1 was XXH64 of the whole)
+constexpr uint64_t kHashSeed = 0x4C4850ull;
+constexpr uint64_t kHashSegmentBytes = 256 * 1024;
 constexpr int kMaxNdim = 8;
 constexpr size_t kFixedHeaderBytes = 48;
 constexpr int kMaxNesting = 8;

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# longhaul's CPU codecs beside the same codecs written as PyTorch CPU tensor ops (scripts/bench_codecs_torch.py),
+# same machine, same threads, same tensors, run back to back per size: the table issue 16 asks for.
+#
+#   scripts/bench_codecs_vs_torch.sh [LONGHAUL]        (default: build/bin/longhaul)
+# Environment: THREADS (2), SIZES ("1048576 4194304": 4 MiB and 16 MiB of fp32), REPEATS (15),
+#   ISA ("all": every instruction set this CPU runs, so the portable path is measured beside the dispatched ones).
+# Needs Debian's python3-torch (installed here with apt-get when missing and running as root); the longhaul
+# build does not depend on it.
+# Prints per codec and size: PyTorch encode/decode GB/s, longhaul's per ISA, the ratios to PyTorch and to a
+# memcpy on THREADS threads, and the targets (int8/int4/int2/lowrank >= 2x PyTorch, fp16/bf16 >= 1x,
+# streaming codecs >= 0.5x memcpy).
+set -euo pipefail
+
+LH="${1:-build/bin/longhaul}"
+THREADS="${THREADS:-2}"
+SIZES="${SIZES:-1048576 4194304}"
+REPEATS="${REPEATS:-15}"
+ISA="${ISA:-all}"
+PY=/usr/bin/python3
+[ -x "$LH" ] || { echo "bench_codecs_vs_torch.sh: no longhaul binary at $LH" >&2; exit 1; }
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  if [ "$(id -u)" = 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends python3-torch >/dev/null
+  else
+    echo "bench_codecs_vs_torch.sh: needs python3-torch (apt-get install python3-torch)" >&2
+    exit 1
+  fi
+fi
+here="$(cd "$(dirname "$0")" && pwd)"
+out="$(mktemp -d /tmp/lh_codecs_vs_torch.XXXXXX)"
+specs="fp16;bf16;int8;int4;int2;lowrank:rank=8"
+for n in $SIZES; do
+  OMP_NUM_THREADS="$THREADS" "$PY" "$here/bench_codecs_torch.py" --threads "$THREADS" --sizes "$n" \
+    --repeats "$REPEATS" >>"$out/torch.jsonl"
+  OMP_NUM_THREADS="$THREADS" "$LH" bench codecs --json --isa "$ISA" --sizes "$n" --specs "$specs" \
+    --repeats "$REPEATS" >>"$out/longhaul.jsonl"
+done
+"$PY" - "$out" <<'PYEOF'
+import json, sys
+out = sys.argv[1]
+torch = {(r["spec"], r["numel"]): r for r in map(json.loads, open(f"{out}/torch.jsonl"))}
+rows = [json.loads(l) for l in open(f"{out}/longhaul.jsonl")]
+target = {"fp16": 1.0, "bf16": 1.0}
+streaming = {"fp16", "bf16", "int8", "int4", "int2"}
+print(f"threads {rows[0]['threads']}; GB/s of raw fp32 bytes; x = longhaul / PyTorch; mc = longhaul / memcpy on "
+      f"{rows[0]['threads']} threads; ok = meets its target")
+print(f"{'spec':16s} {'MiB':>4s} {'isa':8s} {'torch enc':>9s} {'lh enc':>7s} {'x':>6s} {'mc':>5s}   "
+      f"{'torch dec':>9s} {'lh dec':>7s} {'x':>6s} {'mc':>5s}  target")
+for r in rows:
+    n = int(eval(r["shape"].replace("[", "").replace("]", "").replace(", ", "*")))
+    t = torch[(r["spec"], n)]
+    xt = target.get(r["spec"], 2.0)
+    xe, xd = r["encode_gbps"] / t["encode_gbps"], r["decode_gbps"] / t["decode_gbps"]
+    me, md = r["encode_vs_memcpy"], r["decode_vs_memcpy"]
+    ok = xe >= xt and xd >= xt and (r["spec"] not in streaming or (me >= 0.5 and md >= 0.5))
+    goal = f">={xt:g}x torch" + (", >=0.5 mc" if r["spec"] in streaming else "")
+    print(f"{r['spec']:16s} {n * 4 >> 20:4d} {r['isa']:8s} {t['encode_gbps']:9.2f} {r['encode_gbps']:7.2f} "
+          f"{xe:6.2f} {me:5.2f}   {t['decode_gbps']:9.2f} {r['decode_gbps']:7.2f} {xd:6.2f} {md:5.2f}  "
+          f"{goal} {'ok' if ok else 'MISSED'}")
+PYEOF
+echo "raw results: $out"
