@@ -45,6 +45,10 @@ struct CpuCodecLoops {
   void (*to_half)(const float* x, int64_t b, int64_t e, bool bf16, uint16_t* y);
   void (*from_half)(const uint16_t* x, int64_t b, int64_t e, bool bf16, float* y);
   void (*axpby)(float* y, const float* a, const float* b, float s, int64_t lo, int64_t hi);
+  // y[i, j] = Σ_k a[i, k]·bt[k, j] for rows [row0, row1) (a: rows × r, bt: r × m with row stride ld),
+  // summed in k order with one rounding per product and per sum (no FMA): the same bits on every ISA.
+  void (*low_rank_rows)(const float* a, const float* bt, int64_t ld, int64_t m, int64_t r, float* y, int64_t row0,
+                        int64_t row1);
   // XXH3_64bits_withSeed (xxHash inlined, so its own SIMD path follows the ISA; same value on all).
   uint64_t (*xxh3)(const void* data, size_t len, uint64_t seed);
 };

@@ -17,6 +17,11 @@ void quantize(const Exec& ex, const float* x, int64_t n, const QuantSpec& q, uin
 void dequantize(const Exec& ex, const uint8_t* scales, const uint8_t* codes, int64_t n, const QuantSpec& q, float* y);
 void to_half(const Exec& ex, const float* x, int64_t n, bool bf16, uint16_t* y);
 void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y);
+// y[rows × m] = a[rows × r] · b[m × r]ᵀ: the decode of lowrank (P·Qᵀ) and subspace (C·Uᵀ). On the
+// CPU, for r <= kLowRankMaxR (beyond it BLAS wins), a kernel of the active ISA that sums over r in order (the same bits on
+// every ISA and thread count); BLAS / cuBLAS otherwise.
+constexpr int64_t kLowRankMaxR = 64;
+void low_rank_product(const Exec& ex, const float* a, const float* b, int64_t rows, int64_t m, int64_t r, float* y);
 // memcpy between host buffers, split across the OpenMP threads when large (the `none` codec).
 void copy_host(void* dst, const void* src, size_t bytes);
 // y = a + s·b (y may alias a or b).

@@ -11,6 +11,7 @@
 #include "compress/cpu_isa.h"
 #include "compress/device_kernels.h"
 #include "compress/kernels_impl.h"
+#include "core/ops.h"
 
 namespace lh::compress::kern {
 
@@ -85,6 +86,24 @@ void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y
   LH_KERN_DISPATCH(ex, from_half(ex.stream, x, n, bf16, y));
   const CpuCodecLoops& k = cpu_loops();
   in_groups(n, kGroupElems, n, [&](int64_t lo, int64_t hi) { k.from_half(x, lo, hi, bf16, y); });
+}
+void low_rank_product(const Exec& ex, const float* a, const float* b, int64_t rows, int64_t m, int64_t r, float* y) {
+  if (ex.device != Device::cpu || r > kLowRankMaxR) {
+    matmul(ex, false, true, static_cast<int>(rows), static_cast<int>(m), static_cast<int>(r), 1.0f, a,
+           static_cast<int>(r), b, static_cast<int>(r), 0.0f, y, static_cast<int>(m));
+    return;
+  }
+  // bᵀ (r × m) so each k's columns are contiguous, rows padded by a cache line: with m a multiple of
+  // 1024 the r rows would otherwise sit 4 KiB apart, in one L1 set, and evict each other beyond r = 8.
+  const int64_t ld = m + 16;
+  thread_local std::vector<float> bt;
+  bt.resize(static_cast<size_t>(r * ld));
+  for (int64_t j = 0; j < m; ++j)
+    for (int64_t k = 0; k < r; ++k) bt[k * ld + j] = b[j * r + k];
+  const CpuCodecLoops& k = cpu_loops();
+  const float* btp = bt.data();
+  in_groups(rows, std::max<int64_t>(1, kGroupElems / std::max<int64_t>(1, m)), rows * m,
+            [&](int64_t lo, int64_t hi) { k.low_rank_rows(a, btp, ld, m, r, y, lo, hi); });
 }
 void copy_host(void* dst, const void* src, size_t bytes) {
   const int64_t n = static_cast<int64_t>(bytes);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "compress/chain_internal.h"
+#include "compress/device_kernels.h"
 #include "core/ops.h"
 #include "core/rng.h"
 
@@ -126,8 +127,7 @@ Status decode_lowrank(const Exec& ex, const PacketHeader& h, const std::vector<T
   const int64_t m = h.shape.empty() ? 1 : h.shape.back(), n = h.numel(), rows = m ? n / m : 0;
   const int r = static_cast<int>(h.p0);
   if (r == 0 || rows == 0 || m == 0) return out->zero();
-  matmul(ex, false, true, static_cast<int>(rows), static_cast<int>(m), r, 1.0f, ch[0].data<float>(), r,
-         ch[1].data<float>(), r, 0.0f, out->data<float>(), static_cast<int>(m));
+  kern::low_rank_product(ex, ch[0].data<float>(), ch[1].data<float>(), rows, m, r, out->data<float>());
   return Status::Ok();
 }
 

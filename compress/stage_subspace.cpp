@@ -5,6 +5,7 @@
 // C = X·U (child [rows, k]); decode returns C·Uᵀ — exact for rows in the span of U.
 // Header: p0 = k, p2 = the basis seed.
 #include "compress/chain_internal.h"
+#include "compress/device_kernels.h"
 #include "core/ops.h"
 
 namespace lh::compress::detail {
@@ -25,9 +26,7 @@ Status decode_subspace(DecodeCtx& ctx, const PacketHeader& h, const std::vector<
   const int64_t d = h.shape.back(), rows = h.numel() / d, k = h.p0;
   LH_ASSIGN_OR_RETURN(Tensor u, subspace_basis(ctx.st, ctx.ex, d, k, h.p2));
   if (rows == 0) return Status::Ok();
-  matmul(ctx.ex, false, true, static_cast<int>(rows), static_cast<int>(d), static_cast<int>(k), 1.0f,
-         ch[0].data<float>(), static_cast<int>(k), u.data<float>(), static_cast<int>(k), 0.0f, out->data<float>(),
-         static_cast<int>(d));
+  kern::low_rank_product(ctx.ex, ch[0].data<float>(), u.data<float>(), rows, d, k, out->data<float>());
   return Status::Ok();
 }
 
