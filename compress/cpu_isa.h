@@ -49,6 +49,15 @@ struct CpuCodecLoops {
   // summed in k order with one rounding per product and per sum (no FMA): the same bits on every ISA.
   void (*low_rank_rows)(const float* a, const float* bt, int64_t ld, int64_t m, int64_t r, float* y, int64_t row0,
                         int64_t row1);
+  // PowerSGD's two products over M (rows × m), in an order fixed by the math alone, so every ISA gives
+  // the same bits. p[i, k] = Σ_j M[i, j]·qt[k, j] for rows [row0, row1): 16 partial sums (j mod 16,
+  // ascending, from +0) over the first m − m mod 16 columns, added as a fixed tree (l + 8, l + 4, l + 2,
+  // l + 1), then the remaining columns in order. qt: r × m, row stride ld.
+  void (*project_rows)(const float* M, int64_t m, const float* qt, int64_t ld, int64_t r, float* p, int64_t row0,
+                       int64_t row1);
+  // qt[k, j] = Σ_i M[i, j]·p[i, k] over all rows in order (from +0), for columns [col0, col1).
+  void (*back_project_cols)(const float* M, int64_t rows, int64_t m, const float* p, int64_t r, float* qt, int64_t ld,
+                            int64_t col0, int64_t col1);
   // XXH3_64bits_withSeed (xxHash inlined, so its own SIMD path follows the ISA; same value on all).
   uint64_t (*xxh3)(const void* data, size_t len, uint64_t seed);
 };

@@ -22,6 +22,11 @@ void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y
 // every ISA and thread count); BLAS / cuBLAS otherwise.
 constexpr int64_t kLowRankMaxR = 64;
 void low_rank_product(const Exec& ex, const float* a, const float* b, int64_t rows, int64_t m, int64_t r, float* y);
+// PowerSGD's products with M (rows × m): p (rows × r) = M·q and q (m × r) = Mᵀ·p. On the CPU, for
+// r <= kLowRankMaxR, kernels of the active ISA whose summation order is fixed (the same bits on every
+// ISA and thread count); BLAS / cuBLAS otherwise.
+void project(const Exec& ex, const float* M, int64_t rows, int64_t m, const float* q, int64_t r, float* p);
+void back_project(const Exec& ex, const float* M, int64_t rows, int64_t m, const float* p, int64_t r, float* q);
 // memcpy between host buffers, split across the OpenMP threads when large (the `none` codec).
 void copy_host(void* dst, const void* src, size_t bytes);
 // y = a + s·b (y may alias a or b).

@@ -105,6 +105,38 @@ void low_rank_product(const Exec& ex, const float* a, const float* b, int64_t ro
   in_groups(rows, std::max<int64_t>(1, kGroupElems / std::max<int64_t>(1, m)), rows * m,
             [&](int64_t lo, int64_t hi) { k.low_rank_rows(a, btp, ld, m, r, y, lo, hi); });
 }
+void project(const Exec& ex, const float* M, int64_t rows, int64_t m, const float* q, int64_t r, float* p) {
+  if (ex.device != Device::cpu || r > kLowRankMaxR) {
+    matmul(ex, false, false, static_cast<int>(rows), static_cast<int>(r), static_cast<int>(m), 1.0f, M,
+           static_cast<int>(m), q, static_cast<int>(r), 0.0f, p, static_cast<int>(r));
+    return;
+  }
+  const int64_t ld = m + 16;  // padded rows, as in low_rank_product
+  thread_local std::vector<float> qt;
+  qt.resize(static_cast<size_t>(r * ld));
+  for (int64_t j = 0; j < m; ++j)
+    for (int64_t k = 0; k < r; ++k) qt[k * ld + j] = q[j * r + k];
+  const CpuCodecLoops& k = cpu_loops();
+  const float* qtp = qt.data();
+  in_groups(rows, std::max<int64_t>(1, kGroupElems / std::max<int64_t>(1, m)), rows * m,
+            [&](int64_t lo, int64_t hi) { k.project_rows(M, m, qtp, ld, r, p, lo, hi); });
+}
+void back_project(const Exec& ex, const float* M, int64_t rows, int64_t m, const float* p, int64_t r, float* q) {
+  if (ex.device != Device::cpu || r > kLowRankMaxR) {
+    matmul(ex, true, false, static_cast<int>(m), static_cast<int>(r), static_cast<int>(rows), 1.0f, M,
+           static_cast<int>(m), p, static_cast<int>(r), 0.0f, q, static_cast<int>(r));
+    return;
+  }
+  // Column tiles of 256 (r × 256 floats of qt stay in L1), each summed over all rows by one thread.
+  const int64_t ld = m + 16;
+  thread_local std::vector<float> qt;
+  qt.resize(static_cast<size_t>(r * ld));
+  const CpuCodecLoops& k = cpu_loops();
+  float* qtp = qt.data();
+  in_groups(m, 256, rows * m, [&](int64_t lo, int64_t hi) { k.back_project_cols(M, rows, m, p, r, qtp, ld, lo, hi); });
+  for (int64_t j = 0; j < m; ++j)
+    for (int64_t c = 0; c < r; ++c) q[j * r + c] = qt[c * ld + j];
+}
 void copy_host(void* dst, const void* src, size_t bytes) {
   const int64_t n = static_cast<int64_t>(bytes);
   in_groups(n, int64_t{4} * kGroupElems, n / 4, [&](int64_t lo, int64_t hi) {

@@ -107,13 +107,12 @@ Status encode_lowrank(EncodeCtx& ctx, const StageSpec& s, const std::string& key
   }
   LH_ASSIGN_OR_RETURN(Tensor p, device_tensor(ctx.ex, {rows, r}));
   const float* mp = x.data<float>();
-  const int ri = static_cast<int>(r), mi = static_cast<int>(m), ni = static_cast<int>(rows);
   if (r > 0) {
     for (int it = 0; it < s.iters; ++it) {
-      matmul(ctx.ex, false, false, ni, ri, mi, 1.0f, mp, mi, q.data<float>(), ri, 0.0f, p.data<float>(), ri);
+      kern::project(ctx.ex, mp, rows, m, q.data<float>(), r, p.data<float>());
       LH_RETURN_IF_ERROR(orthonormalize_columns(ctx.ex, p.data<float>(), rows, r));
       // Q is overwritten in place: M·Q has already been consumed.
-      matmul(ctx.ex, true, false, mi, ri, ni, 1.0f, mp, mi, p.data<float>(), ri, 0.0f, q.data<float>(), ri);
+      kern::back_project(ctx.ex, mp, rows, m, p.data<float>(), r, q.data<float>());
     }
   }
   ss.warm_q = q;

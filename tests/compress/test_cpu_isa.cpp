@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -270,16 +271,73 @@ TEST(CpuIsa, LowRankProductEqualsThePlainLoopOnEveryIsa) {
     }
 }
 
+// PowerSGD's products against plain loops in the documented order: 16 partial sums (column mod 16)
+// joined by a fixed tree, then the remaining columns; and row sums in order.
+TEST(CpuIsa, PowerSgdProductsEqualThePlainLoopsOnEveryIsa) {
+  Lcg g{17};
+  for (int64_t r : {int64_t{1}, int64_t{4}, int64_t{7}, int64_t{8}, int64_t{20}})
+    for (int64_t m : {int64_t{5}, int64_t{16}, int64_t{45}, int64_t{300}}) {
+      const int64_t rows = 9, ld = m + 3;
+      std::vector<float> M(rows * m), qt(r * ld), p(rows * r);
+      for (auto& v : M) v = static_cast<float>(static_cast<int32_t>(g.next() % 2001) - 1000) / 77.0f;
+      for (auto& v : qt) v = static_cast<float>(static_cast<int32_t>(g.next() % 2001) - 1000) / 53.0f;
+      for (auto& v : p) v = static_cast<float>(static_cast<int32_t>(g.next() % 2001) - 1000) / 29.0f;
+      auto fma_free = [](float acc, float a, float b) {
+        volatile float prod = a * b;
+        volatile float sum = acc + prod;
+        return static_cast<float>(sum);
+      };
+      std::vector<float> p_ref(rows * r), qt_ref(r * ld, 0.0f);
+      const int64_t m16 = m - m % 16;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t k = 0; k < r; ++k) {
+          float part[16] = {};
+          for (int64_t j = 0; j < m16; ++j) part[j % 16] = fma_free(part[j % 16], M[i * m + j], qt[k * ld + j]);
+          for (int w = 8; w >= 1; w /= 2)
+            for (int l = 0; l < w; ++l) part[l] = fma_free(part[l], part[l + w], 1.0f);
+          float t = part[0];
+          for (int64_t j = m16; j < m; ++j) t = fma_free(t, M[i * m + j], qt[k * ld + j]);
+          p_ref[i * r + k] = t;
+        }
+      for (int64_t k = 0; k < r; ++k)
+        for (int64_t j = 0; j < m; ++j) {
+          float t = 0.0f;
+          for (int64_t i = 0; i < rows; ++i) t = fma_free(t, M[i * m + j], p[i * r + k]);
+          qt_ref[k * ld + j] = t;
+        }
+      for (CpuIsa isa : isas()) {
+        const std::string what = name(isa) + " r=" + std::to_string(r) + " m=" + std::to_string(m);
+        std::vector<float> p_out(rows * r, 9.0f), qt_out(r * ld, 0.0f);
+        kern::cpu_loops_for(isa).project_rows(M.data(), m, qt.data(), ld, r, p_out.data(), 0, rows);
+        ASSERT_EQ(0, std::memcmp(p_out.data(), p_ref.data(), p_out.size() * 4)) << "project " << what;
+        // In two column ranges, as two threads would.
+        kern::cpu_loops_for(isa).back_project_cols(M.data(), rows, m, p.data(), r, qt_out.data(), ld, 0, m / 2);
+        kern::cpu_loops_for(isa).back_project_cols(M.data(), rows, m, p.data(), r, qt_out.data(), ld, m / 2, m);
+        ASSERT_EQ(0, std::memcmp(qt_out.data(), qt_ref.data(), qt_out.size() * 4)) << "back_project " << what;
+      }
+    }
+}
+
 // Whole packets: every ISA writes the same bytes (checksum included) and decodes them to the same
 // floats, for every terminal codec and a chain.
 TEST(CpuIsa, PacketsAreTheSameBytesOnEveryIsa) {
   const CpuIsa before = kern::active_cpu_isa();
   const std::vector<float> v = tricky(3 * 4096 + 64, 21);
-  Tensor x = Tensor::empty({3 * 64 + 1, 64});
-  std::memcpy(x.data<float>(), v.data(), x.nbytes());
-  for (const char* spec : {"none", "fp16", "bf16", "int8", "int4", "int2", "int4:block=32,scale=fp32", "ef+int4"}) {
+  Tensor tricky_x = Tensor::empty({3 * 64 + 1, 64});
+  std::memcpy(tricky_x.data<float>(), v.data(), tricky_x.nbytes());
+  // The low-rank codecs get the same data made finite (subnormals and 1e30s stay): their sums meet
+  // NaN with NaN, and which payload x86 keeps then depends on operand order, which the compiler may
+  // swap. Their outputs on finite data are the same bits on every ISA.
+  Tensor finite_x = Tensor::empty({3 * 64 + 1, 64});
+  for (int64_t i = 0; i < finite_x.numel(); ++i)
+    finite_x.data<float>()[i] = std::isfinite(v[i]) ? std::max(-1e30f, std::min(1e30f, v[i])) : 0.0f;
+  for (const char* spec : {"none", "fp16", "bf16", "int8", "int4", "int2", "int4:block=32,scale=fp32", "ef+int4",
+                           "lowrank:rank=4", "lowrank:rank=3,iters=2+bf16", "subspace:k=8"}) {
     auto chain = parse_codec_spec(spec);
     ASSERT_TRUE(chain.ok()) << chain.status().to_string();
+    const Tensor& x = std::string(spec).rfind("lowrank", 0) == 0 || std::string(spec).rfind("subspace", 0) == 0
+                          ? finite_x
+                          : tricky_x;
     std::vector<uint8_t> first_packet;
     std::vector<float> first_decoded;
     for (CpuIsa isa : isas()) {
@@ -324,8 +382,9 @@ TEST(CpuIsa, TheSegmentedChecksumCatchesAFlipInAnySegment) {
     b[off] ^= 0x10;
     auto bad = parse_header(b.data(), b.size(), WireLimits{});
     ASSERT_FALSE(bad.ok()) << "flip at byte " << off;
-    if (off >= hb)
+    if (off >= hb) {
       EXPECT_NE(bad.status().message().find("checksum mismatch"), std::string::npos) << bad.status().to_string();
+    }
   }
 }
 
