@@ -335,9 +335,8 @@ TEST(CpuIsa, PacketsAreTheSameBytesOnEveryIsa) {
                            "lowrank:rank=4", "lowrank:rank=3,iters=2+bf16", "subspace:k=8"}) {
     auto chain = parse_codec_spec(spec);
     ASSERT_TRUE(chain.ok()) << chain.status().to_string();
-    const Tensor& x = std::string(spec).rfind("lowrank", 0) == 0 || std::string(spec).rfind("subspace", 0) == 0
-                          ? finite_x
-                          : tricky_x;
+    const Tensor& x =
+        std::string(spec).rfind("lowrank", 0) == 0 || std::string(spec).rfind("subspace", 0) == 0 ? finite_x : tricky_x;
     std::vector<uint8_t> first_packet;
     std::vector<float> first_decoded;
     for (CpuIsa isa : isas()) {
