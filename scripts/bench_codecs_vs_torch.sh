@@ -6,7 +6,8 @@
 # Environment: THREADS (2), SIZES ("1048576 4194304": 4 MiB and 16 MiB of fp32), REPEATS (15), ROUNDS (3:
 #   PyTorch and longhaul alternate this many times per size, as a shared machine's bandwidth drifts from minute
 #   to minute; longhaul's figure is the median over the rounds, PyTorch's its best round), ISA ("all": every instruction set this CPU runs,
-#   so the portable path is measured beside the dispatched ones).
+#   so the portable path is measured beside the dispatched ones), BEFORE (another longhaul binary, e.g. an older
+#   build, whose rows are printed as isa "before" in the same rounds).
 # PyTorch allocates every result afresh, and glibc's adaptive mmap threshold then makes some runs pay a page
 # fault per 4 KiB (up to 20x slower here, by chance of ordering). Its process runs with malloc tunables that
 # keep freed memory for reuse, and its best round is kept: the baseline is PyTorch at its fastest.
@@ -43,6 +44,10 @@ for round in $(seq "$ROUNDS"); do
       --repeats "$REPEATS" >>"$out/torch.jsonl"
     OMP_NUM_THREADS="$THREADS" "$LH" bench codecs --json --isa "$ISA" --sizes "$n" --specs "$specs" \
       --repeats "$REPEATS" >>"$out/longhaul.jsonl"
+    if [ -n "${BEFORE:-}" ]; then
+      OMP_NUM_THREADS="$THREADS" "$BEFORE" bench codecs --json --sizes "$n" --specs "$specs" \
+        --repeats "$REPEATS" >>"$out/before.jsonl"
+    fi
   done
 done
 "$PY" - "$out" "$ROUNDS" <<'PYEOF'
@@ -64,8 +69,14 @@ def merged(records, key, pick):
     return merged
 
 torch = merged(map(json.loads, open(f"{out}/torch.jsonl")), lambda r: (r["spec"], r["numel"]), max)
-rows = list(merged((json.loads(l) for l in open(f"{out}/longhaul.jsonl")), lambda r: (r["shape"], r["spec"], r["isa"]),
-                   lambda v: statistics.median(list(v))).values())
+import os
+lines = [json.loads(l) for l in open(f"{out}/longhaul.jsonl")]
+if os.path.exists(f"{out}/before.jsonl"):
+    lines += [dict(json.loads(l), isa="before") for l in open(f"{out}/before.jsonl")]
+order = {"before": 0, "baseline": 1, "avx2": 2, "avx512": 3}
+lines.sort(key=lambda r: (int(eval(r["shape"].replace("[", "").replace("]", "").replace(", ", "*"))), r["spec"],
+                          order.get(r["isa"], 9)))
+rows = list(merged(lines, lambda r: (r["shape"], r["spec"], r["isa"]), lambda v: statistics.median(list(v))).values())
 target = {"fp16": 1.0, "bf16": 1.0}
 streaming = {"fp16", "bf16", "int8", "int4", "int2"}
 print(f"{sys.argv[2]} rounds (longhaul: median, PyTorch: best); threads {rows[0]['threads']}; GB/s of raw fp32 bytes; x = longhaul / PyTorch; mc = longhaul / memcpy on "

@@ -5,7 +5,11 @@
 #   scripts/bench_wan.sh [LONGHAUL]      (default: build/bin/longhaul)
 # Environment: STEPS (30), RATE (20M; "RATE,DELAY" works too), MODEL (small), STAGES (4), BATCH (16),
 #   MICROBATCHES (4), SUBSPACE_K (32), SCHEDULE (1f1b), NETNS=1 (root: real tbf links instead of the
-#   in-process shaper), OUT (a fresh temp dir: each run's log and metrics).
+#   in-process shaper), OUT (a fresh temp dir: each run's log and metrics), MODEL_FLAGS (extra model flags,
+#   e.g. "--d-model 192"), SEQ (128: the model's context length, for step times).
+#   DELAYS="0 10 50 100" switches to the latency sweep (issue 16): a link-free run, then int8 on both directions
+#   over RATE with each one-way delay (ms, the in-process shaper: tbf has no delay), printing the step time
+#   against the link-free step and against the synchronous lower bound = link-free step + 2(S-1) x delay.
 # Prints, per run: tokens/s (mean over steps 2.., slowest worker), ratio to the ceiling, final and validation
 # loss, total wire MB, ratio raw/wire, and the wire bytes saved against the `none` run.
 set -euo pipefail
@@ -27,7 +31,8 @@ mkdir -p "$OUT"
 LINK=(--link "$RATE")
 if [ "${NETNS:-0}" = 1 ]; then LINK=(--netns "$RATE"); fi
 
-common=(--log-level warn launch --workers "$STAGES" --pp "$STAGES" --model "$MODEL" --steps "$STEPS"
+read -r -a model_flags <<<"${MODEL_FLAGS:-}"
+common=(--log-level warn launch --workers "$STAGES" --pp "$STAGES" --model "$MODEL" "${model_flags[@]}" --steps "$STEPS"
         --batch "$BATCH" --microbatches "$MICROBATCHES" --schedule "$SCHEDULE" --eval-every 0 --seed 7)
 
 run() {  # name, extra flags...
@@ -59,6 +64,30 @@ stats() {  # metrics file -> "tokens_per_s final_loss val_loss wire_bytes raw_by
 }
 
 : >"$OUT/wall.txt"
+if [ -n "${DELAYS:-}" ]; then
+  SEQ="${SEQ:-128}"
+  rate="${RATE%%,*}"
+  echo "bench_wan delay sweep: $MODEL ${MODEL_FLAGS:-} GPT, $STAGES stages ($SCHEDULE, $MICROBATCHES microbatches," \
+       "batch $BATCH), $STEPS steps, int8 both ways over $rate with one-way delays: $DELAYS ms; output in $OUT" >&2
+  run linkfree --compress-fwd int8 --compress-bwd int8
+  for d in $DELAYS; do run "delay$d" --link "$rate,${d}ms" --compress-fwd int8 --compress-bwd int8; done
+  read -r f_tps _ _ _ _ < <(stats "$OUT/linkfree.jsonl")
+  f_step=$(awk -v t="$f_tps" -v b="$BATCH" -v s="$SEQ" 'BEGIN {printf "%.4f", b * s / t}')
+  printf '\n%-12s %10s %10s %10s %12s %12s\n' run "step s" "x free" "bound s" "x bound" "loss"
+  for name in linkfree $(for d in $DELAYS; do echo "delay$d"; done); do
+    read -r tps loss _ _ _ < <(stats "$OUT/$name.jsonl")
+    d=0
+    [ "$name" != linkfree ] && d="${name#delay}"
+    awk -v n="$name" -v t="$tps" -v b="$BATCH" -v s="$SEQ" -v f="$f_step" -v d="$d" -v S="$STAGES" -v lo="$loss" 'BEGIN {
+      step = b * s / t; bound = f + 2 * (S - 1) * d / 1000
+      printf "%-12s %10.3f %10.2f %10.3f %12.2f %12.4f\n", n, step, step / f, bound, step / bound, lo }'
+  done
+  echo
+  echo "step s: mean over steps 2.. of the slowest worker's step; bound: the link-free step plus the 2(S-1) one-way" \
+       "delays a synchronous pipeline step cannot avoid (bytes/rate not counted). Targets (issue 16): every" \
+       "synchronous schedule <= 1.25x its bound; an asynchronous one <= 2x the link-free step."
+  exit 0
+fi
 echo "bench_wan: $MODEL GPT, $STAGES stages ($SCHEDULE, $MICROBATCHES microbatches, batch $BATCH), $STEPS steps," \
      "links ${LINK[*]}; output in $OUT" >&2
 run ceiling
