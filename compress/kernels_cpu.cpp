@@ -56,6 +56,31 @@ void in_groups(int64_t items, int64_t per_group, int64_t n_elems, const F& f) {
 void quant_groups(const QuantSpec& q, int64_t n, const std::function<void(int64_t, int64_t)>& f) {
   in_groups(quant_blocks(n, q.block), std::max<int64_t>(1, kGroupElems / q.block), n, f);
 }
+
+// The low-rank products take BLAS (cuBLAS) off the CPU and beyond kLowRankMaxR, where BLAS wins.
+bool low_rank_on_blas(const Exec& ex, int64_t r) {
+  return ex.device != Device::cpu || r > kLowRankMaxR;
+}
+
+// Rows of m floats per OpenMP work item.
+int64_t rows_per_group(int64_t m) {
+  return std::max<int64_t>(1, kGroupElems / std::max<int64_t>(1, m));
+}
+
+// The row stride of a transposed r × m factor: m padded by a cache line. With m a multiple of 1024 the
+// r rows would otherwise sit 4 KiB apart, in one L1 set, and evict each other beyond r = 8.
+int64_t padded_ld(int64_t m) {
+  return m + 16;
+}
+
+// x (m × r) transposed into r rows of padded_ld(m) floats, so each column of x is contiguous.
+const float* transposed(const float* x, int64_t m, int64_t r, std::vector<float>* t) {
+  const int64_t ld = padded_ld(m);
+  t->resize(static_cast<size_t>(r * ld));
+  for (int64_t j = 0; j < m; ++j)
+    for (int64_t k = 0; k < r; ++k) (*t)[k * ld + j] = x[j * r + k];
+  return t->data();
+}
 }  // namespace
 
 // The CPU path of quantize without the fast path (tests compare the two).
@@ -88,47 +113,37 @@ void from_half(const Exec& ex, const uint16_t* x, int64_t n, bool bf16, float* y
   in_groups(n, kGroupElems, n, [&](int64_t lo, int64_t hi) { k.from_half(x, lo, hi, bf16, y); });
 }
 void low_rank_product(const Exec& ex, const float* a, const float* b, int64_t rows, int64_t m, int64_t r, float* y) {
-  if (ex.device != Device::cpu || r > kLowRankMaxR) {
+  if (low_rank_on_blas(ex, r)) {
     matmul(ex, false, true, static_cast<int>(rows), static_cast<int>(m), static_cast<int>(r), 1.0f, a,
            static_cast<int>(r), b, static_cast<int>(r), 0.0f, y, static_cast<int>(m));
     return;
   }
-  // bᵀ (r × m) so each k's columns are contiguous, rows padded by a cache line: with m a multiple of
-  // 1024 the r rows would otherwise sit 4 KiB apart, in one L1 set, and evict each other beyond r = 8.
-  const int64_t ld = m + 16;
   thread_local std::vector<float> bt;
-  bt.resize(static_cast<size_t>(r * ld));
-  for (int64_t j = 0; j < m; ++j)
-    for (int64_t k = 0; k < r; ++k) bt[k * ld + j] = b[j * r + k];
+  const float* btp = transposed(b, m, r, &bt);
   const CpuCodecLoops& k = cpu_loops();
-  const float* btp = bt.data();
-  in_groups(rows, std::max<int64_t>(1, kGroupElems / std::max<int64_t>(1, m)), rows * m,
-            [&](int64_t lo, int64_t hi) { k.low_rank_rows(a, btp, ld, m, r, y, lo, hi); });
+  in_groups(rows, rows_per_group(m), rows * m,
+            [&](int64_t lo, int64_t hi) { k.low_rank_rows(a, btp, padded_ld(m), m, r, y, lo, hi); });
 }
 void project(const Exec& ex, const float* M, int64_t rows, int64_t m, const float* q, int64_t r, float* p) {
-  if (ex.device != Device::cpu || r > kLowRankMaxR) {
+  if (low_rank_on_blas(ex, r)) {
     matmul(ex, false, false, static_cast<int>(rows), static_cast<int>(r), static_cast<int>(m), 1.0f, M,
            static_cast<int>(m), q, static_cast<int>(r), 0.0f, p, static_cast<int>(r));
     return;
   }
-  const int64_t ld = m + 16;  // padded rows, as in low_rank_product
   thread_local std::vector<float> qt;
-  qt.resize(static_cast<size_t>(r * ld));
-  for (int64_t j = 0; j < m; ++j)
-    for (int64_t k = 0; k < r; ++k) qt[k * ld + j] = q[j * r + k];
+  const float* qtp = transposed(q, m, r, &qt);
   const CpuCodecLoops& k = cpu_loops();
-  const float* qtp = qt.data();
-  in_groups(rows, std::max<int64_t>(1, kGroupElems / std::max<int64_t>(1, m)), rows * m,
-            [&](int64_t lo, int64_t hi) { k.project_rows(M, m, qtp, ld, r, p, lo, hi); });
+  in_groups(rows, rows_per_group(m), rows * m,
+            [&](int64_t lo, int64_t hi) { k.project_rows(M, m, qtp, padded_ld(m), r, p, lo, hi); });
 }
 void back_project(const Exec& ex, const float* M, int64_t rows, int64_t m, const float* p, int64_t r, float* q) {
-  if (ex.device != Device::cpu || r > kLowRankMaxR) {
+  if (low_rank_on_blas(ex, r)) {
     matmul(ex, true, false, static_cast<int>(m), static_cast<int>(r), static_cast<int>(rows), 1.0f, M,
            static_cast<int>(m), p, static_cast<int>(r), 0.0f, q, static_cast<int>(r));
     return;
   }
   // Column tiles of 256 (r × 256 floats of qt stay in L1), each summed over all rows by one thread.
-  const int64_t ld = m + 16;
+  const int64_t ld = padded_ld(m);
   thread_local std::vector<float> qt;
   qt.resize(static_cast<size_t>(r * ld));
   const CpuCodecLoops& k = cpu_loops();
