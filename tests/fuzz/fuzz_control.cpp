@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "core/rng.h"
@@ -18,13 +19,16 @@
 
 using namespace lh;
 
-// Byte 0 picks the message type the header claims (1..15); the rest is the body. The header is written here so the
+// Every message type, one per alternative of ControlMessage (a new type is fuzzed without editing this file).
+constexpr int kTypes = int(std::variant_size_v<ControlMessage>);
+
+// Byte 0 picks the message type the header claims (1..kTypes); the rest is the body. The header is written here so the
 // fuzzer spends its time in the body decoders rather than on the magic.
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::vector<uint8_t> msg(kControlHeaderBytes + size - 1);
   const uint32_t magic = kControlMagic;
-  const uint16_t version = kProtocolVersion, type = uint16_t(1 + data[0] % 16);
+  const uint16_t version = kProtocolVersion, type = uint16_t(1 + data[0] % kTypes);
   const uint32_t seq = 0;
   std::memcpy(msg.data(), &magic, 4);
   std::memcpy(msg.data() + 4, &version, 2);
@@ -63,22 +67,24 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
   join.attempt = 1;
   join.data_key.assign(32, 5);
   join.data_ciphers = 1;
-  const std::vector<ControlMessage> seeds = {join,
-                                             plan,
-                                             Ready{1},
-                                             Barrier{5},
-                                             hb,
-                                             SetCodec{0, 1, "bwd", "ef+int4", 12, 9},
-                                             StepMetrics{1, 3, R"({"loss":2.5})"},
-                                             Shutdown{"done"},
-                                             Reject{"no", 1},
-                                             PeerLost{1, "b", "silent"},
-                                             CtlRequest{"proof", "status", "{}"},
-                                             CtlReply{true, "{}"},
-                                             ShardSaved{1, 3, {1, 2, 3}},
-                                             Rollback{2, "lost"},
-                                             CodecApplied{1, 9, 12, true, ""},
-                                             SetLink{"0-1:fwd=5M,80ms"}};
+  const std::vector<ControlMessage> seeds = {
+      join,
+      plan,
+      Ready{1},
+      Barrier{5},
+      hb,
+      SetCodec{0, 1, "bwd", "ef+int4", 12, 9},
+      StepMetrics{1, 3, R"({"loss":2.5})"},
+      Shutdown{"done"},
+      Reject{"no", 1},
+      PeerLost{1, "b", "silent"},
+      CtlRequest{"proof", "status", "{}"},
+      CtlReply{true, "{}"},
+      ShardSaved{1, 3, {1, 2, 3}},
+      Rollback{2, "lost"},
+      CodecApplied{1, 9, 12, true, ""},
+      SetLink{"0-1:fwd=5M,80ms"},
+      Preflight{2, {PeerProbe{0, true, "", 12.5f, 95.0f, 65536}, PeerProbe{3, false, "connecting: refused", 0, 0, 0}}}};
   std::vector<std::vector<uint8_t>> out;
   for (const ControlMessage& m : seeds) {
     const std::vector<uint8_t> bytes = encode_message(m);
@@ -100,7 +106,7 @@ int main(int argc, char** argv) {
   plan.max_edits = 4;
   plan.variants = [](const std::vector<uint8_t>& seed) {
     std::vector<std::vector<uint8_t>> out;
-    for (int t = 0; t < 16; ++t) {
+    for (int t = 0; t < kTypes; ++t) {
       out.push_back(seed);
       out.back()[0] = uint8_t(t);
     }
