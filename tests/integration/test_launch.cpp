@@ -1452,6 +1452,8 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--replace-timeout", "-5"}, "--replace-timeout"},
       {{"launch", "--workers", "2", "--elastic"}, "--elastic: the job has one replica"},
       {{"launch", "--dp", "2", "--elastic", "--replace-timeout", "0"}, "--elastic needs --replace-timeout > 0"},
+      {{"bench", "codecs", "--isa", "sse9", "--sizes", "1024", "--specs", "int8"},
+       "--isa sse9: unknown CPU instruction set 'sse9'"},
   };
   for (const Case& c : cases) {
     BinRun r = run(c.args, 60s);
