@@ -37,7 +37,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "blocks per stage, e.g. 3,3,2; 'speed': by reported speed; 'auto': planned from the reported "
                   "speeds, --slowdown, --link and the codecs (longhaul plan's model) (default: even)")
       ->group(g);
-  cmd->add_option("--schedule", f.schedule, "gpipe|1f1b")->capture_default_str()->group(g);
+  cmd->add_option(
+         "--schedule", f.schedule,
+         "gpipe|1f1b|eager (eager: each stage runs what has arrived, backwards first; for slow, distant links)")
+      ->capture_default_str()
+      ->group(g);
   cmd->add_option("--microbatches", f.job.microbatches, "microbatches per replica's share of the global batch")
       ->capture_default_str()
       ->group(g);
@@ -182,6 +186,11 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   if (job.workers != job.pp * job.tp * job.dp)
     fail("--workers " + std::to_string(job.workers) +
              " must equal --pp × --tp × --dp = " + std::to_string(job.pp * job.tp * job.dp),
+         2);
+  if (job.schedule == ScheduleKind::kEager && job.tp > 1)
+    fail("--schedule eager with --tp " + std::to_string(job.tp) +
+             ": a stage's tensor shards must run their blocks in one order, and eager lets each choose; use 1f1b or "
+             "gpipe",
          2);
   if (job.train.model.layers < job.pp)
     fail("--pp " + std::to_string(job.pp) + ": more stages than the model's " + std::to_string(job.train.model.layers) +

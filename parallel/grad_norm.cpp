@@ -15,6 +15,13 @@ AllPairsGradNorm::AllPairsGradNorm(const Topology& topology, int rank, DataPlane
 }
 
 Result<double> AllPairsGradNorm::total_sq(int64_t step, double local_sq) {
+  for (const Transfer& t : sent_) {
+    Status st = t.wait(receive_timeout_);
+    if (!st.ok())
+      return st.prepend("sending the gradient norm of step " + std::to_string(sent_step_) + " to rank " +
+                        std::to_string(t.peer()));
+  }
+  sent_.clear();
   const Tag tag = make_tag(uint32_t(step), kSlot, Role::kOther);
   Bytes mine(sizeof(double));
   std::memcpy(mine.data(), &local_sq, sizeof(double));
@@ -43,11 +50,9 @@ Result<double> AllPairsGradNorm::total_sq(int64_t step, double local_sq) {
     std::memcpy(&v, b.data(), sizeof(double));
     total += v;
   }
-  for (size_t s = 0; s < n; ++s) {
-    if (stage_ranks_[s] == rank_) continue;
-    Status st = out[s].wait(receive_timeout_);
-    if (!st.ok()) return st.prepend("sending the gradient norm to rank " + std::to_string(stage_ranks_[s]));
-  }
+  for (size_t s = 0; s < n; ++s)
+    if (out[s].valid()) sent_.push_back(out[s]);
+  sent_step_ = step;
   return total;
 }
 

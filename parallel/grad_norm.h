@@ -35,6 +35,10 @@ class AllPairsGradNorm : public GradNormSource {
 
  private:
   std::vector<int> stage_ranks_;  // every rank of the replica, stage-major
+  // The last call's sends: checked at the next call, so a worker does not wait for its part to land before it
+  // updates (the peers wait for it; it does not).
+  std::vector<Transfer> sent_;
+  int64_t sent_step_ = 0;
   int rank_ = 0;
   DataPlane* plane_ = nullptr;
   std::chrono::milliseconds receive_timeout_;

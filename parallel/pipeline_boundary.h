@@ -51,6 +51,12 @@ class PipelineBoundary {
   // Waits for microbatch `mb`'s activation (gradient) and decodes it, checking the wire shape.
   Result<Tensor> take_activation(int mb, const Shape& wire_shape, Device device);
   Result<Tensor> take_activation_grad(int mb, const Shape& wire_shape, Device device);
+  // The posted receive of microbatch `mb`'s activation (gradient), to test or wait on without taking it (the eager
+  // schedule's choice of what to run next); an empty Transfer at the pipeline's ends.
+  Transfer pending_activation(int mb) const { return size_t(mb) < act_rx_.size() ? act_rx_[size_t(mb)] : Transfer(); }
+  Transfer pending_activation_grad(int mb) const {
+    return size_t(mb) < grad_rx_.size() ? grad_rx_[size_t(mb)] : Transfer();
+  }
   // Encodes `payload` with the link's codec at `step` and sends it without waiting; `raw_bytes` is
   // what the fp32 tensor it stands for would cost (the meter's raw count).
   Status send_activation(int64_t step, int mb, const Tensor& payload, uint64_t raw_bytes);

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "parallel/pipeline_sim.h"
+
 namespace lh {
 
 std::string Action::to_string() const {
@@ -23,10 +25,21 @@ std::string Action::to_string() const {
 Result<ScheduleKind> parse_schedule_kind(const std::string& text) {
   if (text == "gpipe") return ScheduleKind::kGPipe;
   if (text == "1f1b") return ScheduleKind::k1F1B;
-  return invalid_argument("schedule '" + text + "' is unknown; choose gpipe or 1f1b");
+  if (text == "eager") return ScheduleKind::kEager;
+  return invalid_argument("schedule '" + text + "' is unknown; choose gpipe, 1f1b or eager");
 }
 
-const char* schedule_kind_name(ScheduleKind kind) { return kind == ScheduleKind::kGPipe ? "gpipe" : "1f1b"; }
+const char* schedule_kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kEager:
+      return "eager";
+  }
+  return "?";
+}
 
 namespace {
 
@@ -49,6 +62,14 @@ Result<PipelineSchedule> PipelineSchedule::build(ScheduleKind kind, int stages, 
   if (stages < 1) return invalid_argument("pipeline schedule: stages must be at least 1, got " + std::to_string(stages));
   if (microbatches < 1)
     return invalid_argument("pipeline schedule: --microbatches must be at least 1, got " + std::to_string(microbatches));
+  if (kind == ScheduleKind::kEager) {
+    PipelineCosts nominal;
+    nominal.backward = 2;
+    LH_ASSIGN_OR_RETURN(EagerSimResult eager, simulate_eager(stages, microbatches, microbatches, nominal));
+    PipelineSchedule sched(kind, microbatches, std::move(eager.lists));
+    LH_RETURN_IF_ERROR(sched.validate());
+    return sched;
+  }
   std::vector<std::vector<Action>> lists(stages);
   for (int s = 0; s < stages; ++s) {
     auto& list = lists[s];

@@ -35,8 +35,8 @@ inline Action send_grad(int mb) { return {ActionKind::kSendGrad, mb}; }
 inline Action recv_grad(int mb) { return {ActionKind::kRecvGrad, mb}; }
 inline Action optimizer_step() { return {ActionKind::kOptimizerStep, -1}; }
 
-enum class ScheduleKind { kGPipe, k1F1B };
-// "gpipe" | "1f1b"; an unknown name is an error listing both.
+enum class ScheduleKind { kGPipe, k1F1B, kEager };
+// "gpipe" | "1f1b" | "eager"; an unknown name is an error listing them.
 Result<ScheduleKind> parse_schedule_kind(const std::string& text);
 const char* schedule_kind_name(ScheduleKind kind);
 
@@ -45,6 +45,11 @@ class PipelineSchedule {
   // GPipe: every forward, then every backward, in microbatch order; keeps all M activations.
   // 1F1B (PipeDream-flush): stage s runs min(S − s − 1, M) warm-up forwards, then alternates one
   // forward and one backward, then drains; at most S − s microbatches are in flight on stage s.
+  // Eager: no fixed order. Each stage runs whatever is ready, the backward of its oldest forwarded microbatch first,
+  // else its next forward (simulate_eager in pipeline_sim.h; StageRunner runs the same policy on what has arrived).
+  // Over slow links it keeps sending while gradients are on the wire, like GPipe, and starts backwards as soon as
+  // their gradients land, like 1F1B; it keeps up to M activations like GPipe. Its lists here are the order under
+  // nominal costs (backward twice a forward, free links), for describe() and max_in_flight().
   static Result<PipelineSchedule> build(ScheduleKind kind, int stages, int microbatches);
   // Hand-made lists (tests, experiments), accepted only if validate() passes.
   static Result<PipelineSchedule> from_lists(ScheduleKind kind, int microbatches, std::vector<std::vector<Action>> lists);

@@ -47,6 +47,18 @@ struct PipelineSimResult {
 // Runs every stage's list to the end. Receives block until the matching send has been posted and
 // the message has crossed the link; sends never block. If no stage can move while some have not
 // finished, returns an Internal error naming each stuck stage and the action it waits at.
+// An eager schedule (ScheduleKind::kEager) is simulated by its policy, not by its nominal lists: see simulate_eager.
 Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, const PipelineCosts& costs = {});
+
+struct EagerSimResult {
+  PipelineSimResult result;
+  std::vector<std::vector<Action>> lists;  // what each stage ran, in order (PipelineSchedule::from_lists accepts them)
+};
+// The eager policy in time: whenever a stage is idle it runs the backward of its oldest forwarded microbatch if that
+// microbatch's gradient has arrived (the last stage: at once), else the forward of its next microbatch if the input
+// has arrived (stage 0: at once) and fewer than `max_in_flight` microbatches are forwarded but not backwarded, else it
+// waits for whichever comes first. Forwards and backwards each run in microbatch order, so the weight gradients add
+// up in the same order as GPipe's and 1F1B's. Sends post when the compute ends.
+Result<EagerSimResult> simulate_eager(int stages, int microbatches, int max_in_flight, const PipelineCosts& costs = {});
 
 }  // namespace lh

@@ -289,7 +289,7 @@ struct Model {
 
     // Memory: weights, gradients and AdamW's two moments (fp32), and the activations of the microbatches in flight.
     for (int st = 0; st < S; ++st) {
-      const double in_flight = s.kind == ScheduleKind::kGPipe ? s.M : std::min(S - st, s.M);
+      const double in_flight = s.kind == ScheduleKind::k1F1B ? std::min(S - st, s.M) : s.M;  // gpipe, eager: all M
       double act = s.counts[size_t(st)] * double(rows_max) * (16 * mc.C / s.tp + 2 * (mc.heads / s.tp) * mc.T);
       if (st == S - 1) act += 2 * double(rows_max) * mc.V;
       p.memory_gb = std::max(p.memory_gb, (16 * stage_params[size_t(st)] + 4 * in_flight * act) / 1e9);

@@ -116,6 +116,10 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
                         DpReducer::create(plane, r->topology_, rank, options.compress_grad, options.receive_timeout));
     if (options.sync.delayed()) LH_RETURN_IF_ERROR(r->reducer_->start_delayed(options.sync));
   }
+  if (options.schedule == ScheduleKind::kEager && topology.tp() > 1)
+    return invalid_argument(
+        "stage runner: the eager schedule lets each tp shard choose its order; use 1f1b or gpipe "
+        "with tp > 1");
   LH_ASSIGN_OR_RETURN(r->schedule_, PipelineSchedule::build(options.schedule, r->stages_, options.microbatches));
   GptParts parts;
   parts.embedding = r->span_.has_embedding;
@@ -134,6 +138,7 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
         [self](Tensor& partial, int block, TpSite site) { return self->tp_all_reduce(partial, block, site); });
   }
   LH_RETURN_IF_ERROR(r->opt_.init(r->model_.param_groups(), train.device));
+  LH_ASSIGN_OR_RETURN(r->trace_, StepTrace::open(StepTrace::dir_from_env(), rank));
   if (options.sync.diloco()) LH_RETURN_IF_ERROR(r->reducer_->start_diloco(r->model_.param_groups(), options.sync));
   if (train.model.subspace_k > 0 && r->stages_ > 1) {
     LH_ASSIGN_OR_RETURN(r->subspace_, SubspaceBoundary::create(r->model_));
@@ -149,6 +154,64 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
 
 int StageRunner::link_width() const {
   return subspace_ ? subspace_->k() : train_.model.d_model;
+}
+
+Status StageRunner::run_schedule(int64_t step) {
+  executed_.clear();
+  if (schedule_.kind() == ScheduleKind::kEager) return run_eager(step);
+  for (const Action& a : schedule_.actions(span_.stage)) {
+    TraceScope traced(trace_, a.to_string(), step);
+    executed_.push_back(a);
+    Status s = run_action(a, step);
+    if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());
+  }
+  return Status::Ok();
+}
+
+Status StageRunner::run_eager(int64_t step) {
+  // The policy of simulate_eager (pipeline_sim.h) on what has actually arrived: the backward of the oldest forwarded
+  // microbatch when its gradient is here, else the next forward when its input is here, else wait for either.
+  const int M = options_.microbatches;
+  const bool first = !boundary_.prev(), last = !boundary_.next();
+  auto run = [&](const Action& a) -> Status {
+    TraceScope traced(trace_, a.to_string(), step);
+    executed_.push_back(a);
+    Status s = run_action(a, step);
+    if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());
+    return Status::Ok();
+  };
+  int next_f = 0, next_b = 0;
+  while (next_b < M) {
+    const bool b_possible = next_b < next_f, f_possible = next_f < M;
+    const Transfer grad = b_possible && !last ? boundary_.pending_activation_grad(next_b) : Transfer();
+    const Transfer act = f_possible && !first ? boundary_.pending_activation(next_f) : Transfer();
+    if (b_possible && (last || grad.done())) {
+      if (!last) LH_RETURN_IF_ERROR(run(recv_grad(next_b)));
+      LH_RETURN_IF_ERROR(run(lh::backward(next_b)));
+      if (!first) LH_RETURN_IF_ERROR(run(send_grad(next_b)));
+      ++next_b;
+    } else if (f_possible && (first || act.done())) {
+      if (!first) LH_RETURN_IF_ERROR(run(recv_act(next_f)));
+      LH_RETURN_IF_ERROR(run(lh::forward(next_f)));
+      if (!last) LH_RETURN_IF_ERROR(run(send_act(next_f)));
+      ++next_f;
+    } else {
+      TraceScope traced(trace_, "wait", step);
+      if (Transfer::wait_any({grad, act}, options_.receive_timeout) < 0) {
+        std::string what;
+        if (grad.valid())
+          what = "the gradient of microbatch " + std::to_string(next_b) + " from rank " +
+                 std::to_string(*boundary_.next());
+        if (act.valid())
+          what += (what.empty() ? "" : " or ") + std::string("the activation of microbatch ") + std::to_string(next_f) +
+                  " from rank " + std::to_string(*boundary_.prev());
+        return unavailable("step " + std::to_string(step) + ": stage " + std::to_string(span_.stage) + " waited " +
+                           std::to_string(options_.receive_timeout.count()) + " ms for " + what);
+      }
+    }
+  }
+  executed_.push_back(optimizer_step());
+  return Status::Ok();
 }
 
 Status StageRunner::run_action(const Action& a, int64_t step) {
@@ -355,22 +418,26 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   }
   // Every receive is posted up front so packets land while this stage computes.
   boundary_.post_receives(step, M, int64_t(mb_batch_) * train_.model.seq, raw);
-  for (const Action& a : schedule_.actions(span_.stage)) {
-    Status s = run_action(a, step);
-    if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", " + a.to_string());
-  }
-  LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
+  LH_RETURN_IF_ERROR(run_schedule(step));
   StageStepResult r;
   r.step = step;
   if (options_.sync.delayed()) {
     LH_RETURN_IF_ERROR(apply_delayed_updates(step, &r));
   } else {
+    TraceScope traced(trace_, "update", step);
     if (reducer_) {
       Status s = reducer_->finish();
       if (!s.ok()) return s.prepend("step " + std::to_string(step) + ", averaging gradients over the replicas");
     }
     LH_ASSIGN_OR_RETURN(r.grad_norm, apply_update(step));
     r.lr = lr_at(train_, step);
+  }
+  {
+    // The step's sends are waited for after the update, not before: the norm goes out as soon as the last backward
+    // is done (the neighbour that waits for it receives the last gradient first anyway), and this stage's update
+    // does not wait for its last packet to land.
+    TraceScope traced(trace_, "wait_sends", step);
+    LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
   }
   if (options_.sync.diloco() && step % options_.sync.H == 0) {
     std::vector<int> buckets;
@@ -388,6 +455,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
                                       : int64_t(train_.batch) * train_.model.seq;
   r.seconds = seconds_since(t0);
   last_ = r;
+  trace_.flush();
   return r;
 }
 

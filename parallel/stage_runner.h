@@ -24,6 +24,7 @@
 #include "parallel/pipeline_boundary.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/step_metrics.h"
+#include "parallel/step_trace.h"
 #include "parallel/subspace_boundary.h"
 #include "parallel/topology.h"
 #include "parallel/tp_split.h"
@@ -124,11 +125,16 @@ class StageRunner {
 
   const StageSpan& span() const { return span_; }
   const PipelineSchedule& schedule() const { return schedule_; }
+  // The actions the last step ran, in order (for --schedule eager, the order it chose; else the schedule's list).
+  const std::vector<Action>& last_actions() const { return executed_; }
   Gpt& model() { return model_; }
   int rank() const { return rank_; }
 
  private:
   StageRunner() = default;
+  // The step's forwards and backwards: the schedule's list, or the eager policy (run_eager).
+  Status run_schedule(int64_t step);
+  Status run_eager(int64_t step);
   Status run_action(const Action& a, int64_t step);
   Status run_compute_action(
       const Action& a,
@@ -193,6 +199,8 @@ class StageRunner {
   const int32_t* targets_ = nullptr;
   double loss_sum_ = 0;
 
+  std::vector<Action> executed_;  // the last step's actions, in the order run
+  StepTrace trace_;               // LH_TRACE=DIR: a timeline of every step
   StageStepResult last_;
   std::optional<float> last_val_loss_;
   ActivationCache eval_cache_;

@@ -6,6 +6,7 @@ namespace lh {
 
 Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* tokens, const int32_t* targets,
                                                    int batches) {
+  TraceScope traced(trace_, "eval", step);
   if (batches < 1 || batches >= AllPairsGradNorm::kSlot)
     return invalid_argument("evaluate: batches must be in 1.." + std::to_string(AllPairsGradNorm::kSlot - 1));
   // Each replica evaluates its part of every batch; the replicas' means are averaged at the end. (An --elastic job

@@ -77,6 +77,7 @@ Result<float> StageRunner::apply_update(int64_t step) {
   }
   double total_sq = local_sq;
   if (grad_norm_) {
+    TraceScope traced(trace_, "norm", step);
     LH_ASSIGN_OR_RETURN(total_sq, grad_norm_->total_sq(step, local_sq));
   }
   const float norm = static_cast<float>(std::sqrt(total_sq));

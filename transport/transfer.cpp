@@ -83,6 +83,45 @@ std::chrono::milliseconds Transfer::blocked_for() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since);
 }
 
+int Transfer::wait_any(const std::vector<Transfer>& transfers, std::chrono::milliseconds timeout) {
+  auto first_done = [&] {
+    for (size_t i = 0; i < transfers.size(); ++i)
+      if (transfers[i].valid() && transfers[i].done()) return int(i);
+    return -1;
+  };
+  bool any_valid = false;
+  for (const Transfer& t : transfers) any_valid |= t.valid();
+  if (!any_valid) return -1;
+  if (int i = first_done(); i >= 0) return i;
+  // One waker shared by completion hooks on every transfer: the hooks outlive this call, so it is shared.
+  struct Waker {
+    std::mutex mu;
+    std::condition_variable cv;
+    int which = -1;  // the first transfer whose hook ran
+  };
+  auto waker = std::make_shared<Waker>();
+  for (size_t i = 0; i < transfers.size(); ++i)
+    if (transfers[i].valid())
+      transfers[i].state()->on_done([waker, i](TransferState&) {
+        std::lock_guard<std::mutex> lock(waker->mu);
+        if (waker->which < 0) waker->which = int(i);
+        waker->cv.notify_all();
+      });
+  const auto deadline = Clock::now() + timeout;
+  int which = -1;
+  {
+    BlockedScope blocked;
+    std::unique_lock<std::mutex> lock(waker->mu);
+    waker->cv.wait_until(lock, deadline, [&] { return waker->which >= 0; });
+    which = waker->which;
+  }
+  if (which < 0) return first_done();
+  // Its hooks may still be running: done() turns true when they have.
+  (void)transfers[size_t(which)].wait(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()) +
+                                      std::chrono::milliseconds(1));
+  return transfers[size_t(which)].done() ? which : first_done();
+}
+
 Status Transfer::wait(std::chrono::milliseconds timeout) const {
   if (!s_) return invalid_argument("wait on an empty Transfer");
   BlockedScope blocked;

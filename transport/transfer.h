@@ -76,6 +76,9 @@ class Transfer {
   // Blocks until done or `timeout`; returns the transfer's status, or Unavailable on timeout (the
   // transfer then continues and may still finish).
   Status wait(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365)) const;
+  // Blocks until one of `transfers` (valid ones; others are skipped) is done or `timeout` passes; returns the index
+  // of a done one (the lowest), or −1 on timeout or when none is valid.
+  static int wait_any(const std::vector<Transfer>& transfers, std::chrono::milliseconds timeout);
   // How long some thread of this process has been blocked in wait() without a break (0: none is): heartbeats carry
   // it, so the coordinator can tell ranks stuck on each other from ranks busy computing.
   static std::chrono::milliseconds blocked_for();

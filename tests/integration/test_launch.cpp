@@ -239,6 +239,10 @@ TEST_F(Launch, TwoStagesReproduceTrain) {
 TEST_F(Launch, FourStagesGPipeReproduceTrain) {
   expect_launch_matches_train(4, "gpipe");
 }
+// Eager over links with a delay: each stage runs what has arrived, in real processes over UCX and the shaper.
+TEST_F(Launch, FourStagesEagerOverDistantLinksReproduceTrain) {
+  expect_launch_matches_train(4, "eager", {}, {"--link", "1G,10ms"});
+}
 TEST_F(Launch, SubspaceStagesReproduceTrain) {
   expect_launch_matches_train(2, "1f1b", {"--subspace-k", "8"});
 }
@@ -1410,6 +1414,7 @@ TEST_F(Launch, BadFlagsAreNamed) {
   };
   const std::vector<Case> cases = {
       {{"launch", "--workers", "2", "--schedule", "zigzag"}, "--schedule"},
+      {{"launch", "--tp", "2", "--heads", "2", "--schedule", "eager"}, "--schedule eager with --tp 2"},
       {{"launch", "--workers", "2", "--compress-fwd", "int9"}, "int9"},
       {{"launch", "--workers", "2", "--link", "fast"}, "--link"},
       {{"launch", "--workers", "2", "--pp", "3"}, "--workers"},

@@ -4,14 +4,15 @@
 
 #include <cmath>
 
-#include "tests/parallel/result_value.h"
+#include "core/rng.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_sim.h"
+#include "tests/parallel/result_value.h"
 
 namespace lh {
 namespace {
 
-const ScheduleKind kKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B};
+const ScheduleKind kKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kEager};
 
 int count(const std::vector<Action>& list, Action a) {
   int n = 0;
@@ -70,7 +71,7 @@ TEST(PipelineSchedule, OneFOneBBoundsActivationsInFlight) {
 }
 
 TEST(PipelineSchedule, BubbleFractionMatchesTheory) {
-  for (ScheduleKind kind : kKinds)
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B})
     for (int S : {1, 2, 3, 4, 8})
       for (int M = 1; M <= 8; ++M) {
         auto r = value_of(simulate_pipeline(value_of(PipelineSchedule::build(kind, S, M))));
@@ -124,6 +125,64 @@ TEST(PipelineSchedule, UnevenStagesFollowTheFlowShopBound) {
   }
 }
 
+// The eager policy under random uneven costs: it never deadlocks, whatever the in-flight limit; what each stage ran
+// is a valid schedule; replayed as fixed lists by the list simulator it takes exactly the time the policy did (the
+// two simulators agree); and it keeps at most the limit in flight.
+TEST(PipelineSchedule, EagerNeverDeadlocksAndItsOrderReplaysToTheSameTime) {
+  Rng rng(11);
+  auto draw = [&](int n, double lo, double hi) {
+    std::vector<double> v(static_cast<size_t>(n), 0.0);
+    for (double& x : v) x = lo + (hi - lo) * rng.uniform();
+    return v;
+  };
+  for (int S : {1, 2, 3, 4, 6})
+    for (int M : {1, 2, 3, 5, 8})
+      for (int trial = 0; trial < 4; ++trial) {
+        PipelineCosts c;
+        c.stage_forward = draw(S, 0.5, 2);
+        c.stage_backward = draw(S, 1, 4);
+        c.fwd_transfer = draw(S - 1, 0, trial * 2.0);
+        c.bwd_transfer = draw(S - 1, 0, trial * 2.0);
+        c.fwd_latency = draw(S - 1, 0, trial * 5.0);
+        c.bwd_latency = draw(S - 1, 0, trial * 5.0);
+        for (int limit : {1, 2, M}) {
+          const std::string at = "S=" + std::to_string(S) + " M=" + std::to_string(M) + " trial " +
+                                 std::to_string(trial) + " limit " + std::to_string(limit);
+          auto eager = simulate_eager(S, M, limit, c);
+          ASSERT_TRUE(eager.ok()) << at << ": " << eager.status().to_string();
+          auto lists = PipelineSchedule::from_lists(ScheduleKind::kGPipe, M, eager->lists);
+          ASSERT_TRUE(lists.ok()) << at << ": " << lists.status().to_string();
+          auto replay = value_of(simulate_pipeline(*lists, c));
+          EXPECT_NEAR(replay.makespan, eager->result.makespan, 1e-9) << at;
+          for (int s = 0; s < S; ++s) {
+            EXPECT_LE(eager->result.max_in_flight[s], limit) << at;
+            EXPECT_NEAR(eager->result.busy[s], M * (c.stage_forward[s] + c.stage_backward[s]), 1e-9) << at;
+          }
+        }
+      }
+}
+
+// Links slower than compute and far away (the WAN case): eager is never slower than GPipe or 1F1B there, strictly
+// faster than both once there are as many microbatches as stages, and no synchronous order can beat the first
+// microbatch's way down and back.
+TEST(PipelineSchedule, EagerBeatsGPipeAndOneFOneBOverSlowDistantLinks) {
+  for (int M : {2, 4, 8}) {
+    PipelineCosts c{1, 2, 6, 8, 0};  // forward 1, backward 2, transfer 6, latency 8
+    const double eager =
+        value_of(simulate_pipeline(value_of(PipelineSchedule::build(ScheduleKind::kEager, 4, M)), c)).makespan;
+    const double gpipe =
+        value_of(simulate_pipeline(value_of(PipelineSchedule::build(ScheduleKind::kGPipe, 4, M)), c)).makespan;
+    const double f1b =
+        value_of(simulate_pipeline(value_of(PipelineSchedule::build(ScheduleKind::k1F1B, 4, M)), c)).makespan;
+    EXPECT_LT(eager, gpipe) << "M=" << M;
+    EXPECT_LE(eager, f1b) << "M=" << M;
+    if (M >= 4) EXPECT_LT(eager, f1b) << "M=" << M;  // with fewer microbatches than stages 1F1B sends them all first
+    // Down: 4 forwards, 3 transfers and delays for the first microbatch; the last one's M transfers on link 0;
+    // back: 4 backwards, 3 transfers and delays.
+    EXPECT_GE(eager, 4 * 1 + 4 * 2 + 2 * 3 * (6 + 8) + (M - 1) * 6.0) << "M=" << M;
+  }
+}
+
 TEST(PipelineSchedule, CostsOfTheWrongSizeAreRefused) {
   auto sched = value_of(PipelineSchedule::build(ScheduleKind::k1F1B, 3, 2));
   PipelineCosts c;
@@ -141,9 +200,12 @@ TEST(PipelineSchedule, CostsOfTheWrongSizeAreRefused) {
 TEST(PipelineSchedule, ParsesKindNames) {
   EXPECT_EQ(value_of(parse_schedule_kind("gpipe")), ScheduleKind::kGPipe);
   EXPECT_EQ(value_of(parse_schedule_kind("1f1b")), ScheduleKind::k1F1B);
+  EXPECT_EQ(value_of(parse_schedule_kind("eager")), ScheduleKind::kEager);
+  for (ScheduleKind k : kKinds) EXPECT_EQ(value_of(parse_schedule_kind(schedule_kind_name(k))), k);
   auto bad = parse_schedule_kind("zb");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("gpipe or 1f1b"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("'zb' is unknown; choose gpipe, 1f1b or eager"), std::string::npos)
+      << bad.status().message();
   EXPECT_FALSE(PipelineSchedule::build(ScheduleKind::kGPipe, 0, 4).ok());
   EXPECT_NE(PipelineSchedule::build(ScheduleKind::kGPipe, 2, 0).status().message().find("--microbatches"),
             std::string::npos);

@@ -17,6 +17,7 @@
 #include "parallel/tp_split.h"
 #include "tests/parallel/local_data_plane.h"
 #include "tests/parallel/result_value.h"
+#include "transport/link_shaper.h"
 
 namespace lh {
 namespace {
@@ -81,6 +82,8 @@ struct GridSpec {
   bool keep_going = false;
   std::vector<size_t>* state_bytes = nullptr;
   std::vector<std::string>* states = nullptr;
+  std::chrono::microseconds delay{0};                    // > 0: every link gets this one-way delay (LinkShaper)
+  std::vector<std::vector<Action>>* executed = nullptr;  // if set: each rank's actions in the last step, as run
 };
 
 // Bits of every parameter a rank holds, for comparing replicas.
@@ -124,8 +127,10 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
     threads.emplace_back([&, rank] {
       const int change_at = g.change_at;
       const std::string& new_spec = g.new_spec;
-      LocalDataPlane plane(fabric, rank, W);
-      plane.set_meter(std::make_shared<LinkMeter>(rank));
+      std::unique_ptr<DataPlane> owned = std::make_unique<LocalDataPlane>(fabric, rank, W);
+      owned->set_meter(std::make_shared<LinkMeter>(rank));
+      if (g.delay.count() > 0) owned = std::make_unique<LinkShaper>(std::move(owned), LinkShape{0, g.delay});
+      DataPlane& plane = *owned;
       auto schedule = std::make_unique<CodecSchedule>(topo, value_of(CodecPlan::create(topo, g.fwd, g.bwd, {})));
       StageRunnerOptions opts;
       opts.microbatches = M;
@@ -197,6 +202,7 @@ PipelineRun run_grid(const TrainConfig& cfg, const GridSpec& g, std::vector<std:
           val_by_rank[rank] = *v;
         }
         per_stage[rank].push_back((*runner)->take_step_metrics());
+        if (g.executed) (*g.executed)[size_t(rank)] = (*runner)->last_actions();
       }
       if (params) (*params)[rank] = all_params((*runner)->model());
       run.replicated[rank] = replicated_params((*runner)->model());
@@ -277,7 +283,7 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
   ASSERT_LT(ref.back(), ref.front());                // the reference learns, so the comparison means something
   ASSERT_GT(ref_steps[0].grad_norm, cfg.grad_clip);  // clipping is active: the norm must be the whole model's
   for (int S : {1, 2, 4})
-    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B}) {
+    for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kEager}) {
       PipelineRun run = run_pipeline(cfg, S, kind, /*M=*/4, "none", "none", steps);
       for (int s = 0; s < S; ++s)
         ASSERT_TRUE(run.statuses[s].ok()) << "stage " << s << ": " << run.statuses[s].to_string();
@@ -294,6 +300,46 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
       // Every stage clips with the same bits: the parts are summed in one order everywhere.
       for (int s = 1; s < S; ++s) EXPECT_EQ(run.grad_norms_by_stage[s], run.grad_norms_by_stage[0]) << "stage " << s;
     }
+}
+
+// Eager over links with delay: the last stage runs each backward right after its forward, stage 0 sends every
+// forward before its first gradient can be back, what each stage ran is a valid schedule, and the weights see the
+// gradients in the same order as GPipe's: the same bits, and with compressed links too (stream states in order).
+TEST_F(StageRunnerTest, EagerRunsWhatHasArrivedWithGPipesBits) {
+  const TrainConfig cfg = tiny_config();
+  for (const char* codec : {"none", "ef+int4"}) {
+    GridSpec g;
+    g.S = 4;
+    g.M = 4;
+    g.steps = 3;
+    g.fwd = g.bwd = codec;
+    g.delay = std::chrono::milliseconds(30);
+    g.kind = ScheduleKind::kGPipe;
+    PipelineRun gpipe = run_grid(cfg, g);
+    std::vector<std::vector<Action>> ran(4);
+    g.kind = ScheduleKind::kEager;
+    g.executed = &ran;
+    PipelineRun eager = run_grid(cfg, g);
+    for (int s = 0; s < 4; ++s) {
+      ASSERT_TRUE(gpipe.statuses[s].ok()) << gpipe.statuses[s].to_string();
+      ASSERT_TRUE(eager.statuses[s].ok()) << eager.statuses[s].to_string();
+    }
+    ASSERT_EQ(eager.losses.size(), 3u);
+    EXPECT_EQ(eager.losses, gpipe.losses) << codec;
+    EXPECT_EQ(eager.grad_norms, gpipe.grad_norms) << codec;
+    auto sched = PipelineSchedule::from_lists(ScheduleKind::kEager, 4, ran);
+    ASSERT_TRUE(sched.ok()) << sched.status().to_string();
+    EXPECT_EQ(ran[3],
+              (std::vector<Action>{recv_act(0), forward(0), backward(0), send_grad(0), recv_act(1), forward(1),
+                                   backward(1), send_grad(1), recv_act(2), forward(2), backward(2), send_grad(2),
+                                   recv_act(3), forward(3), backward(3), send_grad(3), optimizer_step()}))
+        << sched->describe();
+    // A gradient needs 6 delays (180 ms) to come back to stage 0: all four forwards go out first.
+    const std::vector<Action> head(ran[0].begin(), ran[0].begin() + 8);
+    EXPECT_EQ(head, (std::vector<Action>{forward(0), send_act(0), forward(1), send_act(1), forward(2), send_act(2),
+                                         forward(3), send_act(3)}))
+        << sched->describe();
+  }
 }
 
 TEST_F(StageRunnerTest, ReplicasReproduceTheSingleProcessTrainer) {
@@ -846,6 +892,10 @@ TEST_F(StageRunnerTest, RefusesBadSetups) {
   expect(StageRunner::create(cfg, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
          "does not give 2 shards at least one of the 2 heads");
   opts.tp_heads = {};
+  opts.schedule = ScheduleKind::kEager;
+  expect(StageRunner::create(cfg, grid, value_of(Partition::even(4, 2)), 0, opts, plane, codecs),
+         "the eager schedule lets each tp shard choose its order");
+  opts.schedule = ScheduleKind::k1F1B;
   Topology four = value_of(Topology::create(4, 1, 4, 1));
   expect(StageRunner::create(cfg, four, value_of(Partition::even(4, 1)), 0, opts, plane, codecs),
          "--tp 4 needs at least one head per shard, but the model has 2 heads");
