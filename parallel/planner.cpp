@@ -640,6 +640,7 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
             for (int M : divisors(local)) {
               const ScheduleKind kind = options.schedules[k];
               if (M > options.max_microbatches) continue;
+              if (kind == ScheduleKind::kEager && tp > 1) continue;  // a stage's shards must share one order
               s.kind = kind;
               s.M = M;
               s.counts = start.counts();

@@ -51,7 +51,7 @@ struct PlanOptions {
   // within `codec_tolerance` of the step with the last (lossiest) one there.
   std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
   double codec_tolerance = 0.02;
-  std::vector<ScheduleKind> schedules = {ScheduleKind::k1F1B, ScheduleKind::kGPipe};
+  std::vector<ScheduleKind> schedules = {ScheduleKind::k1F1B, ScheduleKind::kGPipe, ScheduleKind::kEager};
   int max_pp = 0, max_tp = 0, max_dp = 0;  // 0: no limit beyond the model and the cluster
   std::string grad_codec = "none", tp_codec = "none";
   int top = 5;
