@@ -39,7 +39,9 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->group(g);
   cmd->add_option(
          "--schedule", f.schedule,
-         "gpipe|1f1b|eager (eager: each stage runs what has arrived, backwards first; for slow, distant links)")
+         "gpipe|1f1b|eager|async (eager: each stage runs what has arrived, backwards first, for slow, distant links; "
+         "async: eager over two steps at once, each step computing with weights one update older, PipeDream-2BW; "
+         "async:predict: the same with the update in flight extrapolated from the last one)")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--microbatches", f.job.microbatches, "microbatches per replica's share of the global batch")
@@ -192,6 +194,18 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
              ": a stage's tensor shards must run their blocks in one order, and eager lets each choose; use 1f1b or "
              "gpipe",
          2);
+  if (is_async(job.schedule)) {
+    std::string what;
+    if (job.tp > 1) what = "--tp";
+    if (job.dp > 1) what = "--dp";
+    if (job.train.model.subspace_k > 0) what = "--subspace-k";
+    if (!f.checkpoint_dir.empty()) what = "--checkpoint-dir";
+    if (job.sync != "every-step") what = "--sync";
+    if (!what.empty())
+      fail("--schedule " + f.schedule + " with " + what +
+               ": the async schedule runs one pipeline of a plain model without checkpoints (for now); use eager",
+           2);
+  }
   if (job.train.model.layers < job.pp)
     fail("--pp " + std::to_string(job.pp) + ": more stages than the model's " + std::to_string(job.train.model.layers) +
              " blocks (use --layers)",

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "core/status.h"
@@ -19,6 +20,12 @@ class GradNormSource {
   // The sum of squares over the whole model at `step`, given this worker's part. Every worker of the
   // model gets the same bits (the sum is taken in one order everywhere).
   virtual Result<double> total_sq(int64_t step, double local_sq) = 0;
+  // The same in two halves, for a worker that computes while the parts travel (the async schedule): post() sends
+  // this worker's part of `step`; pending() is a receive still in flight (an empty Transfer once every part is in);
+  // collect() waits for the rest and sums. Steps are collected in the order they were posted.
+  virtual Status post(int64_t step, double local_sq) = 0;
+  virtual Transfer pending(int64_t step) const = 0;
+  virtual Result<double> collect(int64_t step) = 0;
 };
 
 // Every worker sends its part to every other worker of its own model replica — all stages and tp shards of
@@ -29,6 +36,9 @@ class AllPairsGradNorm : public GradNormSource {
  public:
   AllPairsGradNorm(const Topology& topology, int rank, DataPlane& plane, std::chrono::milliseconds receive_timeout);
   Result<double> total_sq(int64_t step, double local_sq) override;
+  Status post(int64_t step, double local_sq) override;
+  Transfer pending(int64_t step) const override;
+  Result<double> collect(int64_t step) override;
 
   // Tag slot of the norm messages: above every microbatch and evaluation batch index.
   static constexpr uint16_t kSlot = 4095;
@@ -39,6 +49,11 @@ class AllPairsGradNorm : public GradNormSource {
   // updates (the peers wait for it; it does not).
   std::vector<Transfer> sent_;
   int64_t sent_step_ = 0;
+  struct Posted {
+    double local_sq = 0;
+    std::vector<Transfer> in;  // per entry of stage_ranks_ (empty for this rank)
+  };
+  std::map<int64_t, Posted> posted_;
   int rank_ = 0;
   DataPlane* plane_ = nullptr;
   std::chrono::milliseconds receive_timeout_;

@@ -22,28 +22,45 @@ PipelineBoundary::PipelineBoundary(const Topology& topology, int rank, int stage
 }
 
 void PipelineBoundary::post_receives(int64_t step, int microbatches, int64_t rows, uint64_t raw_bytes) {
-  sends_.clear();
-  step_ = step;
+  rx_.erase(rx_.begin(), rx_.lower_bound(step - 1));
   rows_ = rows;
   raw_ = raw_bytes;
   const int n = static_cast<int>(tp_peers_.size());
-  act_rx_.assign(size_t(microbatches), Transfer());
-  grad_rx_.assign(size_t(microbatches), Transfer());
-  act_relay_.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
-  grad_relay_.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
+  StepReceives& r = rx_[step];
+  r.act.assign(size_t(microbatches), Transfer());
+  r.grad.assign(size_t(microbatches), Transfer());
+  r.act_relay.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
+  r.grad_relay.assign(size_t(microbatches), std::vector<Transfer>(size_t(n)));
   const bool mine = !sliced() || bound(shard_ + 1) > bound(shard_);
   for (int mb = 0; mb < microbatches; ++mb) {
     const Tag act = make_tag(uint32_t(step), uint16_t(mb), Role::kActivation);
     const Tag grad = make_tag(uint32_t(step), uint16_t(mb), Role::kActivationGrad);
-    if (prev_ && mine) act_rx_[mb] = plane_->recv(*prev_, act, slice_raw(raw_bytes, shard_));
-    if (next_ && mine) grad_rx_[mb] = plane_->recv(*next_, grad, slice_raw(raw_bytes, shard_));
+    if (prev_ && mine) r.act[mb] = plane_->recv(*prev_, act, slice_raw(raw_bytes, shard_));
+    if (next_ && mine) r.grad[mb] = plane_->recv(*next_, grad, slice_raw(raw_bytes, shard_));
     if (!sliced()) continue;
     for (int u = 0; u < n; ++u) {
       if (u == shard_ || bound(u + 1) == bound(u)) continue;
-      if (prev_) act_relay_[mb][u] = plane_->recv(tp_peers_[u], act, slice_raw(raw_bytes, u));
-      if (next_) grad_relay_[mb][u] = plane_->recv(tp_peers_[u], grad, slice_raw(raw_bytes, u));
+      if (prev_) r.act_relay[mb][u] = plane_->recv(tp_peers_[u], act, slice_raw(raw_bytes, u));
+      if (next_) r.grad_relay[mb][u] = plane_->recv(tp_peers_[u], grad, slice_raw(raw_bytes, u));
     }
   }
+}
+
+PipelineBoundary::StepReceives& PipelineBoundary::receives(int64_t step, int mb) {
+  auto it = rx_.find(step);
+  LH_ASSERT(it != rx_.end() && size_t(mb) < it->second.act.size(),
+            "no posted receives for microbatch " + std::to_string(mb) + " of step " + std::to_string(step));
+  return it->second;
+}
+
+Transfer PipelineBoundary::pending_activation(int64_t step, int mb) const {
+  auto it = rx_.find(step);
+  return it != rx_.end() && size_t(mb) < it->second.act.size() ? it->second.act[size_t(mb)] : Transfer();
+}
+
+Transfer PipelineBoundary::pending_activation_grad(int64_t step, int mb) const {
+  auto it = rx_.find(step);
+  return it != rx_.end() && size_t(mb) < it->second.grad.size() ? it->second.grad[size_t(mb)] : Transfer();
 }
 
 Result<Tensor> PipelineBoundary::take(Transfer& t, const char* what, int mb, int peer, compress::StreamState& st,
@@ -62,8 +79,8 @@ Result<Tensor> PipelineBoundary::take(Transfer& t, const char* what, int mb, int
   return out;
 }
 
-Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer>& relayed, Role role, const char* what,
-                                             int mb, int peer, std::vector<compress::StreamState>& states,
+Result<Tensor> PipelineBoundary::take_slices(int64_t step, Transfer& own, std::vector<Transfer>& relayed, Role role,
+                                             const char* what, int mb, int peer, std::vector<compress::StreamState>& states,
                                              const Shape& wire_shape, Device device) {
   const std::string where = std::string(what) + " of microbatch " + std::to_string(mb);
   const int n = static_cast<int>(tp_peers_.size());
@@ -82,7 +99,7 @@ Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer
     for (int u = 0; u < n; ++u)
       if (u != shard_)
         sends_.push_back(
-            plane_->send(tp_peers_[u], make_tag(uint32_t(step_), uint16_t(mb), role), mine, slice_raw(raw_, shard_)));
+            plane_->send(tp_peers_[u], make_tag(uint32_t(step), uint16_t(mb), role), mine, slice_raw(raw_, shard_)));
   }
   LH_ASSIGN_OR_RETURN(Tensor out, Tensor::create(wire_shape, DType::f32, device));
   Tensor flat = out.view({rows, wire_shape.back()});
@@ -111,20 +128,22 @@ Result<Tensor> PipelineBoundary::take_slices(Transfer& own, std::vector<Transfer
   return out;
 }
 
-Result<Tensor> PipelineBoundary::take_activation(int mb, const Shape& wire_shape, Device device) {
-  LH_ASSERT(prev_ && size_t(mb) < act_rx_.size(), "take_activation without a posted receive");
+Result<Tensor> PipelineBoundary::take_activation(int64_t step, int mb, const Shape& wire_shape, Device device) {
+  LH_ASSERT(prev_.has_value(), "take_activation on the first stage");
+  StepReceives& r = receives(step, mb);
   if (sliced())
-    return take_slices(act_rx_[mb], act_relay_[mb], Role::kActivation, "activation", mb, *prev_, fwd_rx_, wire_shape,
-                       device);
-  return take(act_rx_[mb], "activation", mb, *prev_, fwd_rx_[0], wire_shape, device);
+    return take_slices(step, r.act[mb], r.act_relay[mb], Role::kActivation, "activation", mb, *prev_, fwd_rx_,
+                       wire_shape, device);
+  return take(r.act[mb], "activation", mb, *prev_, fwd_rx_[0], wire_shape, device);
 }
 
-Result<Tensor> PipelineBoundary::take_activation_grad(int mb, const Shape& wire_shape, Device device) {
-  LH_ASSERT(next_ && size_t(mb) < grad_rx_.size(), "take_activation_grad without a posted receive");
+Result<Tensor> PipelineBoundary::take_activation_grad(int64_t step, int mb, const Shape& wire_shape, Device device) {
+  LH_ASSERT(next_.has_value(), "take_activation_grad on the last stage");
+  StepReceives& r = receives(step, mb);
   if (sliced())
-    return take_slices(grad_rx_[mb], grad_relay_[mb], Role::kActivationGrad, "activation gradient", mb, *next_, bwd_rx_,
-                       wire_shape, device);
-  return take(grad_rx_[mb], "activation gradient", mb, *next_, bwd_rx_[0], wire_shape, device);
+    return take_slices(step, r.grad[mb], r.grad_relay[mb], Role::kActivationGrad, "activation gradient", mb, *next_,
+                       bwd_rx_, wire_shape, device);
+  return take(r.grad[mb], "activation gradient", mb, *next_, bwd_rx_[0], wire_shape, device);
 }
 
 Status PipelineBoundary::send_slice(int peer, Role role, int64_t step, int mb, LinkDir dir, const Tensor& payload,
@@ -160,6 +179,21 @@ Status PipelineBoundary::wait_sends(int64_t step) {
   }
   sends_.clear();
   return Status::Ok();
+}
+
+Status PipelineBoundary::reap_sends() {
+  Status first = Status::Ok();
+  std::vector<Transfer> left;
+  for (Transfer& t : sends_) {
+    if (!t.done()) {
+      left.push_back(t);
+      continue;
+    }
+    Status s = t.status();
+    if (!s.ok() && first.ok()) first = s.prepend("a send to rank " + std::to_string(t.peer()));
+  }
+  sends_ = std::move(left);
+  return first;
 }
 
 const compress::CodecChain& PipelineBoundary::chain_for(LinkDir dir, int64_t step) {

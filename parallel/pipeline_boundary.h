@@ -46,23 +46,24 @@ class PipelineBoundary {
 
   // Posts every receive of `step` (activations from prev, gradients from next, and with tp > 1 the slices the
   // other shards relay) for `microbatches` microbatches of `rows` tokens, so packets land while the stage
-  // computes; `raw_bytes` a whole tensor for the meter.
+  // computes; `raw_bytes` a whole tensor for the meter. The receives of the step before stay posted (the async
+  // schedule runs two steps at once); older ones are dropped.
   void post_receives(int64_t step, int microbatches, int64_t rows, uint64_t raw_bytes);
-  // Waits for microbatch `mb`'s activation (gradient) and decodes it, checking the wire shape.
-  Result<Tensor> take_activation(int mb, const Shape& wire_shape, Device device);
-  Result<Tensor> take_activation_grad(int mb, const Shape& wire_shape, Device device);
+  // Waits for microbatch `mb`'s activation (gradient) of `step` and decodes it, checking the wire shape.
+  Result<Tensor> take_activation(int64_t step, int mb, const Shape& wire_shape, Device device);
+  Result<Tensor> take_activation_grad(int64_t step, int mb, const Shape& wire_shape, Device device);
   // The posted receive of microbatch `mb`'s activation (gradient), to test or wait on without taking it (the eager
   // schedule's choice of what to run next); an empty Transfer at the pipeline's ends.
-  Transfer pending_activation(int mb) const { return size_t(mb) < act_rx_.size() ? act_rx_[size_t(mb)] : Transfer(); }
-  Transfer pending_activation_grad(int mb) const {
-    return size_t(mb) < grad_rx_.size() ? grad_rx_[size_t(mb)] : Transfer();
-  }
+  Transfer pending_activation(int64_t step, int mb) const;
+  Transfer pending_activation_grad(int64_t step, int mb) const;
   // Encodes `payload` with the link's codec at `step` and sends it without waiting; `raw_bytes` is
   // what the fp32 tensor it stands for would cost (the meter's raw count).
   Status send_activation(int64_t step, int mb, const Tensor& payload, uint64_t raw_bytes);
   Status send_activation_grad(int64_t step, int mb, const Tensor& payload, uint64_t raw_bytes);
-  // Waits for every send of the step; the first failure names its peer.
+  // Waits for every send posted so far; the first failure names its peer.
   Status wait_sends(int64_t step);
+  // Forgets the sends that are done, without waiting for the others; the first failure among them names its peer.
+  Status reap_sends();
 
   // Its stream states, for a checkpoint; check_streams says whether saved ones fit this boundary (one receive
   // state per tp slice), set_streams puts them in place (between steps).
@@ -80,7 +81,8 @@ class PipelineBoundary {
                       const Shape& wire_shape, Device device);
   // tp > 1: this shard's slice from `own` (relayed to the other shards), the others' from `relayed`, decoded with
   // `states` (one per slice) into one [B, T, W] tensor.
-  Result<Tensor> take_slices(Transfer& own, std::vector<Transfer>& relayed, Role role, const char* what, int mb,
+  Result<Tensor> take_slices(int64_t step, Transfer& own, std::vector<Transfer>& relayed, Role role, const char* what,
+                             int mb,
                              int peer, std::vector<compress::StreamState>& states, const Shape& wire_shape,
                              Device device);
   Status send_slice(int peer, Role role, int64_t step, int mb, LinkDir dir, const Tensor& payload, uint64_t raw_bytes,
@@ -99,13 +101,19 @@ class PipelineBoundary {
   CodecSchedule* codecs_ = nullptr;
   std::chrono::milliseconds receive_timeout_{std::chrono::minutes(10)};
 
-  std::vector<Transfer> act_rx_, grad_rx_, sends_;
-  // tp > 1: this stage replica's shards (rank per shard index), this one's index, and per microbatch the slices
-  // relayed by each of the others; the step and token count of the posted receives.
+  // One step's posted receives; with tp > 1 also, per microbatch, the slices relayed by each of the other shards.
+  struct StepReceives {
+    std::vector<Transfer> act, grad;
+    std::vector<std::vector<Transfer>> act_relay, grad_relay;
+  };
+  StepReceives& receives(int64_t step, int mb);  // asserts they were posted
+  std::map<int64_t, StepReceives> rx_;
+  std::vector<Transfer> sends_;
+  // tp > 1: this stage replica's shards (rank per shard index) and this one's index; the token count of the
+  // posted receives.
   std::vector<int> tp_peers_;
   int shard_ = 0;
-  std::vector<std::vector<Transfer>> act_relay_, grad_relay_;
-  int64_t step_ = 0, rows_ = 0;
+  int64_t rows_ = 0;
   uint64_t raw_ = 0;
   // Stream state of each link end this stage holds, and parsed chains by spec.
   // Receiving ends: one state per slice (a single one without tp).

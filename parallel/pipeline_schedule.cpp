@@ -26,7 +26,9 @@ Result<ScheduleKind> parse_schedule_kind(const std::string& text) {
   if (text == "gpipe") return ScheduleKind::kGPipe;
   if (text == "1f1b") return ScheduleKind::k1F1B;
   if (text == "eager") return ScheduleKind::kEager;
-  return invalid_argument("schedule '" + text + "' is unknown; choose gpipe, 1f1b or eager");
+  if (text == "async") return ScheduleKind::kAsync;
+  if (text == "async:predict") return ScheduleKind::kAsyncPredict;
+  return invalid_argument("schedule '" + text + "' is unknown; choose gpipe, 1f1b, eager, async or async:predict");
 }
 
 const char* schedule_kind_name(ScheduleKind kind) {
@@ -37,6 +39,10 @@ const char* schedule_kind_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kEager:
       return "eager";
+    case ScheduleKind::kAsync:
+      return "async";
+    case ScheduleKind::kAsyncPredict:
+      return "async:predict";
   }
   return "?";
 }
@@ -62,7 +68,7 @@ Result<PipelineSchedule> PipelineSchedule::build(ScheduleKind kind, int stages, 
   if (stages < 1) return invalid_argument("pipeline schedule: stages must be at least 1, got " + std::to_string(stages));
   if (microbatches < 1)
     return invalid_argument("pipeline schedule: --microbatches must be at least 1, got " + std::to_string(microbatches));
-  if (kind == ScheduleKind::kEager) {
+  if (kind == ScheduleKind::kEager || is_async(kind)) {
     PipelineCosts nominal;
     nominal.backward = 2;
     LH_ASSIGN_OR_RETURN(EagerSimResult eager, simulate_eager(stages, microbatches, microbatches, nominal));

@@ -35,8 +35,9 @@ inline Action send_grad(int mb) { return {ActionKind::kSendGrad, mb}; }
 inline Action recv_grad(int mb) { return {ActionKind::kRecvGrad, mb}; }
 inline Action optimizer_step() { return {ActionKind::kOptimizerStep, -1}; }
 
-enum class ScheduleKind { kGPipe, k1F1B, kEager };
-// "gpipe" | "1f1b" | "eager"; an unknown name is an error listing them.
+enum class ScheduleKind { kGPipe, k1F1B, kEager, kAsync, kAsyncPredict };
+// "gpipe" | "1f1b" | "eager" | "async" | "async:predict"; an unknown name is an error listing them.
+inline bool is_async(ScheduleKind k) { return k == ScheduleKind::kAsync || k == ScheduleKind::kAsyncPredict; }
 Result<ScheduleKind> parse_schedule_kind(const std::string& text);
 const char* schedule_kind_name(ScheduleKind kind);
 
@@ -50,6 +51,11 @@ class PipelineSchedule {
   // Over slow links it keeps sending while gradients are on the wire, like GPipe, and starts backwards as soon as
   // their gradients land, like 1F1B; it keeps up to M activations like GPipe. Its lists here are the order under
   // nominal costs (backward twice a forward, free links), for describe() and max_in_flight().
+  // Async: eager's policy over two steps at once, PipeDream-2BW style. Step t's forwards start while step t − 1's
+  // backwards are still coming back, and step t computes with the weights of update t − 2 (one step staler than the
+  // synchronous schedules: g_t = ∇L(W_{t−2}), W_t = AdamW(W_{t−1}, g_t)). Its lists here are eager's for one step.
+  // Async:predict computes step t at W_{t−2} + (W_{t−2} − W_{t−3}) instead: the update still in flight guessed as the
+  // last one (weight prediction, as SpecTrain does), which takes back much of the staleness's loss.
   static Result<PipelineSchedule> build(ScheduleKind kind, int stages, int microbatches);
   // Hand-made lists (tests, experiments), accepted only if validate() passes.
   static Result<PipelineSchedule> from_lists(ScheduleKind kind, int microbatches, std::vector<std::vector<Action>> lists);

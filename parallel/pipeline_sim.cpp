@@ -28,7 +28,7 @@ Status PipelineCosts::check(int stages) const {
 
 Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, const PipelineCosts& costs) {
   const int S = schedule.stages(), M = schedule.microbatches();
-  if (schedule.kind() == ScheduleKind::kEager) {
+  if (schedule.kind() == ScheduleKind::kEager || is_async(schedule.kind())) {  // one step of either
     LH_ASSIGN_OR_RETURN(EagerSimResult eager, simulate_eager(S, M, M, costs));
     return eager.result;
   }

@@ -116,6 +116,12 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
                         DpReducer::create(plane, r->topology_, rank, options.compress_grad, options.receive_timeout));
     if (options.sync.delayed()) LH_RETURN_IF_ERROR(r->reducer_->start_delayed(options.sync));
   }
+  if (is_async(options.schedule) &&
+      (topology.tp() > 1 || topology.dp() > 1 || options.sync.diloco() || options.sync.delayed() ||
+       train.model.subspace_k > 0))
+    return invalid_argument("stage runner: the async schedule runs one pipeline of a plain model (no tp, dp, --sync "
+                            "or subspace yet)");
+  r->async_ = is_async(options.schedule);
   if (options.schedule == ScheduleKind::kEager && topology.tp() > 1)
     return invalid_argument(
         "stage runner: the eager schedule lets each tp shard choose its order; use 1f1b or gpipe "
@@ -144,11 +150,13 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
     LH_ASSIGN_OR_RETURN(r->subspace_, SubspaceBoundary::create(r->model_));
   }
   const int M = options.microbatches;
-  r->caches_.resize(M);
-  r->inputs_.resize(M);
-  r->outputs_.resize(M);
-  r->grads_.resize(M);
-  r->tokens_dev_.resize(M);
+  // The async schedule has two steps in flight: one slot set per step parity.
+  const int slots = r->async_ ? 2 * M : M;
+  r->caches_.resize(slots);
+  r->inputs_.resize(slots);
+  r->outputs_.resize(slots);
+  r->grads_.resize(slots);
+  r->tokens_dev_.resize(slots);
   return r;
 }
 
@@ -183,8 +191,8 @@ Status StageRunner::run_eager(int64_t step) {
   int next_f = 0, next_b = 0;
   while (next_b < M) {
     const bool b_possible = next_b < next_f, f_possible = next_f < M;
-    const Transfer grad = b_possible && !last ? boundary_.pending_activation_grad(next_b) : Transfer();
-    const Transfer act = f_possible && !first ? boundary_.pending_activation(next_f) : Transfer();
+    const Transfer grad = b_possible && !last ? boundary_.pending_activation_grad(step, next_b) : Transfer();
+    const Transfer act = f_possible && !first ? boundary_.pending_activation(step, next_f) : Transfer();
     if (b_possible && (last || grad.done())) {
       if (!last) LH_RETURN_IF_ERROR(run(recv_grad(next_b)));
       LH_RETURN_IF_ERROR(run(lh::backward(next_b)));
@@ -214,6 +222,82 @@ Status StageRunner::run_eager(int64_t step) {
   return Status::Ok();
 }
 
+Status StageRunner::run_async(int64_t step, StageStepResult* r) {
+  // Eager's policy over two steps: the backwards of the oldest step with some left (b_step_, which may be this step
+  // once the one before is done), this step's forwards, and the updates of steps whose backwards are done, each once
+  // its whole-model norm is in. A step's forwards and backwards run on the weights of update step − 2; an update goes
+  // onto the newest weights. The call returns when this step's forwards are done and the step before is updated (at
+  // the last step: when this one is too).
+  const int M = options_.microbatches;
+  const bool first = !boundary_.prev(), last = !boundary_.next();
+  const bool final_step = step >= train_.steps;
+  if (b_step_ == 0) b_step_ = step;
+  int next_f = 0;
+  auto run = [&](int64_t at, const Action& a) -> Status {
+    TraceScope traced(trace_, a.to_string(), at);
+    executed_.push_back(a);
+    Status s = run_action(a, at);
+    if (!s.ok()) return s.prepend("step " + std::to_string(at) + ", " + a.to_string());
+    return Status::Ok();
+  };
+  while (true) {
+    Transfer norm;
+    if (!held_.empty() && (held_.begin()->first < step || final_step)) {
+      const int64_t u = held_.begin()->first;
+      norm = grad_norm_ ? grad_norm_->pending(u) : Transfer();
+      if (!norm.valid()) {
+        TraceScope traced(trace_, "update", u);
+        LH_RETURN_IF_ERROR(async_update(u, r));
+        continue;
+      }
+    }
+    if (next_f == M && newest_version_ >= step - 1 && (!final_step || newest_version_ == step)) break;
+    const int b_end = b_step_ < step ? M : b_step_ == step ? next_f : 0;
+    const bool b_possible = next_b_ < b_end;
+    const Transfer grad = b_possible && !last ? boundary_.pending_activation_grad(b_step_, next_b_) : Transfer();
+    const bool f_possible = next_f < M;
+    const Transfer act = f_possible && !first ? boundary_.pending_activation(step, next_f) : Transfer();
+    if (b_possible && (last || grad.done())) {
+      const int64_t at = b_step_;
+      const int mb = next_b_;
+      LH_RETURN_IF_ERROR(use_step_weights(at));
+      if (!last) LH_RETURN_IF_ERROR(run(at, recv_grad(mb)));
+      LH_RETURN_IF_ERROR(run(at, lh::backward(mb)));
+      if (!first) LH_RETURN_IF_ERROR(run(at, send_grad(mb)));
+      if (++next_b_ == M) {
+        LH_RETURN_IF_ERROR(finish_backwards(at));
+        ++b_step_;
+        next_b_ = 0;
+      }
+    } else if (f_possible && (first || act.done())) {
+      LH_RETURN_IF_ERROR(use_step_weights(step));
+      if (!first) LH_RETURN_IF_ERROR(run(step, recv_act(next_f)));
+      LH_RETURN_IF_ERROR(run(step, lh::forward(next_f)));
+      if (!last) LH_RETURN_IF_ERROR(run(step, send_act(next_f)));
+      ++next_f;
+    } else {
+      if (!grad.valid() && !act.valid() && !norm.valid())
+        return internal_error("async schedule: step " + std::to_string(step) + " has nothing left to wait for");
+      TraceScope traced(trace_, "wait", step);
+      if (Transfer::wait_any({grad, act, norm}, options_.receive_timeout) < 0) {
+        std::string what;
+        if (grad.valid())
+          what = "the gradient of microbatch " + std::to_string(next_b_) + " of step " + std::to_string(b_step_) +
+                 " from rank " + std::to_string(*boundary_.next());
+        if (act.valid())
+          what += (what.empty() ? "" : " or ") + std::string("the activation of microbatch ") + std::to_string(next_f) +
+                  " from rank " + std::to_string(*boundary_.prev());
+        if (norm.valid())
+          what += (what.empty() ? "" : " or ") + std::string("the gradient norm of rank ") + std::to_string(norm.peer());
+        return unavailable("step " + std::to_string(step) + ": stage " + std::to_string(span_.stage) + " waited " +
+                           std::to_string(options_.receive_timeout.count()) + " ms for " + what);
+      }
+    }
+  }
+  executed_.push_back(optimizer_step());
+  return Status::Ok();
+}
+
 Status StageRunner::run_action(const Action& a, int64_t step) {
   if (a.kind != ActionKind::kForward && a.kind != ActionKind::kBackward) return run_compute_action(a, step);
   // Compute is timed (step metrics: compute_s, the pace adaptive compression plans with). With --slowdown, as on a
@@ -231,33 +315,34 @@ Status StageRunner::run_action(const Action& a, int64_t step) {
 
 Status StageRunner::run_compute_action(const Action& a, int64_t step) {
   const int mb = a.microbatch;
+  const int i = slot(step, mb);  // the microbatch's buffers
   const int B = mb_batch_, T = train_.model.seq;
   switch (a.kind) {
     case ActionKind::kRecvAct: {
-      LH_ASSIGN_OR_RETURN(inputs_[mb], boundary_.take_activation(mb, wire_shape(B), model_.device()));
+      LH_ASSIGN_OR_RETURN(inputs_[i], boundary_.take_activation(step, mb, wire_shape(B), model_.device()));
       if (subspace_) {
-        LH_ASSIGN_OR_RETURN(inputs_[mb], subspace_->from_coords(inputs_[mb], tokens_dev_[mb]));
+        LH_ASSIGN_OR_RETURN(inputs_[i], subspace_->from_coords(inputs_[i], tokens_dev_[i]));
       }
       return Status::Ok();
     }
     case ActionKind::kForward: {
-      ActivationCache& c = caches_[mb];
-      Tensor x = inputs_[mb];
+      ActivationCache& c = caches_[i];
+      Tensor x = inputs_[i];
       if (span_.has_embedding) {
         LH_ASSIGN_OR_RETURN(x, model_.embed_forward(c, tokens_ + size_t(mb) * B * T, Device::cpu, B, T));
       }
       if (!polls_reducer()) {
-        LH_ASSIGN_OR_RETURN(outputs_[mb], model_.blocks_forward(span_.first_block, span_.end_block(), c, x));
+        LH_ASSIGN_OR_RETURN(outputs_[i], model_.blocks_forward(span_.first_block, span_.end_block(), c, x));
       } else {  // block by block, letting the gradient averages in flight move on between blocks
         for (int l = span_.first_block; l < span_.end_block(); ++l) {
           LH_ASSIGN_OR_RETURN(x, model_.blocks_forward(l, l + 1, c, x));
           LH_RETURN_IF_ERROR(reducer_->poll());
         }
-        outputs_[mb] = x;
+        outputs_[i] = x;
       }
       if (span_.has_head) {
         LH_ASSIGN_OR_RETURN(float loss,
-                            model_.head_forward(c, outputs_[mb], targets_ + size_t(mb) * B * T, Device::cpu));
+                            model_.head_forward(c, outputs_[i], targets_ + size_t(mb) * B * T, Device::cpu));
         if (!std::isfinite(loss))
           return out_of_range("loss is " + std::to_string(loss) + " at step " + std::to_string(step) +
                               "; the run diverged (try a lower --lr)");
@@ -266,27 +351,27 @@ Status StageRunner::run_compute_action(const Action& a, int64_t step) {
       return Status::Ok();
     }
     case ActionKind::kSendAct: {
-      Tensor payload = outputs_[mb];
+      Tensor payload = outputs_[i];
       if (subspace_) {
-        LH_ASSIGN_OR_RETURN(payload, subspace_->to_coords(outputs_[mb], tokens_dev_[mb]));
+        LH_ASSIGN_OR_RETURN(payload, subspace_->to_coords(outputs_[i], tokens_dev_[i]));
       }
-      return boundary_.send_activation(step, mb, payload, uint64_t(compress::CodecChain::raw_bytes(outputs_[mb])));
+      return boundary_.send_activation(step, mb, payload, uint64_t(compress::CodecChain::raw_bytes(outputs_[i])));
     }
     case ActionKind::kRecvGrad: {
-      LH_ASSIGN_OR_RETURN(grads_[mb], boundary_.take_activation_grad(mb, wire_shape(B), model_.device()));
+      LH_ASSIGN_OR_RETURN(grads_[i], boundary_.take_activation_grad(step, mb, wire_shape(B), model_.device()));
       if (subspace_) {
-        LH_ASSIGN_OR_RETURN(grads_[mb], subspace_->grad_from_coords(grads_[mb]));
+        LH_ASSIGN_OR_RETURN(grads_[i], subspace_->grad_from_coords(grads_[i]));
       }
       return Status::Ok();
     }
     case ActionKind::kBackward:
-      return backward(mb);
+      return backward(step, mb);
     case ActionKind::kSendGrad: {
-      Tensor payload = grads_[mb];
+      Tensor payload = grads_[i];
       if (subspace_) {
-        LH_ASSIGN_OR_RETURN(payload, subspace_->grad_to_coords(grads_[mb]));
+        LH_ASSIGN_OR_RETURN(payload, subspace_->grad_to_coords(grads_[i]));
       }
-      return boundary_.send_activation_grad(step, mb, payload, uint64_t(compress::CodecChain::raw_bytes(grads_[mb])));
+      return boundary_.send_activation_grad(step, mb, payload, uint64_t(compress::CodecChain::raw_bytes(grads_[i])));
     }
     case ActionKind::kOptimizerStep:
       return Status::Ok();  // taken by step() after the list, with the whole model's gradient norm
@@ -294,10 +379,10 @@ Status StageRunner::run_compute_action(const Action& a, int64_t step) {
   return internal_error("unknown pipeline action");
 }
 
-Status StageRunner::backward(int mb) {
+Status StageRunner::backward(int64_t step, int mb) {
   const int B = mb_batch_, T = train_.model.seq;
-  ActivationCache& c = caches_[mb];
-  Tensor& d = grads_[mb];
+  ActivationCache& c = caches_[slot(step, mb)];
+  Tensor& d = grads_[slot(step, mb)];
   // The step's last backward finishes each parameter group in turn (head, blocks from the last, embedding):
   // each is handed to the dp reducer as soon as it is final, so its exchange overlaps the rest.
   const bool hand_over = reducer_ && !options_.sync.diloco() && ++backwards_ == options_.microbatches;
@@ -402,14 +487,14 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     tp_spec_ = tp_changes_.begin()->second;
     tp_changes_.erase(tp_changes_.begin());
   }
-  LH_RETURN_IF_ERROR(model_.zero_grad());
+  if (!async_) LH_RETURN_IF_ERROR(model_.zero_grad());  // async: the step before may still be adding its gradients
   LH_RETURN_IF_ERROR(predict_weights());
   const int M = options_.microbatches;
   const uint64_t raw = uint64_t(mb_batch_) * train_.model.seq * train_.model.d_model * 4;
   if (subspace_) {
     const size_t per_mb = size_t(mb_batch_) * train_.model.seq;
     for (int mb = 0; mb < M; ++mb) {
-      Tensor& t = tokens_dev_[mb];
+      Tensor& t = tokens_dev_[slot(step, mb)];
       if (!t.defined()) {
         LH_ASSIGN_OR_RETURN(t, Tensor::create({int64_t(per_mb)}, DType::i32, model_.device()));
       }
@@ -418,10 +503,19 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
   }
   // Every receive is posted up front so packets land while this stage computes.
   boundary_.post_receives(step, M, int64_t(mb_batch_) * train_.model.seq, raw);
-  LH_RETURN_IF_ERROR(run_schedule(step));
   StageStepResult r;
   r.step = step;
-  if (options_.sync.delayed()) {
+  if (async_) {
+    executed_.clear();
+    LH_RETURN_IF_ERROR(run_async(step, &r));
+    // The sends still in flight go on under the next step; the last step waits for them.
+    Status sent = step >= train_.steps ? boundary_.wait_sends(step) : boundary_.reap_sends();
+    if (!sent.ok()) return sent.prepend("step " + std::to_string(step));
+  } else {
+    LH_RETURN_IF_ERROR(run_schedule(step));
+  }
+  if (async_) {
+  } else if (options_.sync.delayed()) {
     LH_RETURN_IF_ERROR(apply_delayed_updates(step, &r));
   } else {
     TraceScope traced(trace_, "update", step);
@@ -432,7 +526,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     LH_ASSIGN_OR_RETURN(r.grad_norm, apply_update(step));
     r.lr = lr_at(train_, step);
   }
-  {
+  if (!async_) {
     // The step's sends are waited for after the update, not before: the norm goes out as soon as the last backward
     // is done (the neighbour that waits for it receives the last gradient first anyway), and this stage's update
     // does not wait for its last packet to land.

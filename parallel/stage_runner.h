@@ -135,14 +135,30 @@ class StageRunner {
   // The step's forwards and backwards: the schedule's list, or the eager policy (run_eager).
   Status run_schedule(int64_t step);
   Status run_eager(int64_t step);
+  // --schedule async: two steps in flight. run_async runs step `step`'s forwards with the backwards and updates of
+  // the steps before (their norms and learning rates go into `r`); finish_backwards keeps a step's gradients and sends
+  // its part of the norm; async_update clips them and takes the AdamW step onto the newest weights; use_version puts
+  // the weights after update `version` into the model (host copies of the versions still in use).
+  Status run_async(int64_t step, StageStepResult* r);
+  Status finish_backwards(int64_t step);
+  Status async_update(int64_t step, StageStepResult* r);
+  Status use_version(int64_t version);
+  // The weights step `step` computes with: update step − 2's, or with async:predict that extrapolated one step
+  // (kept under the key −step until the step's backwards are done).
+  Status use_step_weights(int64_t step);
+  Result<std::vector<std::vector<float>>> version_copy(int64_t version);
+  // The buffers of microbatch `mb` of `step`: one set per step parity with the async schedule.
+  int slot(int64_t step, int mb) const { return async_ ? int(step & 1) * options_.microbatches + mb : mb; }
   Status run_action(const Action& a, int64_t step);
   Status run_compute_action(
       const Action& a,
       int64_t step);  // run_action without --slowdown  // compute and the boundary's sends and receives
-  Status backward(int mb);                           // with dp, the last one hands each bucket to the reducer
+  Status backward(int64_t step, int mb);                         // with dp, the last one hands each bucket to the reducer
   // Clips the gradients in the groups by the whole model's norm and takes the optimizer step with the learning
   // rate of `step` (the step the gradients are from); returns the norm before clipping.
   Result<float> apply_update(int64_t step);
+  double local_grad_sq();  // this worker's part of the squared norm (tp-replicated parameters on shard 0 only)
+  Result<float> clip_and_step(int64_t step, double total_sq);
   // Whether compute stops between blocks to let the reducer's averages move (--sync delayed: they run under it).
   bool polls_reducer() const { return reducer_ && options_.sync.delayed(); }
   // --sync delayed: the step's optimizer updates (the averages due, or every one in flight during the warmup and at
@@ -200,6 +216,15 @@ class StageRunner {
   double loss_sum_ = 0;
 
   std::vector<Action> executed_;  // the last step's actions, in the order run
+  // --schedule async.
+  bool async_ = false;
+  int64_t b_step_ = 0;  // the oldest step with backwards left (0: none yet)
+  int next_b_ = 0;      // its next backward
+  std::map<int64_t, std::vector<std::vector<float>>> held_;  // gradients of steps awaiting their update, per group
+  std::map<int64_t, double> held_sq_;                          // and this worker's part of their squared norm
+  // Weights after update v (key v ≥ 0) while steps use them, and async:predict's for step t (key −t).
+  std::map<int64_t, std::vector<std::vector<float>>> versions_;
+  int64_t active_version_ = 0, newest_version_ = 0;              // in the model now; the newest
   StepTrace trace_;               // LH_TRACE=DIR: a timeline of every step
   StageStepResult last_;
   std::optional<float> last_val_loss_;

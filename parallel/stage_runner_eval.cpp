@@ -7,6 +7,7 @@ namespace lh {
 Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* tokens, const int32_t* targets,
                                                    int batches) {
   TraceScope traced(trace_, "eval", step);
+  if (async_) LH_RETURN_IF_ERROR(use_version(newest_version_));  // the newest weights, the same update on every stage
   if (batches < 1 || batches >= AllPairsGradNorm::kSlot)
     return invalid_argument("evaluate: batches must be in 1.." + std::to_string(AllPairsGradNorm::kSlot - 1));
   // Each replica evaluates its part of every batch; the replicas' means are averaged at the end. (An --elastic job

@@ -44,6 +44,9 @@ struct StageShard {
 }  // namespace
 
 Result<std::string> StageRunner::save_state(const Rng& data_rng) {
+  if (async_)
+    return invalid_argument("the async schedule keeps two steps in flight; its state is not saved (yet): run it "
+                               "without --checkpoint-dir");
   if (predicted_) return internal_error("stage state: saved while the weights are predicted ones");
   StageShard sh;
   sh.step = last_.step;

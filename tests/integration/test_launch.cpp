@@ -239,6 +239,23 @@ TEST_F(Launch, TwoStagesReproduceTrain) {
 TEST_F(Launch, FourStagesGPipeReproduceTrain) {
   expect_launch_matches_train(4, "gpipe");
 }
+// The async schedule in real processes: four stages over links with a delay (steps overlap, each stage's order
+// depends on timing) give the losses of one process running the same rule.
+TEST_F(Launch, AsyncStagesOverDistantLinksMatchOneProcess) {
+  const int steps = 5;
+  std::map<int, std::map<int64_t, double>> losses;
+  for (int workers : {1, 4}) {
+    std::string metrics = temp_path("async" + std::to_string(workers) + ".jsonl");
+    std::vector<std::string> extra = {"--schedule", "async:predict"};
+    if (workers > 1) extra.insert(extra.end(), {"--link", "1G,10ms"});
+    BinRun l = run(launch_args(workers, steps, metrics, extra));
+    ASSERT_EQ(l.code, 0) << l.output;
+    losses[workers] = losses_of(metrics);
+    ASSERT_EQ(losses[workers].size(), size_t(steps)) << l.output;
+  }
+  for (auto& [step, loss] : losses[1]) EXPECT_NEAR(losses[4][step], loss, 1e-5 * std::abs(loss)) << "step " << step;
+}
+
 // Eager over links with a delay: each stage runs what has arrived, in real processes over UCX and the shaper.
 TEST_F(Launch, FourStagesEagerOverDistantLinksReproduceTrain) {
   expect_launch_matches_train(4, "eager", {}, {"--link", "1G,10ms"});
@@ -1415,6 +1432,10 @@ TEST_F(Launch, BadFlagsAreNamed) {
   const std::vector<Case> cases = {
       {{"launch", "--workers", "2", "--schedule", "zigzag"}, "--schedule"},
       {{"launch", "--tp", "2", "--heads", "2", "--schedule", "eager"}, "--schedule eager with --tp 2"},
+      {{"launch", "--dp", "2", "--schedule", "async"}, "--schedule async with --dp"},
+      {{"launch", "--workers", "2", "--schedule", "async:predict", "--checkpoint-dir", "/tmp/x"},
+       "--schedule async:predict with --checkpoint-dir"},
+      {{"launch", "--workers", "2", "--schedule", "async", "--subspace-k", "8"}, "--schedule async with --subspace-k"},
       {{"launch", "--workers", "2", "--compress-fwd", "int9"}, "int9"},
       {{"launch", "--workers", "2", "--link", "fast"}, "--link"},
       {{"launch", "--workers", "2", "--pp", "3"}, "--workers"},

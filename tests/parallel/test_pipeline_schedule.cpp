@@ -12,7 +12,8 @@
 namespace lh {
 namespace {
 
-const ScheduleKind kKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kEager};
+const ScheduleKind kKinds[] = {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kEager, ScheduleKind::kAsync,
+                               ScheduleKind::kAsyncPredict};
 
 int count(const std::vector<Action>& list, Action a) {
   int n = 0;
@@ -204,7 +205,7 @@ TEST(PipelineSchedule, ParsesKindNames) {
   for (ScheduleKind k : kKinds) EXPECT_EQ(value_of(parse_schedule_kind(schedule_kind_name(k))), k);
   auto bad = parse_schedule_kind("zb");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("'zb' is unknown; choose gpipe, 1f1b or eager"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("'zb' is unknown; choose gpipe, 1f1b, eager, async or async:predict"), std::string::npos)
       << bad.status().message();
   EXPECT_FALSE(PipelineSchedule::build(ScheduleKind::kGPipe, 0, 4).ok());
   EXPECT_NE(PipelineSchedule::build(ScheduleKind::kGPipe, 2, 0).status().message().find("--microbatches"),
