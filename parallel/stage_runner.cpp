@@ -513,6 +513,11 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     if (!sent.ok()) return sent.prepend("step " + std::to_string(step));
   } else {
     LH_RETURN_IF_ERROR(run_schedule(step));
+    // The step's sends land before the norm goes out: the norm's small messages then find their links idle, so
+    // their time is the links' latency, which auto compression takes out of the busy time (sent right behind the
+    // last gradient, they measured its transfer too, and a slow link looked fast).
+    TraceScope traced(trace_, "wait_sends", step);
+    LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
   }
   if (async_) {
   } else if (options_.sync.delayed()) {
@@ -525,13 +530,6 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     }
     LH_ASSIGN_OR_RETURN(r.grad_norm, apply_update(step));
     r.lr = lr_at(train_, step);
-  }
-  if (!async_) {
-    // The step's sends are waited for after the update, not before: the norm goes out as soon as the last backward
-    // is done (the neighbour that waits for it receives the last gradient first anyway), and this stage's update
-    // does not wait for its last packet to land.
-    TraceScope traced(trace_, "wait_sends", step);
-    LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
   }
   if (options_.sync.diloco() && step % options_.sync.H == 0) {
     std::vector<int> buckets;
