@@ -251,6 +251,19 @@ std::vector<StepStats> reference_steps(const TrainConfig& cfg, int steps, float*
   return out;
 }
 
+// The validation loss of a whole model on the job's fixed validation batches, as Trainer::evaluate takes it.
+float reference_val_loss(const TrainConfig& cfg, const TextDataset& data, Gpt& model) {
+  BatchSampler val(&data, Split::val, cfg.batch, cfg.model.seq, cfg.seed);
+  std::vector<int32_t> tok, tgt;
+  ActivationCache cache;
+  double total = 0;
+  for (int i = 0; i < cfg.eval_batches; ++i) {
+    val.next(&tok, &tgt);
+    total += value_of(model.forward(cache, tok.data(), tgt.data(), cfg.batch, cfg.model.seq));
+  }
+  return float(total / cfg.eval_batches);
+}
+
 // The async schedule's rule on one process, written out plainly: step t's gradient is taken at the weights of update
 // t − 2 (with `predict`, at W_{t−2} + (W_{t−2} − W_{t−3})), clipped, and AdamW applies it to the newest weights,
 // W_{t−1}. Per-step losses (at the weights the gradient was taken at), and the final weights' validation loss.
@@ -291,15 +304,7 @@ std::vector<float> reference_async_losses(const TrainConfig& cfg, int steps, boo
     EXPECT_TRUE(opt.step(cur.exec(), to, acfg, cfg.grad_clip, t).ok());
     versions.push_back(all_params(cur));
   }
-  if (val_loss) {
-    BatchSampler val(&data, Split::val, cfg.batch, cfg.model.seq, cfg.seed);
-    double total = 0;
-    for (int b = 0; b < cfg.eval_batches; ++b) {
-      val.next(&tok, &tgt);
-      total += value_of(cur.forward(cache, tok.data(), tgt.data(), cfg.batch, cfg.model.seq));
-    }
-    *val_loss = float(total / cfg.eval_batches);
-  }
+  if (val_loss) *val_loss = reference_val_loss(cfg, data, cur);
   return losses;
 }
 
@@ -788,13 +793,7 @@ std::vector<float> reference_delayed_losses(const TrainConfig& cfg, int steps, i
     const bool all = t <= cfg.warmup || t == steps;
     while (!pending.empty() && (all || pending.front().first <= t - D)) apply();
   }
-  BatchSampler val(&data, Split::val, cfg.batch, cfg.model.seq, cfg.seed);
-  double total = 0;
-  for (int i = 0; i < cfg.eval_batches; ++i) {
-    val.next(&tok, &tgt);
-    total += value_of(model.forward(cache, tok.data(), tgt.data(), cfg.batch, cfg.model.seq));
-  }
-  *val_loss = float(total / cfg.eval_batches);
+  *val_loss = reference_val_loss(cfg, data, model);
   return losses;
 }
 
