@@ -74,6 +74,17 @@ Status decode_randk(const Exec& ex, const PacketHeader& h, const std::vector<Ten
 Status decode_lowrank(const Exec& ex, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
 Status decode_subspace(DecodeCtx& ctx, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
 
+// --- zstd (stage_zstd.cpp): the outer packet around a whole encoded packet
+// The largest inner packet a zstd packet of this shape may carry (16 bytes per element + 64 KiB).
+size_t zstd_max_inner_bytes(const Shape& shape);
+// Largest zstd packet for an inner packet of inner_bytes.
+size_t zstd_packet_bound(const Shape& shape, size_t inner_bytes);
+// Compresses `inner` (a finished packet of this dtype, role and shape) into *out at s.level.
+Status zstd_wrap(const StageSpec& s, Role role, DType dtype, const Shape& shape, const Packet& inner, Packet* out);
+// Checks a parsed zstd header (role, parameters, padding) and decompresses its frame into *inner (8-aligned).
+Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, Role role, std::vector<uint64_t>* inner,
+                   size_t* inner_bytes);
+
 // Validation of a topk own section on the host: indices strictly increasing and < n.
 Status check_topk_indices(const PacketHeader& h, const uint8_t* own);
 

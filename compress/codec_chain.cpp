@@ -200,6 +200,7 @@ Status decode_node(DecodeCtx& ctx, const uint8_t* data, size_t size, int depth, 
     return corrupt(std::string("packet field 'role' is ") + role_name(h.role) + ", this stream carries " +
                    role_name(ctx.role));
   if (depth > 0 && h.dtype != DType::f32) return corrupt("packet field 'dtype' of a nested packet must be f32");
+  if (h.codec == CodecId::zstd) return corrupt("packet field 'codec': zstd may only be the outermost packet");
   if ((h.codec == CodecId::ef || h.codec == CodecId::delta) && depth > 0)
     return corrupt(std::string("packet field 'codec': ") + codec_name(h.codec) + " may only be the outermost packet");
   const uint8_t* payload = data + h.header_bytes();
@@ -272,7 +273,21 @@ Result<CodecChain> parse_codec_spec(const std::string& spec) {
   return CodecChain(std::move(stages));
 }
 
-Result<size_t> CodecChain::packet_bytes(const Shape& shape) const { return node_bytes(stages_, 0, shape); }
+bool CodecChain::zstd_last() const {
+  return !stages_.empty() && stages_.back().id == CodecId::zstd;
+}
+
+CodecChain CodecChain::before_zstd() const {
+  std::vector<StageSpec> inner(stages_.begin(), stages_.end() - 1);
+  if (inner.empty()) inner.emplace_back();  // `zstd` alone: none+zstd
+  return CodecChain(std::move(inner));
+}
+
+Result<size_t> CodecChain::packet_bytes(const Shape& shape) const {
+  if (!zstd_last()) return node_bytes(stages_, 0, shape);
+  LH_ASSIGN_OR_RETURN(size_t inner, before_zstd().packet_bytes(shape));
+  return zstd_packet_bound(shape, inner);
+}
 
 Status CodecChain::encode(const Tensor& x, StreamState& st, Packet* out, const EncodeOptions& opts) const {
   if (!x.defined()) return invalid_argument("encode: undefined tensor");
@@ -280,6 +295,11 @@ Status CodecChain::encode(const Tensor& x, StreamState& st, Packet* out, const E
   if (x.dtype() != DType::f32 && x.dtype() != DType::bf16 && x.dtype() != DType::f16)
     return invalid_argument("encode: codecs take f32, bf16 or f16 tensors, not " + x.describe());
   if (needs_sample_ids() && x.ndim() == 0) return invalid_argument("delta needs a tensor with a sample dimension 0");
+  if (zstd_last()) {
+    Packet inner;
+    LH_RETURN_IF_ERROR(before_zstd().encode(x, st, &inner, opts));
+    return zstd_wrap(stages_.back(), st.role(), x.dtype(), x.shape(), inner, out);
+  }
   const Exec ex = exec_for(x.device());
   Tensor xf = x;
   if (x.dtype() != DType::f32) {
@@ -313,6 +333,24 @@ Status decode_packet(const uint8_t* data, size_t size, StreamState& st, Tensor* 
   if (opts.expect_shape && *opts.expect_shape != h.shape)
     return corrupt("packet field 'shape' is " + shape_string(h.shape) + ", this stream expects " +
                    shape_string(*opts.expect_shape));
+  if (h.codec == CodecId::zstd) {
+    LH_ASSIGN_OR_RETURN(PacketHeader full, parse_header(data, size, opts.limits));  // the hash covers the frame
+    if (full.total_bytes() != size)
+      return corrupt("packet field 'payload_length': header and payload make " + std::to_string(full.total_bytes()) +
+                     " bytes, the packet has " + std::to_string(size));
+    std::vector<uint64_t> inner;
+    size_t n = 0;
+    LH_RETURN_IF_ERROR(zstd_unwrap(full, data, st.role(), &inner, &n));
+    const uint8_t* in = reinterpret_cast<const uint8_t*>(inner.data());
+    LH_ASSIGN_OR_RETURN(PacketHeader ih, parse_header(in, n, peek));
+    if (ih.codec == CodecId::zstd) return corrupt("packet field 'codec': a zstd packet holds another zstd packet");
+    if (ih.shape != h.shape || ih.dtype != h.dtype)
+      return corrupt("packet field 'shape'/'dtype' of the packet inside zstd is " + std::string(dtype_name(ih.dtype)) +
+                     shape_string(ih.shape) + ", the zstd header names " + dtype_name(h.dtype) + shape_string(h.shape));
+    DecodeOptions o = opts;
+    o.limits.verify_hash = false;
+    return decode_packet(in, n, st, out, o);
+  }
   Device dev = opts.device;
   if (out->defined()) {
     if (out->shape() != h.shape || out->dtype() != h.dtype)

@@ -45,11 +45,15 @@ class CodecChain {
   const std::vector<StageSpec>& stages() const { return stages_; }
   std::string spec() const { return stages_to_string(stages_); }
   bool needs_sample_ids() const { return !stages_.empty() && stages_[0].id == CodecId::delta; }
+  // A final zstd stage, and the chain of the stages before it (whose packet zstd compresses).
+  bool zstd_last() const;
+  CodecChain before_zstd() const;
 
   // What an uncompressed fp32 send of x would cost: the "raw bytes" of link metering.
   static int64_t raw_bytes(const Tensor& x) { return x.numel() * 4; }
   static int64_t raw_bytes(const Shape& s) { return shape_numel(s) * 4; }
-  // Exact size of the packet for a tensor of this shape (validates the shape for this chain).
+  // Exact size of the packet for a tensor of this shape (validates the shape for this chain); with a final
+  // zstd stage, the largest it can be (zstd's bound on the packet before it).
   Result<size_t> packet_bytes(const Shape& shape) const;
 
   // x: f32, bf16 or f16, contiguous, on any device; the codecs run on x's device. `out` is

@@ -11,7 +11,7 @@ namespace lh::compress {
 
 namespace {
 
-const char* kAllowedStages = "none, fp16, bf16, int8, int4, int2, topk, randk, lowrank, subspace, delta, ef";
+const char* kAllowedStages = "none, fp16, bf16, int8, int4, int2, topk, randk, lowrank, subspace, delta, ef, zstd";
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -72,6 +72,8 @@ const char* allowed_options(CodecId id) {
     case CodecId::randk: return "ratio=R (0 < R <= 1)";
     case CodecId::lowrank: return "rank=R (1..1024), iters=K (1..16)";
     case CodecId::subspace: return "k=K (1..4096), seed=S";
+    case CodecId::zstd:
+      return "level=N (1..19)";
     default: return "none";
   }
 }
@@ -129,6 +131,12 @@ Status apply_option(const std::string& spec, const std::string& token, StageSpec
       if (!parse_u64(val, &s->seed)) return bad(spec, token, "seed='" + val + "' must be an unsigned 64-bit integer");
       return Status::Ok();
     }
+  } else if (s->id == CodecId::zstd) {
+    if (key == "level" && has_val) {
+      if (!parse_int(val, 1, 19, &iv)) return bad(spec, token, "level='" + val + "' must be an integer in 1..19");
+      s->level = static_cast<int>(iv);
+      return Status::Ok();
+    }
   }
   return bad(spec, token, "unknown option '" + opt + "'" + allowed);
 }
@@ -155,6 +163,8 @@ std::string StageSpec::to_string() const {
     os << ":rank=" << rank << ",iters=" << iters;
   } else if (id == CodecId::subspace) {
     os << ":k=" << k << ",seed=" << seed;
+  } else if (id == CodecId::zstd) {
+    os << ":level=" << level;
   }
   return os.str();
 }
@@ -190,9 +200,12 @@ Result<std::vector<StageSpec>> parse_stages(const std::string& spec) {
     if ((s.id == CodecId::ef || s.id == CodecId::delta) && t != 0)
       return bad(spec, token, std::string(codec_name(s.id)) + " must be the first stage (e.g. '" + codec_name(s.id) +
                                   "+int8')");
-    if (!stages.empty() && stages.back().terminal())
-      return bad(spec, token, std::string("nothing may follow the terminal stage '") + codec_name(stages.back().id) +
-                                  "'; terminal stages (none, fp16, bf16, int8, int4, int2) come last");
+    if (!stages.empty() && stages.back().id == CodecId::zstd)
+      return bad(spec, token, "nothing may follow 'zstd': it compresses the whole packet, so it comes last");
+    if (!stages.empty() && stages.back().terminal() && s.id != CodecId::zstd)
+      return bad(spec, token,
+                 std::string("nothing may follow the terminal stage '") + codec_name(stages.back().id) +
+                     "'; terminal stages (none, fp16, bf16, int8, int4, int2) come last, or before a final zstd");
     stages.push_back(s);
   }
   return stages;

@@ -14,8 +14,11 @@
 //   subspace [k=K] [seed=S]     (K 1..4096 default 32)                    x·U on a seeded basis
 //   delta                       AQ-SGD change from the last value of the same sample (first only)
 //   ef                          error feedback (first only)
+//   zstd  [level=N]     (1..19, default 3)           lossless: zstd of the whole packet the stages
+//                                                    before it make (last only; `zstd` alone = none+zstd)
 // Transforms (topk, randk, lowrank, subspace) may follow one another; a terminal stage comes last
-// and, when absent, the last transform's outputs travel as fp32 (`none`).
+// (before a zstd) and, when absent, the last transform's outputs travel as fp32 (`none`).
+// zstd is a CPU stage for tensors on any device: it compresses the encoded packet's host bytes.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +44,8 @@ struct StageSpec {
   // subspace
   int k = 32;
   uint64_t seed = 0x5EEDBA5Eull;
+  // zstd
+  int level = 3;
 
   bool terminal() const;
   bool transform() const;  // has children: topk, randk, lowrank, subspace

@@ -23,6 +23,8 @@ const char* codec_name(CodecId id) {
     case CodecId::subspace: return "subspace";
     case CodecId::delta: return "delta";
     case CodecId::ef: return "ef";
+    case CodecId::zstd:
+      return "zstd";
   }
   return "?";
 }

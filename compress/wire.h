@@ -26,7 +26,8 @@
 // Stages with inputs for later stages ("children": topk values, lowrank factors …) write their own
 // section (indices, sample ids), padded to 8 bytes, followed by one complete child packet per
 // child, so a chain nests: `ef+topk+int4` is an ef packet holding a topk packet holding an int4
-// packet. Each nested packet carries its own header and hash.
+// packet. Each nested packet carries its own header and hash. A final zstd stage is the exception:
+// its payload is the zstd frame of the whole packet the chain before it made (stage_zstd.cpp).
 #pragma once
 
 #include <cstddef>
@@ -50,10 +51,21 @@ constexpr int kMaxNesting = 8;
 
 // Values are part of the wire format: append only, never renumber.
 enum class CodecId : uint8_t {
-  none = 0, fp16 = 1, bf16 = 2, int8 = 3, int4 = 4, int2 = 5,
-  topk = 6, randk = 7, lowrank = 8, subspace = 9, delta = 10, ef = 11,
+  none = 0,
+  fp16 = 1,
+  bf16 = 2,
+  int8 = 3,
+  int4 = 4,
+  int2 = 5,
+  topk = 6,
+  randk = 7,
+  lowrank = 8,
+  subspace = 9,
+  delta = 10,
+  ef = 11,
+  zstd = 12,
 };
-constexpr int kNumCodecIds = 12;
+constexpr int kNumCodecIds = 13;
 const char* codec_name(CodecId id);
 
 // Which tensor a stream carries. Part of the wire format (a packet names its stream's role).

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libopenblas-dev libucx-dev ucx-utils libzmq3-dev libsodium-dev cppzmq-dev libcereal-dev
-  libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev
+  libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev libzstd-dev nlohmann-json3-dev libyaml-cpp-dev
   libthrust-dev libcub-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev libomp-dev

@@ -175,7 +175,7 @@ TEST(Codecs, HalfPrecisionInputsRoundTripInTheirOwnDtype) {
   for (DType dt : {DType::bf16, DType::f16}) {
     Tensor x = Tensor::empty({6, 40}, dt);
     kern::to_half(Exec::cpu(), x32.data<float>(), x32.numel(), dt == DType::bf16, static_cast<uint16_t*>(x.raw_data()));
-    for (const char* spec : {"none", "int8", "ef+topk:ratio=0.3+int4", "lowrank:rank=6"}) {
+    for (const char* spec : {"none", "int8", "ef+topk:ratio=0.3+int4", "lowrank:rank=6", "zstd", "int8+zstd"}) {
       StreamState tx, rx;
       Packet p;
       ASSERT_TRUE(chain_of(spec).encode(x, tx, &p).ok());
@@ -183,11 +183,57 @@ TEST(Codecs, HalfPrecisionInputsRoundTripInTheirOwnDtype) {
       ASSERT_TRUE(decode_packet(p.bytes.data(), p.size(), rx, &y).ok());
       EXPECT_EQ(y.dtype(), dt);
       EXPECT_EQ(y.shape(), x.shape());
-      if (std::string(spec) == "none") {
+      if (std::string(spec) == "none" || std::string(spec) == "zstd") {
         EXPECT_EQ(0, std::memcmp(x.raw_data(), y.raw_data(), x.nbytes())) << "lossless on " << dtype_name(dt);
       }
     }
   }
+}
+
+// zstd is lossless over the whole packet before it: the same stream of tensors through X and X+zstd decodes to
+// the same bits, stream state (ef residuals, PowerSGD warm starts, delta memories) included.
+TEST(Codecs, ZstdDecodesToTheBitsOfTheChainBeforeIt) {
+  for (const std::string inner : {"none", "int8", "int4:block=32", "int2", "ef+int4", "lowrank:rank=2+int8",
+                                  "ef+topk:ratio=0.1+int4", "delta+int8", "bf16", "subspace:k=4+int8"}) {
+    for (const std::string level : {"", ":level=1", ":level=19"}) {
+      const std::string spec = (inner == "none" ? std::string("zstd") : inner + "+zstd") + level;
+      CodecChain plain = chain_of(inner), packed = chain_of(spec);
+      ASSERT_TRUE(packed.zstd_last()) << spec;
+      EXPECT_EQ(packed.before_zstd().spec(), plain.spec());
+      StreamState tx_a(Role::activation, 3), rx_a(Role::activation, 3), tx_b(Role::activation, 3),
+          rx_b(Role::activation, 3);
+      std::vector<int64_t> ids = {7, 2, 9, 4};
+      EncodeOptions eo;
+      eo.sample_ids = &ids;
+      for (int t = 0; t < 3; ++t) {
+        Tensor x = gaussian({4, 6, 16}, 40 + t);
+        Packet pa, pb;
+        Tensor a = round_trip(plain, x, tx_a, rx_a, &pa, eo), b = round_trip(packed, x, tx_b, rx_b, &pb, eo);
+        ASSERT_TRUE(a.defined() && b.defined()) << spec;
+        ASSERT_EQ(0, std::memcmp(a.raw_data(), b.raw_data(), a.nbytes())) << spec << " step " << t;
+        auto bound = packed.packet_bytes(x.shape());
+        ASSERT_TRUE(bound.ok());
+        EXPECT_LE(pb.size(), *bound) << spec;
+        EXPECT_EQ(pb.size() % 8, 0u);
+        auto info = inspect_packet(pb.bytes.data(), pb.size());
+        ASSERT_TRUE(info.ok()) << info.status().to_string();
+        EXPECT_EQ(info->header.codec, CodecId::zstd);
+        EXPECT_EQ(info->raw_bytes, x.numel() * 4);  // metering sees the tensor, not the packet inside
+      }
+    }
+  }
+}
+
+TEST(Codecs, ZstdShrinksCodesWithStructure) {
+  // Half the activations are exact zeros (after a ReLU, say): their int8 codes are one repeated byte.
+  Tensor x = gaussian({8, 128, 64}, 5);
+  for (int64_t i = 0; i < x.numel(); i += 2) x.at(i) = std::max(0.0f, x.at(i));
+  for (int64_t i = 1; i < x.numel(); i += 2) x.at(i) = 0.0f;
+  StreamState a, b;
+  Packet plain, packed;
+  ASSERT_TRUE(chain_of("int8").encode(x, a, &plain).ok());
+  ASSERT_TRUE(chain_of("int8+zstd").encode(x, b, &packed).ok());
+  EXPECT_LT(double(packed.size()), 0.6 * double(plain.size())) << plain.size() << " -> " << packed.size();
 }
 
 TEST(Codecs, TopkKeepsTheLargestMagnitudesExactly) {

@@ -31,9 +31,10 @@ TEST_F(CodecsGpu, ElementwiseAndSparseCodecsGiveIdenticalPackets) {
   std::vector<int64_t> ids = {5, 6, 7};
   EncodeOptions eo;
   eo.sample_ids = &ids;
-  for (const char* spec : {"none", "fp16", "bf16", "int8", "int4", "int2", "int8:block=32,scale=fp32",
-                           "int4:block=128,stochastic", "int2:stochastic", "topk:ratio=0.01", "randk:ratio=0.1",
-                           "ef+topk:ratio=0.05+int4", "randk:ratio=0.2+topk:ratio=0.3+int8", "delta+int4"}) {
+  for (const char* spec :
+       {"none", "fp16", "bf16", "int8", "int4", "int2", "int8:block=32,scale=fp32", "int4:block=128,stochastic",
+        "int2:stochastic", "topk:ratio=0.01", "randk:ratio=0.1", "ef+topk:ratio=0.05+int4",
+        "randk:ratio=0.2+topk:ratio=0.3+int8", "delta+int4", "int8+zstd", "ef+int4+zstd"}) {
     for (const Shape& shape : {Shape{3, 1000}, Shape{3, 77, 129}}) {
       Tensor x = gaussian(shape, 17);
       Tensor xg = on_gpu(x);
@@ -50,7 +51,8 @@ TEST_F(CodecsGpu, ElementwiseAndSparseCodecsGiveIdenticalPackets) {
 }
 
 TEST_F(CodecsGpu, DecodingOnEitherDeviceGivesTheSameTensor) {
-  for (const char* spec : {"fp16", "bf16", "int8", "int4:block=32", "int2", "topk:ratio=0.1+int8", "randk:ratio=0.3"}) {
+  for (const char* spec :
+       {"fp16", "bf16", "int8", "int4:block=32", "int2", "topk:ratio=0.1+int8", "randk:ratio=0.3", "int4+zstd"}) {
     Tensor x = gaussian({64, 96}, 3);
     StreamState tx, rc, rg;
     Packet p;

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "codec_test_util.h"
+#include "compress/chain_internal.h"
 
 namespace lh::compress {
 namespace {
@@ -21,10 +22,26 @@ void expect_spec_error(const std::string& spec, const std::string& token, const 
 }
 
 TEST(Spec, ParsesTheDesignExamples) {
-  for (const char* s : {"none", "fp16", "bf16", "int8", "int4:block=32", "int2:stochastic", "topk:ratio=0.01",
-                        "randk:ratio=0.1", "lowrank:rank=8", "subspace:k=32", "delta+int4", "ef+topk:ratio=0.01+int4",
-                        "lowrank:rank=8+int8", "subspace:k=32+int8", "int8:block=128,scale=fp32,stochastic",
-                        " ef + lowrank:rank=4,iters=2 + bf16 "}) {
+  for (const char* s : {"none",
+                        "fp16",
+                        "bf16",
+                        "int8",
+                        "int4:block=32",
+                        "int2:stochastic",
+                        "topk:ratio=0.01",
+                        "randk:ratio=0.1",
+                        "lowrank:rank=8",
+                        "subspace:k=32",
+                        "delta+int4",
+                        "ef+topk:ratio=0.01+int4",
+                        "lowrank:rank=8+int8",
+                        "subspace:k=32+int8",
+                        "int8:block=128,scale=fp32,stochastic",
+                        " ef + lowrank:rank=4,iters=2 + bf16 ",
+                        "zstd",
+                        "int4+zstd",
+                        "ef+int4+zstd:level=9",
+                        "delta+lowrank:rank=2+int8+zstd:level=1"}) {
     auto r = parse_codec_spec(s);
     ASSERT_TRUE(r.ok()) << s << ": " << r.status().to_string();
     // The canonical text parses to the same stages.
@@ -60,6 +77,11 @@ TEST(Spec, BadTokensAreNamedWithWhatIsAllowed) {
   expect_spec_error("topk+ef", "ef", "first stage");
   expect_spec_error("int8+delta", "delta", "first stage");
   expect_spec_error("fp16:block=32", "fp16:block=32", "allowed for fp16: none");
+  expect_spec_error("zstd+int8", "int8", "nothing may follow 'zstd'");
+  expect_spec_error("int8+zstd+zstd", "zstd", "nothing may follow 'zstd'");
+  expect_spec_error("zstd:level=0", "zstd:level=0", "1..19");
+  expect_spec_error("int4+zstd:level=20", "zstd:level=20", "1..19");
+  expect_spec_error("zstd:block=4", "zstd:block=4", "allowed for zstd: level");
   expect_spec_error("int8+", "", "empty stage");
   expect_spec_error("int8:", "int8:", "no options");
   expect_spec_error("int8:block=32,,stochastic", "int8:block=32,,stochastic", "empty option");
@@ -169,6 +191,54 @@ TEST(Wire, NestedFieldsAreCheckedToo) {
   expect_corrupt(with_field<int64_t>(ef, child + 48, 2), "shape", nohash);
   expect_corrupt(with_field<uint8_t>(ef, child + 7, static_cast<uint8_t>(DType::bf16)), "dtype", nohash);
   expect_corrupt(with_field<uint8_t>(ef, child + 6, static_cast<uint8_t>(CodecId::ef)), "codec", nohash);
+}
+
+TEST(Wire, ZstdFieldsAreCheckedAndNamed) {
+  DecodeOptions nohash;
+  nohash.limits.verify_hash = false;
+  Packet p = packet_of("int8+zstd", {4, 64});
+  const uint32_t frame = load_le<uint32_t>(p.bytes.data() + 16);
+  const uint64_t inner = load_le<uint64_t>(p.bytes.data() + 24);
+  expect_corrupt(with_field<uint32_t>(p, 12, 0), "zstd level");
+  expect_corrupt(with_field<uint32_t>(p, 12, 20), "zstd level");
+  expect_corrupt(with_field<uint16_t>(p, 10, 1), "flags");
+  expect_corrupt(with_field<uint32_t>(p, 16, frame + 8), "zstd frame bytes");
+  expect_corrupt(with_field<uint32_t>(p, 16, 0), "zstd frame bytes");
+  // A small packet may not claim a huge inner packet (a decompression bomb), nor one its frame does not hold.
+  expect_corrupt(with_field<uint64_t>(p, 24, uint64_t{1} << 40), "zstd inner bytes");
+  expect_corrupt(with_field<uint64_t>(p, 24, inner - 8), "zstd frame");
+  expect_corrupt(with_field<uint64_t>(p, 24, 8), "zstd inner bytes");
+  // Garbage where the frame should be.
+  Packet junk = p;
+  for (size_t i = 64; i < 64 + 16; ++i) junk.bytes[i] = static_cast<uint8_t>(0xA5 ^ i);
+  expect_corrupt(junk, "zstd frame", nohash);
+  expect_corrupt(junk, "hash");
+  // Non-zero padding after the frame: find a shape whose frame does not end on 8 bytes.
+  bool padded = false;
+  for (int64_t n = 16; n <= 64 && !padded; n += 4) {
+    Packet q = packet_of("int8+zstd", {n});
+    const uint32_t f = load_le<uint32_t>(q.bytes.data() + 16);
+    if (f % 8 == 0) continue;
+    padded = true;
+    q.bytes.back() = 1;
+    auto h = parse_header(q.bytes.data(), q.size(), WireLimits{int64_t{1} << 40, false});
+    ASSERT_TRUE(h.ok());
+    seal_packet(q.bytes.data(), &*h);
+    expect_corrupt(q, "zstd padding");
+  }
+  EXPECT_TRUE(padded);
+  // The packet inside must be the tensor the zstd header names, and not zstd again.
+  StageSpec z;
+  z.id = CodecId::zstd;
+  Packet other = packet_of("int8", {64, 4}), wrapped, twice;
+  ASSERT_TRUE(detail::zstd_wrap(z, Role::activation, DType::f32, {4, 64}, other, &wrapped).ok());
+  expect_corrupt(wrapped, "inside zstd");
+  ASSERT_TRUE(detail::zstd_wrap(z, Role::activation, DType::f32, {4, 64}, p, &twice).ok());
+  expect_corrupt(twice, "another zstd");
+  expect_corrupt(p, "role", {}, Role::weight_grad);
+  // zstd inside a chain's nested packet.
+  Packet ef = packet_of("ef+int8", {4, 8});
+  expect_corrupt(with_field<uint8_t>(ef, 48 + 16 + 6, static_cast<uint8_t>(CodecId::zstd)), "outermost", nohash);
 }
 
 TEST(Wire, StreamAndOutputMismatchesAreRejected) {

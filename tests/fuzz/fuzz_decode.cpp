@@ -36,9 +36,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
 // Valid packets of every codec: the seed corpus (`--write-corpus DIR`) and the replay inputs.
 static std::vector<std::vector<uint8_t>> seed_inputs() {
-  const char* specs[] = {"none", "fp16", "bf16", "int8", "int4:block=32,scale=fp32", "int2:stochastic",
-                         "topk:ratio=0.2", "randk:ratio=0.3", "lowrank:rank=2", "subspace:k=4",
-                         "ef+topk:ratio=0.1+int4", "delta+int8", "lowrank:rank=3+int8", "subspace:k=8+fp16"};
+  const char* specs[] = {"none",
+                         "fp16",
+                         "bf16",
+                         "int8",
+                         "int4:block=32,scale=fp32",
+                         "int2:stochastic",
+                         "topk:ratio=0.2",
+                         "randk:ratio=0.3",
+                         "lowrank:rank=2",
+                         "subspace:k=4",
+                         "ef+topk:ratio=0.1+int4",
+                         "delta+int8",
+                         "lowrank:rank=3+int8",
+                         "subspace:k=8+fp16",
+                         "int8+zstd",
+                         "ef+int4+zstd"};
   std::vector<std::vector<uint8_t>> out;
   std::vector<int64_t> ids = {1, 2, 3};
   EncodeOptions eo;
