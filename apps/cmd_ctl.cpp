@@ -8,6 +8,7 @@
 
 #include "apps/commands.h"
 #include "apps/job_cli.h"
+#include "compress/spec.h"
 #include "parallel/link_shapes.h"
 #include "transport/control_client.h"
 
@@ -143,6 +144,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
                   "tensor shards' partial sums");
   set->add_option("spec", f->spec, "codec spec, e.g. int4, lowrank:rank=8+int8, powersgd:rank=4 (grad)")->required();
   set->callback([f] {
+    f->spec = compress::expand_preset(f->spec);
     if (!f->role.empty() && f->role != "act" && f->role != "act_grad" && f->role != "grad" && f->role != "tp")
       fail("--role '" + f->role + "': choose act, act_grad, grad or tp", 2);
     if (f->role == "tp") {

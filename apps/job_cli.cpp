@@ -12,6 +12,7 @@
 #include <random>
 
 #include "apps/commands.h"
+#include "compress/spec.h"
 #include "core/log.h"
 #include "parallel/metrics_summary.h"
 
@@ -48,13 +49,19 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--compress-fwd", f.job.compress_fwd,
-                  "codec spec for activations on every link, or auto: per link, the least lossy codec of "
+                  "codec spec for activations on every link (or preset:lossless|safe|balanced), or auto: per link, "
+                  "the least lossy codec of "
                   "--auto-ladder whose transfer fits under the pipeline's compute per microbatch, re-decided every "
                   "--auto-every steps from what the job measured")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link, or auto")
       ->capture_default_str()
+      ->group(g);
+  cmd->add_option("--compression", f.compression,
+                  "a point of the compression frontier (scripts/bench_frontier.sh) for both directions: "
+                  "lossless|safe|balanced (the codec presets), or frontier (a subspace model, --subspace-k = "
+                  "d_model/8, with int4+zstd: the most bytes saved within 2% validation loss)")
       ->group(g);
   cmd->add_option("--auto-ladder", f.job.auto_ladder, "the codecs auto chooses from, least lossy first")
       ->capture_default_str()
@@ -169,12 +176,39 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   add_model_flags(cmd, f.model, c);
 }
 
+namespace {
+
+// --compression NAME: the codecs of both directions (and, for frontier, the subspace model) from the frontier.
+void apply_compression(const std::string& name, CLI::App* cmd, PipelineJobConfig* job) {
+  for (const char* flag : {"--compress-fwd", "--compress-bwd"})
+    if (cmd->count(flag) > 0) fail("--compression " + name + " sets " + flag + " itself; give one or the other", 2);
+  std::string spec;
+  if (name == "frontier") {
+    if (cmd->count("--subspace-k") > 0)
+      fail("--compression frontier sets --subspace-k itself (d_model/8); give one or the other", 2);
+    GptConfig& m = job->train.model;
+    m.subspace_k = std::max(1, m.d_model / 8);
+    spec = "int4+zstd";
+  } else {
+    bool known = false;
+    for (const compress::CodecPreset& p : compress::codec_presets()) known = known || name == p.name;
+    if (!known) fail("--compression '" + name + "': choose lossless, safe, balanced or frontier", 2);
+    spec = compress::expand_preset("preset:" + name);
+  }
+  job->compress_fwd = job->compress_bwd = spec;
+}
+
+}  // namespace
+
 PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
   PipelineJobConfig job = f.job;
   job.data_protection = f.encrypt_data ? "aead" : f.no_data_auth ? "none" : "mac";
   if (f.no_data_auth)
     LH_LOG_WARN("--no-data-auth: data-plane packets carry no MAC; anyone who can reach a worker can inject them");
   apply_model_flags(f.model, job.train);
+  if (!f.compression.empty()) apply_compression(f.compression, cmd, &job);
+  for (std::string* spec : {&job.compress_fwd, &job.compress_bwd, &job.compress_grad, &job.compress_tp})
+    *spec = compress::expand_preset(*spec);
   auto kind = parse_schedule_kind(f.schedule);
   if (!kind.ok()) fail("--schedule: " + kind.status().message(), 2);
   job.schedule = *kind;

@@ -23,6 +23,7 @@ struct SecretFlags {
 struct JobFlags {
   ModelFlags model;
   std::string schedule = "1f1b";
+  std::string compression;  // --compression: a frontier point that sets the codecs (and, for frontier, the model)
   PipelineJobConfig job;  // training, grid and codec fields are bound to it directly
   std::string metrics;
   SecretFlags secret;

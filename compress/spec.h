@@ -1,7 +1,7 @@
 // defines: StageSpec and the codec-spec grammar ("ef+topk:ratio=0.01+int4") turned into stage lists.
 // Used by CodecChain (parse_codec_spec), the CLI flags (--compress-*) and the controller.
 //
-// Grammar:   spec  := stage ('+' stage)*
+// Grammar:   spec  := stage ('+' stage)* | 'preset:' name   (codec_presets(): lossless, safe, balanced)
 //            stage := name [':' option (',' option)*]
 //            option:= key '=' value | flag
 // Stages and options:
@@ -56,6 +56,19 @@ struct StageSpec {
 // Number of values topk/randk keep of n: round(ratio·n), at least 1 when n > 0.
 int64_t sparse_count(double ratio, int64_t n);
 
+// Named chains from the compression frontier: `preset:NAME` anywhere a spec is taken stands for `spec`.
+struct CodecPreset {
+  const char* name;
+  const char* spec;
+  const char* what;
+};
+const std::vector<CodecPreset>& codec_presets();
+
+// The chain a known `preset:NAME` stands for; any other text unchanged (so that metrics and messages name the
+// chain a job really runs).
+std::string expand_preset(const std::string& spec);
+
+// A codec spec or `preset:NAME` to its stages.
 Result<std::vector<StageSpec>> parse_stages(const std::string& spec);
 std::string stages_to_string(const std::vector<StageSpec>& stages);
 

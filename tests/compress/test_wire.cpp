@@ -56,6 +56,13 @@ TEST(Spec, ParsesTheDesignExamples) {
   EXPECT_EQ(c->stages()[2].block, 32);
   EXPECT_TRUE(c->stages()[2].stochastic);
   EXPECT_TRUE(parse_codec_spec("delta+int4")->needs_sample_ids());
+  // Presets stand for their chains; the canonical text is the chain, so packets and metrics name real codecs.
+  for (const CodecPreset& p : codec_presets()) {
+    auto preset = parse_codec_spec(std::string("preset:") + p.name);
+    ASSERT_TRUE(preset.ok()) << p.name << ": " << preset.status().to_string();
+    EXPECT_EQ(preset->spec(), parse_codec_spec(p.spec)->spec()) << p.name;
+  }
+  EXPECT_EQ(parse_codec_spec(" preset:lossless ")->spec(), "zstd:level=3");
 }
 
 TEST(Spec, BadTokensAreNamedWithWhatIsAllowed) {
@@ -78,6 +85,7 @@ TEST(Spec, BadTokensAreNamedWithWhatIsAllowed) {
   expect_spec_error("int8+delta", "delta", "first stage");
   expect_spec_error("fp16:block=32", "fp16:block=32", "allowed for fp16: none");
   expect_spec_error("zstd+int8", "int8", "nothing may follow 'zstd'");
+  expect_spec_error("preset:fastest", "fastest", "allowed: preset:lossless (zstd)");
   expect_spec_error("int8+zstd+zstd", "zstd", "nothing may follow 'zstd'");
   expect_spec_error("zstd:level=0", "zstd:level=0", "1..19");
   expect_spec_error("int4+zstd:level=20", "zstd:level=20", "1..19");

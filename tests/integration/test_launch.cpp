@@ -345,6 +345,40 @@ TEST_F(Launch, CompressedGradientsAreMeteredAsGrad) {
   EXPECT_EQ(grad_rows, 2) << r.output;  // 0→1 and 1→0
 }
 
+// --compression names a point of the frontier: frontier makes a subspace model (K = d_model/8) whose links carry
+// int4 codes packed by zstd; a codec preset sets both directions' chains, which the metrics name in full.
+TEST_F(Launch, CompressionPresetsSetTheModelAndTheChains) {
+  struct Case {
+    std::string name, codec;
+    bool subspace;
+  };
+  for (const Case& c :
+       {Case{"--compression frontier", "int4+zstd", true}, Case{"--compression safe", "int8+zstd", false},
+        Case{"--compress-fwd preset:lossless", "zstd", false}}) {
+    std::string metrics = temp_path("compression_" + std::to_string(c.subspace) + c.codec + ".jsonl");
+    const std::string flag = c.name.substr(0, c.name.find(' ')), value = c.name.substr(c.name.find(' ') + 1);
+    std::vector<std::string> extra = {flag, value};
+    if (flag == "--compress-fwd") extra.insert(extra.end(), {"--compress-bwd", "preset:lossless"});
+    BinRun r = run(launch_args(2, 3, metrics, extra));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.output.find("subspace_k=4") != std::string::npos, c.subspace) << c.name << "\n" << r.output;
+    std::ifstream in(metrics);
+    int sends = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (!j.contains("links")) continue;
+      for (const auto& l : j.at("links")) {
+        if (l.value("dir", "") != "send" || (l.value("role", "") != "act" && l.value("role", "") != "act_grad"))
+          continue;
+        ++sends;
+        EXPECT_EQ(l.value("codec", ""), c.codec) << c.name << ": " << l.dump();
+        EXPECT_LT(l.at("wire_bytes").get<double>(), l.at("raw_bytes").get<double>()) << l.dump();
+      }
+    }
+    EXPECT_GT(sends, 0) << c.name;
+  }
+}
+
 // A --compress-link entry naming replica links sets that stage's group codec; the others keep --compress-grad.
 TEST_F(Launch, ReplicaLinkOverrideSetsOneGroupsCodec) {
   std::string metrics = temp_path("grad_group.jsonl");
@@ -1437,6 +1471,10 @@ TEST_F(Launch, BadFlagsAreNamed) {
        "--schedule async:predict with --checkpoint-dir"},
       {{"launch", "--workers", "2", "--schedule", "async", "--subspace-k", "8"}, "--schedule async with --subspace-k"},
       {{"launch", "--workers", "2", "--compress-fwd", "int9"}, "int9"},
+      {{"launch", "--workers", "2", "--compress-bwd", "preset:fastest"}, "unknown preset 'fastest'"},
+      {{"launch", "--workers", "2", "--compression", "fast"}, "--compression 'fast'"},
+      {{"launch", "--workers", "2", "--compression", "safe", "--compress-fwd", "int8"}, "sets --compress-fwd itself"},
+      {{"launch", "--workers", "2", "--compression", "frontier", "--subspace-k", "8"}, "sets --subspace-k itself"},
       {{"launch", "--workers", "2", "--link", "fast"}, "--link"},
       {{"launch", "--workers", "2", "--pp", "3"}, "--workers"},
       {{"launch", "--workers", "2", "--encrypt-data", "--no-data-auth"}, "--no-data-auth"},
