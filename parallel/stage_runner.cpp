@@ -520,6 +520,7 @@ Result<StageStepResult> StageRunner::step(int64_t step, const int32_t* tokens, c
     LH_RETURN_IF_ERROR(boundary_.wait_sends(step));
   }
   if (async_) {
+    // run_async applies the updates itself, each step's once its backwards and norm are done.
   } else if (options_.sync.delayed()) {
     LH_RETURN_IF_ERROR(apply_delayed_updates(step, &r));
   } else {
