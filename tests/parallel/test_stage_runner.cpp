@@ -62,6 +62,19 @@ struct PipelineRun {
   std::vector<std::vector<float>> replicated;           // per rank: the bits of the slices every tp shard holds whole
 };
 
+// Every rank of `run` finished, and its per-step losses and final validation loss equal a one-process reference
+// to 1e-5 (relative). `what` names the run in failures.
+void expect_reference_losses(const PipelineRun& run, const std::vector<float>& ref, float ref_val,
+                             const std::string& what) {
+  for (size_t r = 0; r < run.statuses.size(); ++r)
+    ASSERT_TRUE(run.statuses[r].ok()) << what << " rank " << r << ": " << run.statuses[r].to_string();
+  ASSERT_EQ(run.losses.size(), ref.size()) << what;
+  for (size_t i = 0; i < ref.size(); ++i)
+    EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i])) << what << " step " << i + 1;
+  ASSERT_TRUE(run.val_loss.has_value()) << what;
+  EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << what;
+}
+
 // The grid and codecs of one threaded run.
 struct GridSpec {
   int S = 1, dp = 1, tp = 1;
@@ -342,14 +355,7 @@ TEST_F(StageRunnerTest, PipelinesReproduceTheSingleProcessTrainer) {
   for (int S : {1, 2, 4})
     for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kEager}) {
       PipelineRun run = run_pipeline(cfg, S, kind, /*M=*/4, "none", "none", steps);
-      for (int s = 0; s < S; ++s)
-        ASSERT_TRUE(run.statuses[s].ok()) << "stage " << s << ": " << run.statuses[s].to_string();
-      ASSERT_EQ(run.losses.size(), ref.size());
-      for (int i = 0; i < steps; ++i)
-        EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i]))
-            << schedule_kind_name(kind) << " S=" << S << " step " << i + 1;
-      ASSERT_TRUE(run.val_loss.has_value());
-      EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << schedule_kind_name(kind) << " S=" << S;
+      ASSERT_NO_FATAL_FAILURE(expect_reference_losses(run, ref, ref_val, std::string(schedule_kind_name(kind)) + " S=" + std::to_string(S)));
       ASSERT_EQ(run.grad_norms.size(), ref.size());
       for (int i = 0; i < steps; ++i)
         EXPECT_NEAR(run.grad_norms[i], ref_steps[i].grad_norm, 1e-5 * ref_steps[i].grad_norm)
@@ -419,13 +425,7 @@ TEST_F(StageRunnerTest, AsyncSchedulesFollowTheStaleWeightRule) {
       g.steps = steps;
       if (S == 4) g.delay = std::chrono::milliseconds(20);
       PipelineRun run = run_grid(run_cfg, g);
-      for (int s = 0; s < S; ++s) ASSERT_TRUE(run.statuses[s].ok()) << run.statuses[s].to_string();
-      ASSERT_EQ(run.losses.size(), ref.size());
-      for (int i = 0; i < steps; ++i)
-        EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * std::fabs(ref[i]))
-            << schedule_kind_name(kind) << " S=" << S << " step " << i + 1;
-      ASSERT_TRUE(run.val_loss.has_value());
-      EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << schedule_kind_name(kind) << " S=" << S;
+      ASSERT_NO_FATAL_FAILURE(expect_reference_losses(run, ref, ref_val, std::string(schedule_kind_name(kind)) + " S=" + std::to_string(S)));
     }
   }
   // Steps 1 and 2 both compute with the initial weights: step 2's loss is not the synchronous one.
@@ -816,12 +816,8 @@ TEST_F(StageRunnerTest, DelayedAveragingAppliesEachStepsGradientDStepsLater) {
       PipelineRun run = run_grid(cfg, g, &params);
       const std::string what = "D=" + std::to_string(D) + (predict ? " predict" : "") + " pp " + std::to_string(S) +
                                " dp " + std::to_string(dp);
-      for (size_t r = 0; r < run.statuses.size(); ++r)
-        ASSERT_TRUE(run.statuses[r].ok()) << what << " rank " << r << ": " << run.statuses[r].to_string();
-      ASSERT_EQ(run.losses.size(), size_t(steps)) << what;
-      for (int i = 0; i < steps; ++i) EXPECT_NEAR(run.losses[i], ref[i], 1e-5 * ref[i]) << what << " step " << i + 1;
-      ASSERT_TRUE(run.val_loss.has_value()) << what;
-      EXPECT_NEAR(*run.val_loss, ref_val, 1e-5 * ref_val) << what;
+      ASSERT_EQ(ref.size(), size_t(steps));
+      ASSERT_NO_FATAL_FAILURE(expect_reference_losses(run, ref, ref_val, what));
       // After the warmup, the first D steps apply nothing: their norms are reported as 0; the others are real.
       for (int t = 1; t <= steps; ++t)
         EXPECT_EQ(run.grad_norms[t - 1] == 0, t > cfg.warmup && t <= cfg.warmup + D) << what << " step " << t;
