@@ -190,10 +190,13 @@ void apply_compression(const std::string& name, CLI::App* cmd, PipelineJobConfig
     m.subspace_k = std::max(1, m.d_model / 8);
     spec = "int4+zstd";
   } else {
-    bool known = false;
-    for (const compress::CodecPreset& p : compress::codec_presets()) known = known || name == p.name;
-    if (!known) fail("--compression '" + name + "': choose lossless, safe, balanced or frontier", 2);
-    spec = compress::expand_preset("preset:" + name);
+    const compress::CodecPreset* p = compress::find_preset(name);
+    if (!p) {
+      std::string allowed;
+      for (const compress::CodecPreset& q : compress::codec_presets()) allowed += std::string(q.name) + ", ";
+      fail("--compression '" + name + "': choose " + allowed + "or frontier", 2);
+    }
+    spec = p->spec;
   }
   job->compress_fwd = job->compress_bwd = spec;
 }

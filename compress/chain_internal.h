@@ -81,9 +81,9 @@ size_t zstd_max_inner_bytes(const Shape& shape);
 size_t zstd_packet_bound(const Shape& shape, size_t inner_bytes);
 // Compresses `inner` (a finished packet of this dtype, role and shape) into *out at s.level.
 Status zstd_wrap(const StageSpec& s, Role role, DType dtype, const Shape& shape, const Packet& inner, Packet* out);
-// Checks a parsed zstd header (role, parameters, padding) and decompresses its frame into *inner (8-aligned).
-Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, Role role, std::vector<uint64_t>* inner,
-                   size_t* inner_bytes);
+// Checks a parsed zstd header's parameters and padding (its length and role are checked by the caller) and
+// decompresses its frame into *inner (8-aligned).
+Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, std::vector<uint64_t>* inner, size_t* inner_bytes);
 
 // Validation of a topk own section on the host: indices strictly increasing and < n.
 Status check_topk_indices(const PacketHeader& h, const uint8_t* own);

@@ -110,6 +110,18 @@ Status encode_delta(EncodeCtx& ctx, size_t pos, const std::string& key, const Te
   return update_memories(ss, ctx.ex, ids, batch, decoded, nullptr);
 }
 
+// What every received packet must satisfy before its payload is read: its header's length is the packet's, and its
+// role is the stream's.
+Status check_length_and_role(const PacketHeader& h, size_t size, Role role) {
+  if (h.total_bytes() != size)
+    return corrupt("packet field 'payload_length': header and payload make " + std::to_string(h.total_bytes()) +
+                   " bytes, the packet has " + std::to_string(size));
+  if (h.role != role)
+    return corrupt(std::string("packet field 'role' is ") + role_name(h.role) + ", this stream carries " +
+                   role_name(role));
+  return Status::Ok();
+}
+
 uint64_t key_hash(const std::string& key) {
   uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a: stable across platforms, unlike std::hash
   for (unsigned char c : key) h = (h ^ c) * 0x100000001b3ull;
@@ -193,12 +205,7 @@ Status decode_node(DecodeCtx& ctx, const uint8_t* data, size_t size, int depth, 
   WireLimits limits = ctx.opts.limits;
   limits.verify_hash = limits.verify_hash && depth == 0;  // the root's hash covers every nested packet
   LH_ASSIGN_OR_RETURN(PacketHeader h, parse_header(data, size, limits));
-  if (h.total_bytes() != size)
-    return corrupt("packet field 'payload_length': header and payload make " + std::to_string(h.total_bytes()) +
-                   " bytes, the packet has " + std::to_string(size));
-  if (h.role != ctx.role)
-    return corrupt(std::string("packet field 'role' is ") + role_name(h.role) + ", this stream carries " +
-                   role_name(ctx.role));
+  LH_RETURN_IF_ERROR(check_length_and_role(h, size, ctx.role));
   if (depth > 0 && h.dtype != DType::f32) return corrupt("packet field 'dtype' of a nested packet must be f32");
   if (h.codec == CodecId::zstd) return corrupt("packet field 'codec': zstd may only be the outermost packet");
   if ((h.codec == CodecId::ef || h.codec == CodecId::delta) && depth > 0)
@@ -335,12 +342,10 @@ Status decode_packet(const uint8_t* data, size_t size, StreamState& st, Tensor* 
                    shape_string(*opts.expect_shape));
   if (h.codec == CodecId::zstd) {
     LH_ASSIGN_OR_RETURN(PacketHeader full, parse_header(data, size, opts.limits));  // the hash covers the frame
-    if (full.total_bytes() != size)
-      return corrupt("packet field 'payload_length': header and payload make " + std::to_string(full.total_bytes()) +
-                     " bytes, the packet has " + std::to_string(size));
+    LH_RETURN_IF_ERROR(check_length_and_role(full, size, st.role()));
     std::vector<uint64_t> inner;
     size_t n = 0;
-    LH_RETURN_IF_ERROR(zstd_unwrap(full, data, st.role(), &inner, &n));
+    LH_RETURN_IF_ERROR(zstd_unwrap(full, data, &inner, &n));
     const uint8_t* in = reinterpret_cast<const uint8_t*>(inner.data());
     LH_ASSIGN_OR_RETURN(PacketHeader ih, parse_header(in, n, peek));
     if (ih.codec == CodecId::zstd) return corrupt("packet field 'codec': a zstd packet holds another zstd packet");

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 namespace lh::compress {
@@ -176,34 +177,45 @@ int64_t sparse_count(double ratio, int64_t n) {
 }
 
 const std::vector<CodecPreset>& codec_presets() {
-  // Chosen by scripts/bench_frontier.sh (issue 15): each is the chain with the most bytes saved on the frontier
-  // within its validation-loss gap; the README gives the measured figures.
+  // Chosen by scripts/bench_frontier.sh (issue 15), each the chain with the most bytes saved on the frontier within
+  // its validation-loss gap (the README gives the measured figures): lossless is bit-exact (fp32 packed by zstd),
+  // safe's loss equals uncompressed within noise, balanced stays within 2%.
   static const std::vector<CodecPreset> presets = {
-      {"lossless", "zstd", "bit-exact: the fp32 values packed by zstd"},
-      {"safe", "int8+zstd", "validation loss equal to uncompressed within noise"},
-      {"balanced", "int4+zstd", "the most bytes saved within 2% validation loss"},
+      {"lossless", "zstd"},
+      {"safe", "int8+zstd"},
+      {"balanced", "int4+zstd"},
   };
   return presets;
 }
 
-std::string expand_preset(const std::string& spec) {
-  const std::string whole = trim(spec);
-  if (whole.rfind("preset:", 0) != 0) return spec;
+const CodecPreset* find_preset(const std::string& name) {
   for (const CodecPreset& p : codec_presets())
-    if (trim(whole.substr(7)) == p.name) return p.spec;
-  return spec;
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+namespace {
+// "preset:NAME" → NAME (trimmed); anything else → nullopt.
+std::optional<std::string> preset_name(const std::string& spec) {
+  const std::string whole = trim(spec);
+  if (whole.rfind("preset:", 0) != 0) return std::nullopt;
+  return trim(whole.substr(7));
+}
+}  // namespace
+
+std::string expand_preset(const std::string& spec) {
+  auto name = preset_name(spec);
+  const CodecPreset* p = name ? find_preset(*name) : nullptr;
+  return p ? p->spec : spec;
 }
 
 Result<std::vector<StageSpec>> parse_stages(const std::string& spec) {
-  const std::string whole = trim(spec);
-  if (whole.rfind("preset:", 0) == 0) {
-    const std::string name = trim(whole.substr(7));
+  if (auto name = preset_name(spec)) {
+    if (const CodecPreset* p = find_preset(*name)) return parse_stages(p->spec);
     std::string allowed;
-    for (const CodecPreset& p : codec_presets()) {
-      if (name == p.name) return parse_stages(p.spec);
+    for (const CodecPreset& p : codec_presets())
       allowed += std::string(allowed.empty() ? "" : ", ") + "preset:" + p.name + " (" + p.spec + ")";
-    }
-    return invalid_argument("codec spec '" + spec + "': unknown preset '" + name + "'; allowed: " + allowed);
+    return invalid_argument("codec spec '" + spec + "': unknown preset '" + *name + "'; allowed: " + allowed);
   }
   std::vector<StageSpec> stages;
   if (trim(spec).empty()) return invalid_argument(std::string("codec spec is empty; allowed stages: ") + kAllowedStages);

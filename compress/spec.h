@@ -60,9 +60,10 @@ int64_t sparse_count(double ratio, int64_t n);
 struct CodecPreset {
   const char* name;
   const char* spec;
-  const char* what;
 };
 const std::vector<CodecPreset>& codec_presets();
+// The preset called `name` (without "preset:"), or nullptr.
+const CodecPreset* find_preset(const std::string& name);
 
 // The chain a known `preset:NAME` stands for; any other text unchanged (so that metrics and messages name the
 // chain a job really runs).

@@ -75,11 +75,7 @@ Status zstd_wrap(const StageSpec& s, Role role, DType dtype, const Shape& shape,
   return Status::Ok();
 }
 
-Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, Role role, std::vector<uint64_t>* inner,
-                   size_t* inner_bytes) {
-  if (h.role != role)
-    return corrupt(std::string("packet field 'role' is ") + role_name(h.role) + ", this stream carries " +
-                   role_name(role));
+Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, std::vector<uint64_t>* inner, size_t* inner_bytes) {
   if (h.flags != 0) return corrupt("packet field 'flags' must be 0 for zstd");
   if (h.p0 < 1 || h.p0 > 19) return corrupt("packet field 'zstd level' is " + std::to_string(h.p0) + ", not in 1..19");
   if (h.p1 == 0 || pad8(h.p1) != h.payload_bytes)
