@@ -21,6 +21,9 @@ struct WorkerFlags {
   std::string ucx_tls;
   double compute_speed = 0;
   double join_timeout_s = 600, receive_timeout_s = 600, coordinator_timeout_s = 600;
+  int rank = -1;
+  double connect_timeout_s = 5;
+  std::string data_ports;
 };
 
 void run_worker(const WorkerFlags& f) {
@@ -37,6 +40,13 @@ void run_worker(const WorkerFlags& f) {
   }
   o.compute_speed = f.compute_speed;
   o.ucx.tls = f.ucx_tls;
+  if (!f.data_ports.empty()) {
+    auto range = parse_port_range(f.data_ports);
+    if (!range.ok()) fail("--data-ports '" + f.data_ports + "': " + range.status().message(), 2);
+    o.ucx.data_ports = f.data_ports;
+  }
+  o.rank = f.rank;
+  o.connect_timeout = std::chrono::milliseconds(int64_t(f.connect_timeout_s * 1000));
   if (!f.link.empty()) {
     auto shape = parse_link_shape(f.link);
     if (!shape.ok()) fail("--link '" + f.link + "': " + shape.status().message(), 2);
@@ -66,6 +76,19 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
   cmd->add_option("--hostname", f->hostname, "name shown by the coordinator (default: host and pid)");
   cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports (default: $UCX_TLS or UCX's choice)");
+  cmd->add_option("--rank", f->rank,
+                  "ask for this rank, i.e. this place in the grid (keep pipeline neighbours on one site); a rank "
+                  "another worker holds is not given, and the worker takes a free one")
+      ->check(CLI::Range(0, 4095));
+  cmd->add_option("--data-ports", f->data_ports,
+                  "LO-HI: the TCP ports the data plane listens on for its peers (one per network interface UCX "
+                  "uses), so a firewall can open exactly these; default: any free port")
+      ->type_name("LO-HI");
+  cmd->add_option("--connect-timeout", f->connect_timeout_s,
+                  "seconds the pre-flight waits for a peer's direct connection before the pair goes through the "
+                  "relay (or the job ends, with --no-relay)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 600.0));
   cmd->add_option("--compute-speed", f->compute_speed, "GFLOP/s reported for --partition speed (0: unknown)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

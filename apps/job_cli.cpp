@@ -145,6 +145,15 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->check(CLI::Range(0.0, 7.0 * 24 * 3600))
       ->group(g);
+  cmd->add_flag("--no-relay", f.no_relay,
+                "no relay: a pair of workers that cannot connect directly (NAT, a firewall) ends the job at its "
+                "pre-flight, named, instead of going through the coordinator's host")
+      ->group(g);
+  cmd->add_option("--relay-port", f.relay_port,
+                  "TCP port of the relay on the coordinator's host, for pairs of workers that cannot connect directly "
+                  "(default: the --listen port + 1, any free port when that is '*')")
+      ->check(CLI::Range(1, 65535))
+      ->group(g);
 
   const char* r = "Checkpoints and recovery";
   cmd->add_option("--checkpoint-dir", f.checkpoint_dir,
@@ -356,6 +365,12 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
   o.control = control_options(listen, secret, f.heartbeat_timeout_s);
   o.control.replace_timeout = std::chrono::milliseconds(int64_t(f.replace_timeout_s * 1000));
   o.control.stall_timeout = std::chrono::milliseconds(int64_t(f.stall_timeout_s * 1000));
+  if (f.no_relay && f.relay_port > 0) fail("--no-relay and --relay-port exclude each other: choose one", 2);
+  o.control.relay = !f.no_relay;
+  if (f.relay_port > 0) {
+    const size_t colon = listen.rfind(':');
+    o.control.relay_listen = listen.substr(0, colon) + ":" + std::to_string(f.relay_port);
+  }
   o.metrics_path = f.metrics;
   o.checkpoint_dir = f.checkpoint_dir;
   o.keep_checkpoints = f.keep_checkpoints;

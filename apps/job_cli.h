@@ -30,6 +30,9 @@ struct JobFlags {
   bool encrypt_data = false, no_data_auth = false;
   double heartbeat_timeout_s = 5;
   double stall_timeout_s = 60;
+  // The data-plane relay for pairs that cannot connect directly (on the coordinator's host).
+  bool no_relay = false;
+  int relay_port = 0;  // 0: the control port + 1 (any free port when that is '*')
   // Job checkpoints and recovery.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;

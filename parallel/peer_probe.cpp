@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "parallel/link_name.h"
 
@@ -126,6 +127,43 @@ Status respond(PairChannel& ch) {
 }
 
 }  // namespace
+
+Result<std::vector<PeerProbe>> reach_peers(DataPlane& plane, const Topology& topology, int rank,
+                                           const ProbeOptions& options) {
+  constexpr uint8_t kReachShard = 3;
+  const Tag tag = make_tag(0, 0, Role::kOther, kReachShard);
+  std::vector<int> peers;
+  for (const auto& [lo, hi] : talking_pairs(topology))
+    if (lo == rank || hi == rank) peers.push_back(lo == rank ? hi : lo);
+  std::vector<Transfer> sends, recvs;
+  for (int p : peers) {
+    recvs.push_back(plane.recv(p, tag));
+    sends.push_back(plane.send(p, tag, Bytes(8, uint8_t(rank & 0xff))));
+  }
+  const auto deadline = Clock::now() + options.connect_timeout;
+  for (;;) {
+    bool all = true;
+    for (const Transfer& t : recvs) all &= t.done();
+    if (all || Clock::now() >= deadline) break;
+    if (options.cancelled && options.cancelled()) return aborted("the pre-flight was cancelled (the job rolled back or ended)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::vector<PeerProbe> out;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    PeerProbe p;
+    p.peer = peers[i];
+    p.ok = recvs[i].done() && recvs[i].status().ok();
+    if (!p.ok) {
+      const std::string sent = sends[i].done() ? (sends[i].status().ok() ? "ours went out" : sends[i].status().message())
+                                               : "ours was still waiting to connect";
+      p.error = recvs[i].done() ? recvs[i].status().message()
+                                : "no hello from rank " + std::to_string(peers[i]) + " within " +
+                                      std::to_string(options.connect_timeout.count()) + " ms (" + sent + ")";
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
 
 Result<std::vector<PeerProbe>> probe_peers(DataPlane& plane, const Topology& topology, int rank,
                                            const ProbeOptions& options) {

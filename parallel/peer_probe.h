@@ -30,9 +30,20 @@ struct ProbeOptions {
   std::chrono::milliseconds burst_time{50};
   // How long one message may take before the pair counts as unreachable.
   std::chrono::milliseconds timeout{10000};
+  // reach_peers: how long the direct hellos of every pair may take together (explicit, so a pair that cannot connect
+  // is known within seconds, not after the kernel's SYN retries).
+  std::chrono::milliseconds connect_timeout{5000};
   // Polled while waiting: true when the worker must give up (its job rolled back or shut down).
   std::function<bool()> cancelled;
 };
+
+// The pre-flight's first phase: this rank sends one small hello to every peer it talks to and waits for theirs, all at
+// once, for at most options.connect_timeout. One PeerProbe per peer: ok when its hello arrived (the peer reaches this
+// rank directly), else the error says what was seen. The coordinator joins both ends' answers (a pair is direct when
+// each heard the other) and tells the workers which pairs go through the relay. Uses tag (step 0, slot 0, role other,
+// shard 3).
+Result<std::vector<PeerProbe>> reach_peers(DataPlane& plane, const Topology& topology, int rank,
+                                           const ProbeOptions& options = {});
 
 // Runs this rank's part of the pre-flight over `plane` (connected; a LinkShaper on top shapes it as training would
 // be) and returns one PeerProbe per peer it talks to. Stops at the first pair that fails (that entry says why), so

@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/cuda_runtime.h"
@@ -155,7 +156,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   // goes silent meanwhile ends the wait.
   const auto join_wait = *rank >= 0 ? std::max<std::chrono::milliseconds>(options.join_timeout, std::chrono::hours(24))
                                     : options.join_timeout;
-  auto joined = cc.join(ucx->address(), join_wait, *rank,
+  auto joined = cc.join(ucx->address(), join_wait, *rank >= 0 ? *rank : options.rank,
                         Bytes(ucx->data_public_key().begin(), ucx->data_public_key().end()), local_ciphers());
   if (!joined.ok() && cc.shutdown_reason() == kJobFinishedReason) {
     LH_LOG_INFO("the job finished without needing this worker (it waited as a standby)");
@@ -285,22 +286,50 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
         plan.rank, me.stage, me.tp, runner->model().local_heads(), me.dp, n, double(n) * 16 / 1e6);
   }
   LH_RETURN_IF_ERROR(cc.ready(options.join_timeout));
-  // Pre-flight, once every plane is connected (the start barrier): every pair that must talk tries its link and
-  // measures it before step 1; the coordinator prints the matrix and ends the job at once, naming the pair, if one
-  // cannot connect.
+  // Pre-flight, once every plane is connected (the start barrier). First every pair that must talk tries its direct
+  // link (hellos both ways, within connect_timeout); the coordinator answers with the pairs that could not, which go
+  // through the job's relay from then on (or it ends the job, naming them, when relays are off). Then every pair
+  // measures its link, direct or relayed, before step 1; the coordinator prints the matrix.
   ProbeOptions po;
   po.timeout = std::min<std::chrono::milliseconds>(options.receive_timeout, std::chrono::seconds(10));
+  po.connect_timeout = options.connect_timeout;
   po.cancelled = [&cc] { return cc.rolled_back() || cc.shutdown_requested(); };
   const auto probe_t0 = std::chrono::steady_clock::now();
+  auto reached = reach_peers(*plane, topology, plan.rank, po);
+  if (!reached.ok() && reached.status().code() == StatusCode::kAborted && !cc.rolled_back())
+    return unavailable("the job ended during the pre-flight: " + cc.shutdown_reason());
+  LH_RETURN_IF_ERROR(reached.status());
+  for (const PeerProbe& p : *reached)
+    if (!p.ok) LH_LOG_WARN("pre-flight: rank {} cannot reach rank {} directly: {}", plan.rank, p.peer, p.error);
+  LH_ASSIGN_OR_RETURN(Relays relays, cc.reach(std::move(reached).value(), options.join_timeout));
+  std::set<int> relayed;
+  for (size_t i = 0; i < relays.lo.size(); ++i) {
+    if (relays.lo[i] == plan.rank) relayed.insert(relays.hi[i]);
+    if (relays.hi[i] == plan.rank) relayed.insert(relays.lo[i]);
+  }
+  if (!relayed.empty()) {
+    RelayClientOptions rc;
+    std::string host = relays.host;
+    if (host.empty()) {  // the coordinator's host, as this worker reaches it
+      host = options.coordinator.substr(0, options.coordinator.rfind(':'));
+      if (host.rfind("tcp://", 0) == 0) host = host.substr(6);
+    }
+    rc.endpoint = "tcp://" + host + ":" + std::to_string(relays.port);
+    rc.token = options.token;
+    rc.curve = options.curve;
+    LH_RETURN_IF_ERROR(ucx_plane->use_relay(rc, relayed));
+  }
+  LH_RETURN_IF_ERROR(cc.barrier(kRelayBarrier, options.join_timeout));
   auto probed = probe_peers(*plane, topology, plan.rank, po);
   if (!probed.ok() && probed.status().code() == StatusCode::kAborted && !cc.rolled_back())
     return unavailable("the job ended during the pre-flight: " + cc.shutdown_reason());
   LH_ASSIGN_OR_RETURN(std::vector<PeerProbe> probes, std::move(probed));
+  for (PeerProbe& p : probes) p.relayed = relayed.count(p.peer) > 0;
   meter->reset_counters();  // the probe's bytes are not step 1's traffic (the bandwidth estimates stay)
   for (const PeerProbe& p : probes)
     if (!p.ok) LH_LOG_ERROR("pre-flight: rank {} cannot reach rank {}: {}", plan.rank, p.peer, p.error);
-  LH_LOG_DEBUG("pre-flight: {} peers probed in {:.3f} s", probes.size(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - probe_t0).count());
+  LH_LOG_INFO("rank {}: pre-flight of {} peers ({} relayed) in {:.3f} s", plan.rank, probes.size(), relayed.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - probe_t0).count());
   LH_RETURN_IF_ERROR(cc.preflight(std::move(probes), options.join_timeout));
 
   Status result = Status::Ok();

@@ -31,6 +31,12 @@ struct PipelineWorkerOptions {
   std::chrono::milliseconds coordinator_timeout{0};
   // Called once the coordinator's plan has given this worker its rank (the app names the process).
   std::function<void(int rank)> on_rank;
+  // The rank this worker asks for (its place in the grid, e.g. next to its pipeline neighbours' site); −1: any. A
+  // rank another worker already holds is not given: the worker then takes a free one.
+  int rank = -1;
+  // How long the pre-flight's direct hellos may take before a pair counts as unable to connect directly (and goes
+  // through the relay, or ends the job with --no-relay).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
 };
 
 // The caller names the process in logs (set_log_role) once it knows; this function never does,

@@ -144,6 +144,7 @@ void ControlClient::on_message(Frames&& frames) {
     case MsgType::kReject:
     case MsgType::kPeerLost:
     case MsgType::kRollback:
+    case MsgType::kRelays:
       break;
     default:
       LH_LOG_WARN("control: ignoring {} from the coordinator (not a message a coordinator sends)",
@@ -191,6 +192,9 @@ void ControlClient::on_message(Frames&& frames) {
     }
     case MsgType::kBarrier:
       released_barriers_.insert(std::get<Barrier>(m).id);
+      break;
+    case MsgType::kRelays:
+      relays_ = std::get<Relays>(std::move(m));
       break;
     case MsgType::kShutdown:
       shutdown_ = true;
@@ -273,6 +277,7 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
     joined_ = false;
     join_reply_.reset();
     released_barriers_.clear();
+    relays_.reset();
     events_.clear();
     rollback_ = false;
     rx_known_ = false;  // the coordinator numbers its messages afresh once it has our Join
@@ -320,6 +325,22 @@ Status ControlClient::preflight(std::vector<PeerProbe> probes, std::chrono::mill
   Status s = barrier(kPreflightBarrier, timeout);
   if (!s.ok() && shutdown_requested()) return unavailable("the job ended at its pre-flight: " + shutdown_reason());
   return s;
+}
+
+Result<Relays> ControlClient::reach(std::vector<PeerProbe> reached, std::chrono::milliseconds timeout) {
+  if (!plan_) return invalid_argument("reach() before join()");
+  Preflight m{plan_->rank, std::move(reached)};
+  m.phase = Preflight::kReach;
+  send(m);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return relays_.has_value() || shutdown_ || rollback_; }))
+    return unavailable("no answer to this worker's reachability from the coordinator within " +
+                       std::to_string(timeout.count()) + " ms");
+  if (rollback_) return aborted("the job rolled back during the pre-flight");
+  if (!relays_) return unavailable("the job ended at its pre-flight: " + shutdown_reason_);
+  Relays r = std::move(*relays_);
+  relays_.reset();
+  return r;
 }
 
 Status ControlClient::ready(std::chrono::milliseconds timeout) {

@@ -61,6 +61,10 @@ class ControlClient {
   // Sends this worker's pre-flight and waits until every worker's is in (kPreflightBarrier); fails when the
   // coordinator ends the job instead (an unreachable pair).
   Status preflight(std::vector<PeerProbe> probes, std::chrono::milliseconds timeout);
+  // Sends which peers reached this worker directly (the pre-flight's first phase) and waits for the coordinator's
+  // answer: the pairs that go through the relay, and where it is. Fails when the coordinator ends the job instead (a
+  // pair that cannot connect and no relay allowed).
+  Result<Relays> reach(std::vector<PeerProbe> reached, std::chrono::milliseconds timeout);
   // Waits until every live worker reached barrier `id` (> 0).
   Status barrier(uint64_t id, std::chrono::milliseconds timeout);
   void send_metrics(int64_t step, std::string json);
@@ -109,6 +113,7 @@ class ControlClient {
   std::condition_variable cv_;
   std::optional<Result<Plan>> join_reply_;
   std::set<uint64_t> released_barriers_;
+  std::optional<Relays> relays_;  // the coordinator's answer to this epoch's reach()
   std::deque<ControlMessage> events_;
   bool shutdown_ = false, joined_ = false;
   bool rollback_ = false;          // a Rollback arrived for the current epoch

@@ -89,11 +89,30 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
                       ZmqLoop::start(
                           lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [self] { self->on_tick(); }));
   LH_LOG_INFO("coordinator listening on {} for {} workers", c->endpoint(), options.expected_workers);
+  if (options.relay) {
+    RelayOptions ro;
+    ro.token = options.token;
+    ro.curve = options.curve;
+    ro.listen = options.relay_listen;
+    if (ro.listen.empty()) {
+      // The control socket's host; the next port when the control port is fixed.
+      const std::string& listen = options.listen;
+      const size_t colon = listen.rfind(':');
+      const std::string port = colon == std::string::npos ? "*" : listen.substr(colon + 1);
+      const bool fixed = !port.empty() && port.find_first_not_of("0123456789") == std::string::npos;
+      ro.listen = listen.substr(0, colon) + ":" + (fixed ? std::to_string(std::stoi(port) + 1) : "*");
+    }
+    auto relay = Relay::start(ro);
+    if (!relay.ok())
+      return Status(relay.status()).prepend("(--relay-port sets where it listens, --no-relay turns it off)");
+    c->relay_ = std::move(relay).value();
+  }
   return c;
 }
 
 Coordinator::~Coordinator() {
   loop_.reset();
+  relay_.reset();
 }
 
 void Coordinator::send_raw(const std::string& identity, const ControlMessage& m) {
@@ -257,6 +276,8 @@ void Coordinator::on_message(Frames&& frames) {
         }
         w->state = WorkerInfo::State::kReady;
         w->probes.clear();  // this epoch's pre-flight comes next
+        w->reach.reset();
+        w->reach_answered = false;
         LH_LOG_INFO("coordinator: rank {} ready", r);
         lock.unlock();
         check_barriers();
@@ -269,6 +290,12 @@ void Coordinator::on_message(Frames&& frames) {
                             worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
           lock.unlock();
           return reject(id, why);
+        }
+        if (pf.phase == Preflight::kReach) {
+          w->reach = std::move(pf.probes);
+          lock.unlock();
+          check_reach();
+          return;
         }
         w->probes = std::move(pf.probes);
         std::string unreachable;
@@ -543,6 +570,65 @@ void Coordinator::send_plans() {
   LH_LOG_INFO("coordinator: plans sent to {} workers (epoch {})", ws.size(), epoch);
 }
 
+void Coordinator::check_reach() {
+  Relays answer;
+  std::string failure;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool waiting = false;
+    for (const WorkerInfo& w : workers_)
+      if (live(w) && w.rank >= 0) {
+        if (!w.reach) return;  // not everyone has reported yet
+        waiting |= !w.reach_answered;
+      }
+    if (!waiting) return;
+    // A pair is direct when each end heard the other's hello; why not, from each end that did not.
+    std::map<std::pair<int, int>, std::string> cut;
+    std::map<int, const WorkerInfo*> by_rank;
+    for (const WorkerInfo& w : workers_)
+      if (live(w) && w.rank >= 0) by_rank[w.rank] = &w;
+    for (const auto& [rank, w] : by_rank)
+      for (const PeerProbe& p : *w->reach) {
+        if (p.ok) continue;
+        std::string& why = cut[{std::min(rank, int(p.peer)), std::max(rank, int(p.peer))}];
+        why += (why.empty() ? "" : "; ") + ("rank " + std::to_string(rank) + ": " + p.error);
+      }
+    for (auto& w : workers_)
+      if (live(w) && w.rank >= 0) w.reach_answered = true;
+    for (const auto& [pair, why] : cut) {
+      auto host = [&](int r) {
+        auto it = by_rank.find(r);
+        return it == by_rank.end() ? std::string("?") : it->second->join.hostname;
+      };
+      const std::string link =
+          hooks_.link_name ? hooks_.link_name(pair.first, pair.second) : std::to_string(pair.first) + "-" +
+                                                                               std::to_string(pair.second);
+      const std::string what = "link " + link.substr(0, link.find(':')) + " (rank " + std::to_string(pair.first) +
+                               " '" + host(pair.first) + "' and rank " + std::to_string(pair.second) + " '" +
+                               host(pair.second) + "', at the UCX worker addresses their Joins gave)";
+      if (!relay_) {
+        if (failure.empty())
+          failure = "pre-flight: " + what + " cannot connect directly, and relays are off (--no-relay): " + why;
+        continue;
+      }
+      LH_LOG_WARN("coordinator: pre-flight: {} cannot connect directly ({}); relaying it through {}", what, why,
+                  relay_->endpoint());
+      answer.lo.push_back(pair.first);
+      answer.hi.push_back(pair.second);
+    }
+    if (relay_ && !answer.lo.empty()) answer.port = relay_->port();
+  }
+  if (!failure.empty()) {
+    LH_LOG_ERROR("coordinator: {}", failure);
+    if (hooks_.on_unreachable)
+      hooks_.on_unreachable(failure);
+    else
+      shutdown(failure);
+    return;
+  }
+  broadcast(answer);
+}
+
 void Coordinator::check_barriers() {
   std::vector<uint64_t> released;
   bool start = false;
@@ -580,6 +666,7 @@ void Coordinator::check_barriers() {
     }
   }
   if (start) {
+    preflight_t0_ = std::chrono::steady_clock::now();
     LH_LOG_INFO("coordinator: every worker is ready; starting");
     broadcast(Barrier{0});
     cv_.notify_all();
@@ -590,8 +677,10 @@ void Coordinator::check_barriers() {
       // The reachability matrix: one line per pair, both ways.
       const nlohmann::json pf = preflight_json();
       std::map<std::pair<int, int>, std::string> lines;
+      std::set<std::pair<int, int>> relayed;
       for (const auto& e : pf) {
         const int a = e["src"], b = e["dst"];
+        if (e.value("relayed", false)) relayed.insert({std::min(a, b), std::max(a, b)});
         auto& line = lines[{std::min(a, b), std::max(a, b)}];
         char buf[160];
         if (a < b) {
@@ -607,8 +696,11 @@ void Coordinator::check_barriers() {
         std::string name = hooks_.link_name ? hooks_.link_name(pair.first, pair.second) : "";
         name = name.empty() ? std::to_string(pair.first) + "-" + std::to_string(pair.second)
                             : name.substr(0, name.find(':'));  // the pair, both ways
-        LH_LOG_INFO("coordinator: pre-flight {} ({}-{}): direct, {}", name, pair.first, pair.second, line);
+        LH_LOG_INFO("coordinator: pre-flight {} ({}-{}): {}, {}", name, pair.first, pair.second,
+                    relayed.count(pair) ? "relayed" : "direct", line);
       }
+      LH_LOG_INFO("coordinator: pre-flight of {} pairs ({} relayed) took {:.2f} s", lines.size(), relayed.size(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - preflight_t0_).count());
     }
     broadcast(Barrier{id});
   }
@@ -975,7 +1067,10 @@ nlohmann::json Coordinator::status_json() const {
              return a;
            }()},
           {"workers", ws},
-          {"preflight", preflight_json_locked()}};
+          {"preflight", preflight_json_locked()},
+          {"relay", relay_ ? nlohmann::json{{"endpoint", relay_->endpoint()}, {"connected", relay_->connected()},
+                                            {"dropped", relay_->dropped()}}
+                           : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json Coordinator::preflight_json() const {
@@ -995,7 +1090,8 @@ nlohmann::json Coordinator::preflight_json_locked() const {
                    {"error", p.error},
                    {"rtt_ms", p.rtt_ms},
                    {"mbps", p.send_mbps},
-                   {"probe_bytes", p.probe_bytes}});
+                   {"probe_bytes", p.probe_bytes},
+                   {"relayed", p.relayed}});
   }
   return a;
 }

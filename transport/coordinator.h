@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "transport/messages.h"
+#include "transport/relay.h"
 #include "transport/zmq_loop.h"
 
 namespace lh {
@@ -37,6 +38,12 @@ struct CoordinatorOptions {
   // workers' heartbeats: a receive waiting that long with no transfer with that peer finished) is named in the log
   // and in status_json()'s "stalls", with what its sender is doing.
   std::chrono::milliseconds stall_timeout{0};
+  // The data-plane relay (transport/relay.h) for pairs of workers that cannot connect directly: started beside the
+  // control socket with its token and keys. Off: such a pair ends the job at its pre-flight, named.
+  bool relay = true;
+  // Where the relay listens. Empty: the control socket's host, on the next port when that one is fixed (7000 → 7001),
+  // on any free port when it is '*'.
+  std::string relay_listen;
 };
 
 struct WorkerInfo {
@@ -51,6 +58,9 @@ struct WorkerInfo {
   uint32_t next_seq = 1;  // the sequence number its next message must carry (ControlHeader::seq)
   Heartbeat progress;     // its latest heartbeat (step, pending data-plane transfers)
   std::vector<PeerProbe> probes;  // its pre-flight of this epoch (Preflight): one per peer it talks to
+  // Its reachability of this epoch (Preflight phase kReach), and whether the coordinator has answered it (Relays).
+  std::optional<std::vector<PeerProbe>> reach;
+  bool reach_answered = false;
   std::chrono::steady_clock::time_point progress_at{};
 };
 const char* worker_state_name(WorkerInfo::State s);
@@ -98,6 +108,9 @@ class Coordinator {
 
   // Where workers connect: "tcp://127.0.0.1:40123".
   const std::string& endpoint() const { return loop_->endpoint(); }
+  // The relay's endpoint ("" when the job has none), and the relay itself (its counters).
+  std::string relay_endpoint() const { return relay_ ? relay_->endpoint() : ""; }
+  const Relay* relay() const { return relay_.get(); }
 
   // Queue a message to one planned worker / every live planned worker. Thread-safe.
   void send_to(int rank, const ControlMessage& m);
@@ -137,6 +150,9 @@ class Coordinator {
   void handle_ctl(const std::string& identity, const CtlRequest& req);
   void send_plans();
   void check_barriers();
+  // Once every live worker reported its reachability: answers each with the relayed pairs, or ends the job naming a
+  // pair that cannot connect when there is no relay.
+  void check_reach();
   // With mu_ held: marks `w` lost, tells the others, queues the hook into `later` (run unlocked).
   void declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,
                     std::vector<std::function<void()>>& later);
@@ -165,6 +181,8 @@ class Coordinator {
   CoordinatorOptions options_;
   CoordinatorHooks hooks_;
   std::unique_ptr<ZmqLoop> loop_;
+  std::unique_ptr<Relay> relay_;
+  std::chrono::steady_clock::time_point preflight_t0_{};  // the start barrier's release
 
   mutable std::mutex mu_;  // guards everything below (hooks run with it released)
   mutable std::condition_variable cv_;

@@ -102,6 +102,8 @@ Status validate(const Ready& m) {
 }
 Status validate(const Preflight& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "pre-flight rank"));
+  if (m.phase != Preflight::kReach && m.phase != Preflight::kMeasure)
+    return corrupt("pre-flight phase " + std::to_string(m.phase));
   for (const PeerProbe& p : m.probes) {
     LH_RETURN_IF_ERROR(check_rank(p.peer, "probe peer"));
     LH_RETURN_IF_ERROR(check_name(p.error, "probe error"));
@@ -109,6 +111,21 @@ Status validate(const Preflight& m) {
       return corrupt("probe of peer " + std::to_string(p.peer) + ": rtt " + std::to_string(p.rtt_ms) + " ms, " +
                      std::to_string(p.send_mbps) + " Mbit/s");
   }
+  return Status::Ok();
+}
+Status validate(const Relays& m) {
+  if (m.lo.size() != m.hi.size())
+    return corrupt("relays list " + std::to_string(m.lo.size()) + " low and " + std::to_string(m.hi.size()) +
+                   " high ranks");
+  for (size_t i = 0; i < m.lo.size(); ++i) {
+    LH_RETURN_IF_ERROR(check_rank(m.lo[i], "relayed pair rank"));
+    LH_RETURN_IF_ERROR(check_rank(m.hi[i], "relayed pair rank"));
+    if (m.lo[i] >= m.hi[i])
+      return corrupt("relayed pair " + std::to_string(m.lo[i]) + "-" + std::to_string(m.hi[i]) + " is not (low, high)");
+  }
+  LH_RETURN_IF_ERROR(check_name(m.host, "relay host"));
+  if (m.port > 65535) return corrupt("relay port " + std::to_string(m.port));
+  if (!m.lo.empty() && m.port == 0) return corrupt("relayed pairs without a relay port");
   return Status::Ok();
 }
 Status validate(const Barrier&) {
@@ -231,6 +248,8 @@ const char* msg_type_name(MsgType t) {
       return "SetLink";
     case MsgType::kPreflight:
       return "Preflight";
+    case MsgType::kRelays:
+      return "Relays";
   }
   return "unknown";
 }
@@ -266,7 +285,7 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
-  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kPreflight))
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kRelays))
     return corrupt("unknown message type " + std::to_string(type));
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
@@ -320,6 +339,8 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<SetLink>(body, n);
     case MsgType::kPreflight:
       return decode_as<Preflight>(body, n);
+    case MsgType::kRelays:
+      return decode_as<Relays>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }

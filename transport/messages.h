@@ -14,7 +14,7 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 5;
+constexpr uint16_t kProtocolVersion = 6;
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
@@ -68,6 +68,7 @@ enum class MsgType : uint16_t {
   kCodecApplied = 15,
   kSetLink = 16,
   kPreflight = 17,
+  kRelays = 18,
 };
 const char* msg_type_name(MsgType t);
 
@@ -183,9 +184,10 @@ struct PeerProbe {
   float rtt_ms = 0;          // median round trip of 8-byte messages
   float send_mbps = 0;       // this worker → peer, Mbit/s (0: measured by the peer's own entry only)
   uint32_t probe_bytes = 0;  // bytes the burst sent to measure it
+  bool relayed = false;      // measured through the job's relay (the pair could not connect directly)
   template <class A>
   void serialize(A& ar) {
-    ar(peer, ok, error, rtt_ms, send_mbps, probe_bytes);
+    ar(peer, ok, error, rtt_ms, send_mbps, probe_bytes, relayed);
   }
 };
 
@@ -198,17 +200,37 @@ struct Ready {
   }
 };
 
-// worker → coordinator after the start barrier (every plane connected): its pre-flight, one entry per peer it
-// talks to. The worker then waits at kPreflightBarrier, so step 1 begins once every pair was measured.
+// worker → coordinator after the start barrier (every plane connected), twice. Phase kReach: which peers it talks to
+// reached it directly (each entry's ok; the coordinator answers with Relays). Phase kMeasure: its measurements, one
+// entry per peer, relayed or direct; the worker then waits at kPreflightBarrier, so step 1 begins once every pair was
+// measured.
 struct Preflight {
   int32_t rank = -1;
   std::vector<PeerProbe> probes;
+  static constexpr uint8_t kReach = 0, kMeasure = 1;
+  uint8_t phase = kMeasure;
   template <class A>
   void serialize(A& ar) {
-    ar(rank, bounded(probes, 4096, "pre-flight probes"));
+    ar(rank, bounded(probes, 4096, "pre-flight probes"), phase);
+  }
+};
+
+// coordinator → workers once every worker reported phase kReach: the pairs (lo[i], hi[i]) that could not connect
+// directly, whose packets go through the job's relay from now on, and where the relay listens: `port` on `host`
+// (empty host: the coordinator's host as the worker reaches it). Empty lists: every pair is direct.
+struct Relays {
+  std::vector<int32_t> lo, hi;
+  std::string host;
+  uint32_t port = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(bounded(lo, 1 << 20, "relayed pairs"), bounded(hi, 1 << 20, "relayed pairs"), host, port);
   }
 };
 inline constexpr uint64_t kPreflightBarrier = uint64_t(1) << 40;
+// Between the phases: every worker has connected to the relay it was told to use (Relays), so relayed packets find
+// their receiver's connection.
+inline constexpr uint64_t kRelayBarrier = kPreflightBarrier + 1;
 
 // worker → coordinator: "I reached barrier id"; coordinator → all: "everyone did". Barrier 0 is the
 // job start, released once every worker is Ready.
@@ -350,7 +372,7 @@ void Heartbeat::serialize(A& ar) {
 
 using ControlMessage =
     std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject, PeerLost, CtlRequest,
-                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight>;
+                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight, Relays>;
 
 MsgType message_type(const ControlMessage& m);
 

@@ -15,6 +15,7 @@
 
 #include "core/log.h"
 #include "core/tensor.h"
+#include "transport/relay.h"
 
 namespace lh {
 namespace {
@@ -63,6 +64,20 @@ struct UcxDataPlane::Inbound {
   }
 };
 
+Result<std::pair<int, int>> parse_port_range(const std::string& text) {
+  const size_t dash = text.find('-');
+  auto port = [](const std::string& s) -> int {
+    if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stoi(s);
+  };
+  const int lo = dash == std::string::npos ? -1 : port(text.substr(0, dash));
+  const int hi = dash == std::string::npos ? -1 : port(text.substr(dash + 1));
+  if (lo < 1 || hi < 1 || lo > 65535 || hi > 65535)
+    return invalid_argument("expected LO-HI, two TCP ports in [1, 65535] (e.g. 40000-40015)");
+  if (lo > hi) return invalid_argument("the range is empty: " + std::to_string(lo) + " > " + std::to_string(hi));
+  return std::make_pair(lo, hi);
+}
+
 Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& options) {
   std::unique_ptr<UcxDataPlane> p(new UcxDataPlane());
   LH_RETURN_IF_ERROR(p->init(options));
@@ -72,6 +87,34 @@ Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& opt
 Status UcxDataPlane::init(const UcxOptions& options) {
   options_ = options;
   data_keys_ = DataKeyPair::generate();
+  if (!options.data_ports.empty()) {
+    auto range = parse_port_range(options.data_ports);
+    if (!range.ok()) return Status(range.status()).prepend("data ports '" + options.data_ports + "'");
+  }
+  // UCX reads its tcp transport's port range from the environment only, when the worker opens its interfaces
+  // (ucp_config_modify does not reach it): set until the worker exists, then put back, under a lock so planes made
+  // at once do not mix their ranges.
+  static std::mutex env_mu;
+  std::unique_lock<std::mutex> env_lock(env_mu, std::defer_lock);
+  std::optional<std::string> env_before;
+  bool env_set = false;
+  if (!options.data_ports.empty()) {
+    env_lock.lock();
+    if (const char* before = std::getenv("UCX_TCP_PORT_RANGE")) env_before = before;
+    setenv("UCX_TCP_PORT_RANGE", options.data_ports.c_str(), 1);
+    env_set = true;
+  }
+  struct EnvRestore {
+    bool& set;
+    std::optional<std::string>& before;
+    ~EnvRestore() {
+      if (!set) return;
+      if (before)
+        setenv("UCX_TCP_PORT_RANGE", before->c_str(), 1);
+      else
+        unsetenv("UCX_TCP_PORT_RANGE");
+    }
+  } env_restore{env_set, env_before};
   ucp_config_t* config = nullptr;
   LH_CHECK_CODE(ucp_config_read(nullptr, nullptr, &config));
   if (!options.tls.empty()) {
@@ -137,6 +180,7 @@ Status UcxDataPlane::init(const UcxOptions& options) {
 }
 
 UcxDataPlane::~UcxDataPlane() {
+  relay_.reset();  // its thread posts to the progress thread
   if (thread_.joinable()) {
     stop_ = true;
     wake();
@@ -580,6 +624,7 @@ void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st, int wire
     return st->complete(invalid_argument("send to rank " + std::to_string(st->peer) + ", which is not in the plan"));
   if (it->second.failed)
     return st->complete(unavailable("send to failed rank " + std::to_string(st->peer) + ": " + it->second.why));
+  if (it->second.relayed) return relay_send(st);
   uint64_t wire_tag = (uint64_t(wire_rank >= 0 ? wire_rank : rank_.load()) << kRankShift) | st->tag.pack();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
@@ -722,77 +767,7 @@ bool UcxDataPlane::probe_inbound() {
   in->peer = int(info.sender_tag >> kRankShift);
   in->tag = info.sender_tag & kTagMask;
   in->length = info.length;
-  in->payload_length = info.length;
-  // An authenticated packet is received into the plane's buffer, never straight into a caller's: it is checked
-  // before anything of it reaches the caller, and one that fails leaves the receive it matched waiting.
-  const bool secure = protection_.load() != PacketProtection::kNone;
-  if (secure) in->payload_length = info.length >= kPacketTrailerBytes ? info.length - kPacketTrailerBytes : 0;
-  // Whether the packet is taken is decided before anything is allocated for it: `info.length` is the
-  // sender's word, and a dropped packet is received into nothing.
-  std::string drop = drop_reason(in->peer, in->tag);
-  bool auth_failure = false;  // counted after the drop (see refuse_inbound)
-  if (drop.empty() && secure && info.length < kPacketTrailerBytes) {
-    auth_failure = true;
-    drop = "shorter than the " + std::to_string(kPacketTrailerBytes) + "-byte authentication trailer";
-  }
-  if (drop.empty()) {
-    Key key{in->peer, in->tag};
-    auto posted = posted_.find(key);
-    const bool matched = posted != posted_.end() && !posted->second.empty();
-    // The most an authenticated packet for this receive may be: until it is checked it cannot fail the receive, so a
-    // larger one is only dropped.
-    const uint64_t secure_bound =
-        matched && secure
-            ? std::max(options_.max_packet_bytes,
-                       posted->second.front()->dst ? posted->second.front()->capacity + kPacketTrailerBytes : 0)
-            : 0;
-    if (matched && secure && info.length > secure_bound) {
-      drop = "over the bound of " + std::to_string(secure_bound) + " bytes per packet";
-    } else if (matched) {
-      std::shared_ptr<TransferState> target = posted->second.front();
-      posted->second.erase(posted->second.begin());
-      if (posted->second.empty()) posted_.erase(posted);
-      if (secure) {
-        in->target = std::move(target);  // too large for a recv_into: found out once authenticated (deliver)
-        allocate_packet(*in);
-      } else if (target->dst && info.length > target->capacity) {
-        target->complete(too_big(info.length, target->capacity, in->peer));
-        drop = "larger than the receive buffer posted for it";
-      } else if (!target->dst && info.length > options_.max_packet_bytes) {
-        drop = "over the bound of " + std::to_string(options_.max_packet_bytes) + " bytes per packet";
-        target->complete(out_of_range("packet of " + std::to_string(info.length) + " bytes from rank " +
-                                      std::to_string(in->peer) + " is " + drop));
-      } else {
-        in->target = std::move(target);
-        in->direct = in->target->dst != nullptr;
-        if (!in->direct) allocate_packet(*in);
-      }
-    } else {
-      const Peer& p = peer_table_.at(in->peer);
-      std::string over;
-      if (info.length > options_.max_packet_bytes)
-        over = "a packet of " + std::to_string(info.length) + " bytes, over the bound of " +
-               std::to_string(options_.max_packet_bytes) + " bytes per packet";
-      else if (p.unexpected_packets + 1 > options_.max_unexpected_packets)
-        over = "more than " + std::to_string(options_.max_unexpected_packets) +
-               " packets ahead of their receives, the bound per peer (max_unexpected_packets)";
-      else if (p.unexpected_bytes + info.length > options_.max_unexpected_bytes)
-        over = std::to_string(p.unexpected_bytes + info.length) + " bytes ahead of their receives, over the bound of " +
-               std::to_string(options_.max_unexpected_bytes) + " bytes per peer (max_unexpected_bytes)";
-      if (over.empty()) {
-        allocate_packet(*in);
-        queue_unexpected(in);
-      } else {
-        fail_peer_locked(in->peer, "sent " + over);
-        drop = "its sender went over a bound: sent " + over;
-      }
-    }
-  }
-  if (!drop.empty()) {
-    in->discard = true;
-    note_drop(in->peer, info.length, drop);
-  }
-  if (auth_failure) auth_failures_ += 1;
+  admit_inbound(in);
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
@@ -815,6 +790,81 @@ bool UcxDataPlane::probe_inbound() {
   return true;
 }
 
+void UcxDataPlane::admit_inbound(const std::shared_ptr<Inbound>& in) {
+  const uint64_t length = in->length;
+  in->payload_length = length;
+  // An authenticated packet is received into the plane's buffer, never straight into a caller's: it is checked
+  // before anything of it reaches the caller, and one that fails leaves the receive it matched waiting.
+  const bool secure = protection_.load() != PacketProtection::kNone;
+  if (secure) in->payload_length = length >= kPacketTrailerBytes ? length - kPacketTrailerBytes : 0;
+  // Whether the packet is taken is decided before anything is allocated for it: `length` is the
+  // sender's word, and a dropped packet is received into nothing.
+  std::string drop = drop_reason(in->peer, in->tag);
+  bool auth_failure = false;  // counted after the drop (see refuse_inbound)
+  if (drop.empty() && secure && length < kPacketTrailerBytes) {
+    auth_failure = true;
+    drop = "shorter than the " + std::to_string(kPacketTrailerBytes) + "-byte authentication trailer";
+  }
+  if (drop.empty()) {
+    Key key{in->peer, in->tag};
+    auto posted = posted_.find(key);
+    const bool matched = posted != posted_.end() && !posted->second.empty();
+    // The most an authenticated packet for this receive may be: until it is checked it cannot fail the receive, so a
+    // larger one is only dropped.
+    const uint64_t secure_bound =
+        matched && secure
+            ? std::max(options_.max_packet_bytes,
+                       posted->second.front()->dst ? posted->second.front()->capacity + kPacketTrailerBytes : 0)
+            : 0;
+    if (matched && secure && length > secure_bound) {
+      drop = "over the bound of " + std::to_string(secure_bound) + " bytes per packet";
+    } else if (matched) {
+      std::shared_ptr<TransferState> target = posted->second.front();
+      posted->second.erase(posted->second.begin());
+      if (posted->second.empty()) posted_.erase(posted);
+      if (secure) {
+        in->target = std::move(target);  // too large for a recv_into: found out once authenticated (deliver)
+        allocate_packet(*in);
+      } else if (target->dst && length > target->capacity) {
+        target->complete(too_big(length, target->capacity, in->peer));
+        drop = "larger than the receive buffer posted for it";
+      } else if (!target->dst && length > options_.max_packet_bytes) {
+        drop = "over the bound of " + std::to_string(options_.max_packet_bytes) + " bytes per packet";
+        target->complete(out_of_range("packet of " + std::to_string(length) + " bytes from rank " +
+                                      std::to_string(in->peer) + " is " + drop));
+      } else {
+        in->target = std::move(target);
+        in->direct = in->target->dst != nullptr;
+        if (!in->direct) allocate_packet(*in);
+      }
+    } else {
+      const Peer& p = peer_table_.at(in->peer);
+      std::string over;
+      if (length > options_.max_packet_bytes)
+        over = "a packet of " + std::to_string(length) + " bytes, over the bound of " +
+               std::to_string(options_.max_packet_bytes) + " bytes per packet";
+      else if (p.unexpected_packets + 1 > options_.max_unexpected_packets)
+        over = "more than " + std::to_string(options_.max_unexpected_packets) +
+               " packets ahead of their receives, the bound per peer (max_unexpected_packets)";
+      else if (p.unexpected_bytes + length > options_.max_unexpected_bytes)
+        over = std::to_string(p.unexpected_bytes + length) + " bytes ahead of their receives, over the bound of " +
+               std::to_string(options_.max_unexpected_bytes) + " bytes per peer (max_unexpected_bytes)";
+      if (over.empty()) {
+        allocate_packet(*in);
+        queue_unexpected(in);
+      } else {
+        fail_peer_locked(in->peer, "sent " + over);
+        drop = "its sender went over a bound: sent " + over;
+      }
+    }
+  }
+  if (!drop.empty()) {
+    in->discard = true;
+    note_drop(in->peer, length, drop);
+  }
+  if (auth_failure) auth_failures_ += 1;
+}
+
 void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
   auto* raw = static_cast<Inbound*>(user);
   if (request) ucp_request_free(request);
@@ -823,19 +873,143 @@ void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, const ucp_ta
   if (it == self->inbound_in_flight_.end()) return;
   std::shared_ptr<Inbound> in = it->second;
   self->inbound_in_flight_.erase(it);
+  self->finish_inbound(in, status);
+}
+
+void UcxDataPlane::finish_inbound(const std::shared_ptr<Inbound>& in, ucs_status_t status) {
   in->done = true;
   in->status = status;
   in->finished = Clock::now();
   if (in->discard) return;
-  if (status == UCS_OK && self->protection_.load() != PacketProtection::kNone) {
-    std::string bad = self->open_inbound(*in);
-    if (!bad.empty()) return self->refuse_inbound(in, bad);
+  if (status == UCS_OK && protection_.load() != PacketProtection::kNone) {
+    std::string bad = open_inbound(*in);
+    if (!bad.empty()) return refuse_inbound(in, bad);
   }
   if (in->target) {
     auto target = std::move(in->target);
     if (in->aborted) return target->complete(*in->aborted);  // UCX has let go of the caller's buffer only now
-    self->deliver(in, target);
+    deliver(in, target);
   }
+}
+
+// ---- the relay: packets of peers that cannot be reached directly (relay.h has the protocol) ----
+
+Status UcxDataPlane::use_relay(const RelayClientOptions& options, const std::set<int>& peers) {
+  if (rank_.load() < 0) return invalid_argument("use_relay() before connect()");
+  if (peers.empty()) return Status::Ok();
+  if (!relay_) {
+    ZmqLoop::Options lo;
+    lo.socket_type = ZMQ_DEALER;
+    lo.endpoint = options.endpoint;
+    lo.curve = options.curve;
+    lo.max_message_bytes = int64_t(options_.max_packet_bytes + 64);
+    auto loop = ZmqLoop::start(lo, [this](Frames&& f) { on_relay_message(std::move(f)); }, [] {});
+    if (!loop.ok()) return Status(loop.status()).prepend("the relay at " + options.endpoint);
+    relay_ = std::move(loop).value();
+    const std::string& t = options.token;
+    relay_->send({Bytes(kRelayHello, kRelayHello + std::strlen(kRelayHello)), relay_u32(uint32_t(rank_.load())),
+                  Bytes(t.begin(), t.end())});
+    std::unique_lock<std::mutex> lock(relay_mu_);
+    if (!relay_cv_.wait_for(lock, options.timeout, [&] { return relay_answer_.has_value(); }))
+      return unavailable("the relay at " + options.endpoint + " did not answer within " +
+                         std::to_string(options.timeout.count()) + " ms (is its port open to this worker?)");
+    if (!relay_answer_->empty()) return unavailable("the relay at " + options.endpoint + " refused this worker: " +
+                                                    *relay_answer_);
+  }
+  LH_RETURN_IF_ERROR(run_on_progress([&]() -> Status {
+    for (int r : peers)
+      if (!peer_table_.count(r)) return invalid_argument("relay for rank " + std::to_string(r) + ", not in the plan");
+    for (int r : peers) {
+      Peer& p = peer_table_[r];
+      if (p.ep) {  // what UCX still held for it fails: force-closing cancels its sends
+        ucp_request_param_t cp{};
+        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+        ucs_status_ptr_t q = ucp_ep_close_nbx(p.ep, &cp);
+        if (UCS_PTR_IS_PTR(q)) closing_.push_back(q);
+        p.ep = nullptr;
+      }
+      p.relayed = true;
+      p.failed = false;  // a direct attempt that failed is not the relayed link's failure
+      p.why.clear();
+    }
+    return Status::Ok();
+  }));
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    relayed_.insert(peers.begin(), peers.end());
+  }
+  LH_LOG_INFO("rank {}: {} peer{} relayed through {}", rank_.load(), peers.size(), peers.size() == 1 ? "" : "s",
+              options.endpoint);
+  return Status::Ok();
+}
+
+std::set<int> UcxDataPlane::relayed_peers() const {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  return relayed_;
+}
+
+void UcxDataPlane::on_relay_message(Frames&& f) {
+  if (!f.empty() && (relay_frame_is(f[0], kRelayWelcome) || relay_frame_is(f[0], kRelayRefused))) {
+    std::lock_guard<std::mutex> lock(relay_mu_);
+    if (!relay_answer_)
+      relay_answer_ = relay_frame_is(f[0], kRelayWelcome)
+                          ? std::string()
+                          : (f.size() > 1 ? std::string(f[1].begin(), f[1].end()) : std::string("no reason given"));
+    relay_cv_.notify_all();
+    return;
+  }
+  auto src = f.size() == 4 && relay_frame_is(f[0], kRelayData) ? relay_read_u32(f[1]) : std::nullopt;
+  auto tag = f.size() == 4 ? relay_read_u64(f[2]) : std::nullopt;
+  if (!src || !tag) {
+    dropped_ += 1;
+    LH_LOG_WARN("data plane: dropping a malformed message from the relay ({} frames)", f.size());
+    return;
+  }
+  post([this, src = int(*src), tag = *tag, payload = std::move(f[3])]() mutable {
+    relay_inbound(src, tag, std::move(payload));
+  });
+}
+
+void UcxDataPlane::relay_inbound(int src, uint64_t tag_bits, Bytes&& payload) {
+  auto in = std::make_shared<Inbound>();
+  in->plane = this;
+  in->arrived = Clock::now();
+  in->peer = src;
+  in->tag = tag_bits & kTagMask;
+  in->length = payload.size();
+  // Taken from any rank of the plan: the relay vouches for the sender's rank (its hello carried the job's token), and
+  // a peer may switch to the relay a moment before this plane does.
+  admit_inbound(in);
+  if (in->discard) return;
+  const uint64_t n = in->length;
+  Status copied = Status::Ok();
+  if (in->direct && n) {
+    if (in->target->memory == Device::cpu)
+      std::memcpy(in->target->dst, payload.data(), n);
+    else
+      copied = copy_bytes(in->target->dst, in->target->memory, payload.data(), Device::cpu, n);
+  } else if (n) {
+    std::memcpy(in->bytes.data(), payload.data(), n);
+  }
+  if (!copied.ok() && in->target) {
+    in->target->complete(copied);
+    in->target.reset();
+    in->discard = true;
+  }
+  finish_inbound(in, UCS_OK);
+}
+
+void UcxDataPlane::relay_send(const std::shared_ptr<TransferState>& st) {
+  Bytes payload(st->size);
+  if (st->size && st->memory == Device::cpu) std::memcpy(payload.data(), st->data, st->size);
+  if (st->size && st->memory != Device::cpu) {
+    Status s = copy_bytes(payload.data(), Device::cpu, st->data, st->memory, st->size);
+    if (!s.ok()) return st->complete(s);
+  }
+  relay_->send({Bytes(kRelayData, kRelayData + std::strlen(kRelayData)), relay_u32(uint32_t(st->peer)),
+                relay_u64(st->tag.pack()), std::move(payload)});
+  st->complete(Status::Ok());
 }
 
 }  // namespace lh

@@ -7,10 +7,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "core/status.h"
 #include "transport/data_plane.h"
 #include "transport/packet_auth.h"
+#include "transport/zmq_loop.h"
 
 namespace lh {
 
@@ -34,6 +38,8 @@ struct ErrorDomain<ucs_status_t> {
 Bytes wrap_worker_address(const void* ucx_address, size_t length);
 // The UCX address inside `envelope`, or Corrupt naming the bad field.
 Result<Bytes> unwrap_worker_address(const Bytes& envelope);
+// "LO-HI" (1 ≤ LO ≤ HI ≤ 65535) as its two ports, or InvalidArgument saying what is wrong.
+Result<std::pair<int, int>> parse_port_range(const std::string& text);
 
 struct UcxOptions {
   // UCX transports ("tcp", "shm,tcp", "rc,cuda_copy" …). Empty: the UCX_TLS environment variable, or
@@ -55,6 +61,9 @@ struct UcxOptions {
   // CUDA memory (DataPlane::send_device / recv_into_device) always goes through pinned host staging, even
   // when UCX could move it directly (for tests of the staged path, or a UCX whose CUDA transport misbehaves).
   bool force_device_staging = false;
+  // "LO-HI": the TCP ports UCX's tcp transport listens on (UCX_TCP_PORT_RANGE; one port per interface it uses), so a
+  // firewall can open exactly these. Empty: any free port (or the environment's UCX_TCP_PORT_RANGE).
+  std::string data_ports;
   // Bounds on what a peer can make this plane hold (a peer that is buggy or not ours must not exhaust
   // memory). The largest packet the plane allocates a buffer for (a recv(), or a packet that arrived before
   // its receive); a recv_into receives up to its own capacity whatever this says. A larger packet is dropped
@@ -83,6 +92,14 @@ struct DataPlaneSecurity {
   std::map<int, Peer> peers;  // every rank connect() is given
 };
 
+// Where a plane finds the job's relay (transport/relay.h) for the peers it cannot reach directly.
+struct RelayClientOptions {
+  std::string endpoint;                 // "tcp://HOST:PORT"
+  std::string token;                    // the job's join token (the relay's hello checks it)
+  std::optional<ZmqLoop::Curve> curve;  // the job's client keys, when the relay (like the control socket) uses CURVE
+  std::chrono::milliseconds timeout{10000};  // how long to wait for the relay's welcome
+};
+
 class UcxDataPlane final : public DataPlane {
  public:
   static Result<std::unique_ptr<UcxDataPlane>> create(const UcxOptions& options = {});
@@ -104,6 +121,14 @@ class UcxDataPlane final : public DataPlane {
   // a plane stages CUDA memory through host memory (the tag is computed on the host). Every connect() of a plane
   // must use the same protection.
   Status connect(int self_rank, const std::map<int, Bytes>& peers, const DataPlaneSecurity& security = {});
+
+  // Sends and receives packets of `peers` (ranks of the plan) through the relay instead of UCX from now on: their
+  // endpoints are closed (transfers UCX still held fail), and what arrives from the relay under their ranks is matched,
+  // bounded and authenticated like UCX packets. Connects to the relay on the first call (a hello with this plane's
+  // rank; the relay's refusal or silence within options.timeout is an error naming it). After connect().
+  Status use_relay(const RelayClientOptions& options, const std::set<int>& peers);
+  // The peers whose packets go through the relay.
+  std::set<int> relayed_peers() const;
 
   int rank() const override { return rank_.load(); }
   std::vector<int> peers() const override;
@@ -141,6 +166,7 @@ class UcxDataPlane final : public DataPlane {
   struct Inbound;
   struct Peer {
     ucp_ep_h ep = nullptr;
+    bool relayed = false;  // packets go through relay_, not ep
     bool failed = false;
     std::string why;
     uint64_t unexpected_bytes = 0, unexpected_packets = 0;  // its packets queued in unexpected_
@@ -155,6 +181,16 @@ class UcxDataPlane final : public DataPlane {
   void wake();
   void progress_loop();
   bool probe_inbound();  // true when a message was taken
+  // Decides what becomes of a packet announced from in->peer (in->length bytes): dropped (in->discard, counted), matched
+  // to a posted receive (in->target; in->direct when UCX writes into the caller's buffer) or queued unexpected, with
+  // the plane's buffer allocated unless direct or dropped.
+  void admit_inbound(const std::shared_ptr<Inbound>& in);
+  // Once the packet's bytes are in place: authenticates it and delivers it to its receive, if it has one yet.
+  void finish_inbound(const std::shared_ptr<Inbound>& in, ucs_status_t status);
+  // A packet the relay brought (progress thread).
+  void relay_inbound(int src, uint64_t tag_bits, Bytes&& payload);
+  void relay_send(const std::shared_ptr<TransferState>& st);
+  void on_relay_message(Frames&& f);  // the relay client's thread
   // `wire_rank` ≥ 0: the sender rank the packet claims (fault injection only).
   void issue_send(const std::shared_ptr<TransferState>& st, int wire_rank = -1);
   void forge_for_tests(const std::shared_ptr<TransferState>& st);  // LH_FAULT_FORGE (ucx_data_plane.cpp)
@@ -232,6 +268,13 @@ class UcxDataPlane final : public DataPlane {
   int forge_replay_peer_ = -1;
   Tag forge_replay_tag_;
   bool forge_done_ = false;
+
+  // The relay connection (use_relay), its answer to the hello, and the relayed peers (for relayed_peers()).
+  std::unique_ptr<ZmqLoop> relay_;
+  std::mutex relay_mu_;
+  std::condition_variable relay_cv_;
+  std::optional<std::string> relay_answer_;  // "" welcome, else the refusal
+  std::set<int> relayed_;                    // guarded by peers_mu_
 };
 
 }  // namespace lh

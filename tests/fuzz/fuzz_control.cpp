@@ -84,7 +84,8 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
       Rollback{2, "lost"},
       CodecApplied{1, 9, 12, true, ""},
       SetLink{"0-1:fwd=5M,80ms"},
-      Preflight{2, {PeerProbe{0, true, "", 12.5f, 95.0f, 65536}, PeerProbe{3, false, "connecting: refused", 0, 0, 0}}}};
+      Preflight{2, {PeerProbe{0, true, "", 12.5f, 95.0f, 65536}, PeerProbe{3, false, "connecting: refused", 0, 0, 0}}},
+      Relays{{0, 1}, {2, 3}, "relay.example", 7001}};
   std::vector<std::vector<uint8_t>> out;
   for (const ControlMessage& m : seeds) {
     const std::vector<uint8_t> bytes = encode_message(m);

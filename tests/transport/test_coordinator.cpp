@@ -355,6 +355,81 @@ TEST(Coordinator, AnUnreachablePeerShutsTheJobDownByDefault) {
   EXPECT_TRUE((*c)->wait_done(5s));
 }
 
+// The pre-flight's first phase: a pair is direct only when each end heard the other. One end that did not makes the
+// pair relayed: every worker gets the relayed pairs and the relay's port; the measured matrix then marks the pair.
+TEST(Coordinator, APairThatCannotConnectDirectlyIsRelayed) {
+  auto c = Coordinator::start(opts(2));
+  ASSERT_TRUE(c.ok());
+  ASSERT_NE((*c)->relay(), nullptr);
+  EXPECT_FALSE((*c)->relay_endpoint().empty());
+  auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
+  ASSERT_NO_FATAL_FAILURE(start_two(*a, *b));
+  const int ra = a->plan()->rank, rb = b->plan()->rank;
+  Result<Relays> got_a = internal_error("not run");
+  std::thread ta([&] { got_a = a->reach({PeerProbe{rb, true, "", 0, 0, 0}}, 5s); });
+  auto got_b = b->reach({PeerProbe{ra, false, "no hello from rank " + std::to_string(ra) + " within 5000 ms", 0, 0, 0}},
+                        5s);
+  ta.join();
+  ASSERT_TRUE(got_a.ok()) << got_a.status().to_string();
+  ASSERT_TRUE(got_b.ok()) << got_b.status().to_string();
+  for (const Relays* r : {&*got_a, &*got_b}) {
+    ASSERT_EQ(r->lo, std::vector<int32_t>{0});
+    ASSERT_EQ(r->hi, std::vector<int32_t>{1});
+    EXPECT_EQ(int(r->port), int((*c)->relay()->port()));
+  }
+  std::thread tb([&] { EXPECT_TRUE(a->barrier(kRelayBarrier, 5s).ok()); });
+  EXPECT_TRUE(b->barrier(kRelayBarrier, 5s).ok());
+  tb.join();
+  PeerProbe pa{rb, true, "", 30.f, 20.f, 4096}, pb{ra, true, "", 30.f, 19.f, 4096};
+  pa.relayed = pb.relayed = true;
+  std::thread tm([&] { EXPECT_TRUE(a->preflight({pa}, 5s).ok()); });
+  EXPECT_TRUE(b->preflight({pb}, 5s).ok());
+  tm.join();
+  for (const auto& e : (*c)->preflight_json()) EXPECT_TRUE(e["relayed"].get<bool>()) << e.dump();
+  EXPECT_FALSE((*c)->done());
+}
+
+// Every pair direct: the answer lists no pair.
+TEST(Coordinator, PairsThatHeardEachOtherStayDirect) {
+  auto c = Coordinator::start(opts(2));
+  ASSERT_TRUE(c.ok());
+  auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
+  ASSERT_NO_FATAL_FAILURE(start_two(*a, *b));
+  Result<Relays> got_a = internal_error("not run");
+  std::thread ta([&] { got_a = a->reach({PeerProbe{b->plan()->rank, true, "", 0, 0, 0}}, 5s); });
+  auto got_b = b->reach({PeerProbe{a->plan()->rank, true, "", 0, 0, 0}}, 5s);
+  ta.join();
+  ASSERT_TRUE(got_a.ok() && got_b.ok());
+  EXPECT_TRUE(got_a->lo.empty());
+  EXPECT_TRUE(got_b->lo.empty());
+}
+
+// Relays off (--no-relay): such a pair ends the job at once, naming the link, both ranks and hosts, and what each end
+// saw.
+TEST(Coordinator, WithoutARelayAPairThatCannotConnectEndsTheJobNamed) {
+  CoordinatorOptions o = opts(2);
+  o.relay = false;
+  CoordinatorHooks hooks;
+  hooks.link_name = [](int src, int dst) { return std::to_string(src) + "-" + std::to_string(dst) + ":fwd"; };
+  auto c = Coordinator::start(o, hooks);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->relay(), nullptr);
+  auto a = client((*c)->endpoint()), b = client((*c)->endpoint());
+  ASSERT_NO_FATAL_FAILURE(start_two(*a, *b));
+  Result<Relays> got_a = internal_error("not run");
+  std::thread ta([&] { got_a = a->reach({PeerProbe{1 - a->plan()->rank, false, "no hello from rank x", 0, 0, 0}}, 5s); });
+  auto got_b = b->reach({PeerProbe{1 - b->plan()->rank, false, "no hello from rank y", 0, 0, 0}}, 5s);
+  ta.join();
+  ASSERT_FALSE(got_b.ok());
+  ASSERT_FALSE(got_a.ok());
+  const std::string why = got_b.status().message();
+  EXPECT_NE(why.find("link 0-1 (rank 0 'test-host' and rank 1 'test-host'"), std::string::npos) << why;
+  EXPECT_NE(why.find("relays are off (--no-relay)"), std::string::npos) << why;
+  EXPECT_NE(why.find("no hello from rank x"), std::string::npos) << why;
+  EXPECT_NE(why.find("no hello from rank y"), std::string::npos) << why;
+  EXPECT_TRUE((*c)->wait_done(5s));
+}
+
 TEST(Coordinator, LeavingWorkerIsReportedAndJobEnds) {
   auto c = Coordinator::start(opts(2));
   ASSERT_TRUE(c.ok());

@@ -42,7 +42,8 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      SetLink{"1-2:bwd=5M,80ms"},
                                      Preflight{3,
                                                {PeerProbe{1, true, "", 40.5f, 5.1f, 86016},
-                                                PeerProbe{2, false, "sending to rank 2: timed out", 0, 0, 0}}}};
+                                                PeerProbe{2, false, "sending to rank 2: timed out", 0, 0, 0}}},
+                                     Relays{{1, 0}, {2, 3}, "", 7001}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
@@ -150,6 +151,18 @@ TEST(Messages, InvalidFieldsAreRejected) {
                 .find("rtt -3"),
             std::string::npos);
   EXPECT_FALSE(decode_message(encode_message(Preflight{1, {PeerProbe{0, true, "", std::nanf(""), 1, 0}}})).ok());
+  Preflight phase{1, {}};
+  phase.phase = 7;
+  EXPECT_NE(decode_message(encode_message(phase)).status().message().find("pre-flight phase 7"), std::string::npos);
+  // Relayed pairs: (low, high) ranks in matching lists, with a port to reach the relay at.
+  EXPECT_NE(decode_message(encode_message(Relays{{2}, {1}, "", 7001})).status().message().find("relayed pair 2-1"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Relays{{1, 2}, {3}, "", 7001})).status().message().find("2 low and 1 high"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Relays{{1}, {2}, "", 0})).status().message().find("without a relay port"),
+            std::string::npos);
+  EXPECT_FALSE(decode_message(encode_message(Relays{{1}, {5000}, "", 7001})).ok());
+  EXPECT_TRUE(decode_message(encode_message(Relays{})).ok());
   // Only a role-wide change (grad, tp) may leave both ends unnamed.
   EXPECT_TRUE(decode_message(encode_message(SetCodec{-1, -1, "grad", "int8", 7})).ok());
   EXPECT_NE(decode_message(encode_message(SetCodec{-1, -1, "fwd", "int4", 3})).status().message().find("src -1"),

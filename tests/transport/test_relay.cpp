@@ -1,0 +1,258 @@
+// The data-plane relay: two UcxDataPlanes whose pair goes through a Relay (as when they cannot connect directly)
+// exchange every kind of transfer, sealed or not, with the plane's own bounds; the relay refuses hellos without the
+// token and drops what it cannot place, counted.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/transport/byte_pattern.h"
+#include "transport/relay.h"
+#include "transport/ucx_data_plane.h"
+
+namespace lh {
+namespace {
+
+using namespace std::chrono_literals;
+using test::pattern;
+
+std::unique_ptr<UcxDataPlane> make_plane(UcxOptions o = {}) {
+  o.tls = "tcp";
+  o.net_devices = "lo";
+  auto p = UcxDataPlane::create(o);
+  EXPECT_TRUE(p.ok()) << p.status().to_string();
+  return std::move(p).value();
+}
+
+std::unique_ptr<Relay> make_relay(const std::string& token = "job-token") {
+  RelayOptions o;
+  o.token = token;
+  auto r = Relay::start(o);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return std::move(r).value();
+}
+
+RelayClientOptions client(const Relay& relay, const std::string& token = "job-token") {
+  RelayClientOptions o;
+  o.endpoint = relay.endpoint();
+  o.token = token;
+  o.timeout = 5s;
+  return o;
+}
+
+template <class F>
+bool eventually(F f) {
+  for (int i = 0; i < 500; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return f();
+}
+
+DataPlaneSecurity security(PacketProtection p, int peer, const std::array<uint8_t, 32>& key) {
+  DataPlaneSecurity s;
+  s.protection = p;
+  s.epoch = 1;
+  s.peers[peer] = {key, local_ciphers()};
+  return s;
+}
+
+// Every kind of transfer both ways through the relay, plain and with each packet protection (sealed end to end: the
+// relay forwards what it cannot read); the relay counts what it forwarded, per pair.
+TEST(Relay, CarriesEveryKindOfTransferBetweenTwoPlanes) {
+  for (PacketProtection p : {PacketProtection::kNone, PacketProtection::kMac, PacketProtection::kAead}) {
+    SCOPED_TRACE(packet_protection_name(p));
+    auto relay = make_relay();
+    auto a = make_plane(), b = make_plane();
+    ASSERT_TRUE(a->connect(0, {{1, b->address()}}, p == PacketProtection::kNone ? DataPlaneSecurity{}
+                                                                                : security(p, 1, b->data_public_key()))
+                    .ok());
+    ASSERT_TRUE(b->connect(1, {{0, a->address()}}, p == PacketProtection::kNone ? DataPlaneSecurity{}
+                                                                                : security(p, 0, a->data_public_key()))
+                    .ok());
+    ASSERT_TRUE(a->use_relay(client(*relay), {1}).ok());
+    ASSERT_TRUE(b->use_relay(client(*relay), {0}).ok());
+    EXPECT_EQ(a->relayed_peers(), std::set<int>{1});
+    EXPECT_EQ(relay->connected(), 2);
+    uint64_t sent = 0;
+    for (size_t n : {size_t(0), size_t(1), size_t(4000), size_t(3) << 20}) {
+      const Bytes data = pattern(n, uint32_t(n));
+      const Tag t = make_tag(uint32_t(n % 1000), 1, Role::kActivation);
+      Transfer r = b->recv(0, t);
+      ASSERT_TRUE(a->send_view(1, t, data.data(), data.size()).wait(30s).ok());
+      ASSERT_TRUE(r.wait(30s).ok()) << r.status().to_string();
+      EXPECT_EQ(r.wire_bytes(), n);
+      EXPECT_TRUE(r.take() == data) << n;
+      // recv_into posted before and after its packet arrived, the other way.
+      Bytes into(n + 7);
+      Transfer early = a->recv_into(1, t, into.data(), into.size());
+      ASSERT_TRUE(b->send(0, t, data).wait(30s).ok());
+      ASSERT_TRUE(early.wait(30s).ok()) << early.status().to_string();
+      EXPECT_TRUE(std::equal(data.begin(), data.end(), into.begin()));
+      ASSERT_TRUE(b->send(0, t, data).wait(30s).ok());
+      std::this_thread::sleep_for(20ms);
+      std::fill(into.begin(), into.end(), 0);
+      Transfer late = a->recv_into(1, t, into.data(), into.size());
+      ASSERT_TRUE(late.wait(30s).ok()) << late.status().to_string();
+      EXPECT_EQ(late.wire_bytes(), n);
+      EXPECT_TRUE(std::equal(data.begin(), data.end(), into.begin()));
+      sent += 1;
+    }
+    // Packets of one (peer, tag) keep their order through the relay.
+    const Tag t = make_tag(9, 9, Role::kOther);
+    for (uint32_t i = 0; i < 20; ++i) a->send(1, t, pattern(100 + i, i));
+    for (uint32_t i = 0; i < 20; ++i) {
+      auto got = b->recv_blocking(0, t, 30s);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      EXPECT_TRUE(*got == pattern(100 + i, i)) << i;
+    }
+    // Too large for its recv_into: the receive fails, named.
+    Bytes small(10);
+    Transfer r = b->recv_into(0, make_tag(1, 2, Role::kOther), small.data(), small.size());
+    a->send(1, make_tag(1, 2, Role::kOther), pattern(100, 1));
+    EXPECT_EQ(r.wait(30s).code(), StatusCode::kOutOfRange);
+    const auto counts = relay->forwarded();
+    ASSERT_TRUE(counts.count({0, 1}) && counts.count({1, 0}));
+    EXPECT_EQ(counts.at({0, 1}).packets, sent + 20 + 1);
+    EXPECT_EQ(counts.at({1, 0}).packets, 2 * sent);
+    EXPECT_EQ(a->auth_failures() + b->auth_failures(), 0u);
+    EXPECT_EQ(relay->dropped(), 0u);
+  }
+}
+
+// The receiver's bounds hold for relayed packets as for UCX ones: a peer that sends too many packets ahead of their
+// receives is failed, named.
+TEST(Relay, ARelayedPeerOverTheBoundsIsFailedNamed) {
+  auto relay = make_relay();
+  UcxOptions bounded;
+  bounded.max_unexpected_packets = 3;
+  auto a = make_plane(), b = make_plane(bounded);
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  ASSERT_TRUE(a->use_relay(client(*relay), {1}).ok());
+  ASSERT_TRUE(b->use_relay(client(*relay), {0}).ok());
+  for (uint32_t i = 0; i < 5; ++i) a->send(1, make_tag(i, 0, Role::kOther), pattern(64, i));
+  ASSERT_TRUE(eventually([&] { return b->dropped_packets() > 0; }));
+  Status s = b->recv(0, make_tag(0, 0, Role::kOther)).wait(5s);
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("max_unexpected_packets"), std::string::npos) << s.message();
+}
+
+// A hello without the job's token is refused, and use_relay says so; a relay that never answers is named with its
+// endpoint within the timeout.
+TEST(Relay, AWrongTokenOrNoRelayIsAClearError) {
+  auto relay = make_relay("right");
+  auto a = make_plane(), b = make_plane();
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+  Status s = a->use_relay(client(*relay, "wrong"), {1});
+  EXPECT_NE(s.message().find("refused this worker: wrong token"), std::string::npos) << s.message();
+  EXPECT_TRUE(a->relayed_peers().empty());
+  EXPECT_EQ(relay->connected(), 0);
+
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  RelayClientOptions nowhere;
+  nowhere.endpoint = "tcp://127.0.0.1:9";  // the discard port: nothing listens there
+  nowhere.timeout = 500ms;
+  const auto t0 = std::chrono::steady_clock::now();
+  s = b->use_relay(nowhere, {0});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  EXPECT_NE(s.message().find("the relay at tcp://127.0.0.1:9 did not answer within 500 ms"), std::string::npos)
+      << s.message();
+  EXPECT_FALSE(b->use_relay(client(*relay, "right"), {7}).ok()) << "rank 7 is not in the plan";
+}
+
+// What the relay cannot place is dropped and counted, never forwarded: data from a connection that sent no hello, to
+// a rank not connected, or with bad frames.
+TEST(Relay, DropsWhatItCannotPlace) {
+  auto relay = make_relay("");
+  void* ctx = zmq_ctx_new();
+  void* s = zmq_socket(ctx, ZMQ_DEALER);
+  int linger = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+  ASSERT_EQ(zmq_connect(s, relay->endpoint().c_str()), 0);
+  auto send = [&](std::vector<Bytes> frames) {
+    for (size_t i = 0; i < frames.size(); ++i)
+      zmq_send(s, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+  };
+  auto word = [](const char* w) { return Bytes(w, w + std::strlen(w)); };
+  send({word("data"), relay_u32(1), relay_u64(5), pattern(10, 1)});  // no hello yet
+  ASSERT_TRUE(eventually([&] { return relay->dropped() == 1; }));
+  send({word("hello"), relay_u32(0), Bytes{}});
+  char buf[64];
+  ASSERT_EQ(zmq_recv(s, buf, sizeof(buf), 0), 7);
+  EXPECT_EQ(std::string(buf, 7), "welcome");
+  send({word("data"), relay_u32(1), relay_u64(5), pattern(10, 1)});  // rank 1 is not connected
+  ASSERT_TRUE(eventually([&] { return relay->dropped() == 2; }));
+  send({word("data"), relay_u32(1), Bytes{1, 2}, pattern(10, 1)});  // a short tag frame
+  send({word("what")});
+  ASSERT_TRUE(eventually([&] { return relay->dropped() == 4; }));
+  send({word("hello"), relay_u32(99999), Bytes{}});  // a rank out of range
+  ASSERT_TRUE(eventually([&] { return relay->dropped() == 5; }));
+  EXPECT_TRUE(relay->forwarded().empty());
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+}
+
+// The TCP ports this process listens on (from /proc: its socket inodes, and the listening sockets' local ports).
+std::set<int> listening_ports() {
+  std::set<std::string> inodes;
+  for (int fd = 0; fd < 4096; ++fd) {
+    char link[128];
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+    if (n <= 0) continue;
+    const std::string l(link, size_t(n));
+    if (l.rfind("socket:[", 0) == 0) inodes.insert(l.substr(8, l.size() - 9));
+  }
+  std::set<int> ports;
+  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (st == "0A" && inodes.count(inode)) ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+    }
+  }
+  return ports;
+}
+
+TEST(DataPorts, RangesAreParsedAndBadOnesNamed) {
+  auto r = parse_port_range("40000-40015");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->first, 40000);
+  EXPECT_EQ(r->second, 40015);
+  for (const char* bad : {"", "40000", "0-10", "10-5", "1-70000", "a-b", "40000-"})
+    EXPECT_EQ(parse_port_range(bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  EXPECT_NE(parse_port_range("10-5").status().message().find("empty"), std::string::npos);
+  // A plane with a port range listens inside it, and only there.
+  auto in_range = [](const std::set<int>& ports) {
+    return std::count_if(ports.begin(), ports.end(), [](int q) { return q >= 47310 && q <= 47330; });
+  };
+  const std::set<int> before = listening_ports();
+  UcxOptions o;
+  o.data_ports = "47310-47330";
+  auto p = make_plane(o);
+  ASSERT_TRUE(p);
+  const std::set<int> after = listening_ports();
+  EXPECT_EQ(in_range(before), 0);
+  EXPECT_GE(in_range(after), 1);
+  for (int q : after)
+    if (!before.count(q)) EXPECT_TRUE(q >= 47310 && q <= 47330) << "plane listens on port " << q;
+  EXPECT_EQ(std::getenv("UCX_TCP_PORT_RANGE"), nullptr) << "the environment is put back";
+  UcxOptions bad;
+  bad.data_ports = "9-1";
+  EXPECT_EQ(UcxDataPlane::create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lh
