@@ -78,10 +78,18 @@ void print_status(const nlohmann::json& j) {
       const bool ok = p.value("ok", false);
       const double mbps = p.value("mbps", 0.0);
       std::printf("%-16s %-9s %-8s %10.2f %12s  %s\n", p.value("link", std::string()).c_str(), ranks.c_str(),
-                  ok ? "direct" : "none", p.value("rtt_ms", 0.0),
-                  mbps > 0 ? std::to_string(mbps).substr(0, 8).c_str() : "-", p.value("error", std::string()).c_str());
+                  !ok                         ? "none"
+                  : p.value("relayed", false) ? "relayed"
+                                              : "direct",
+                  p.value("rtt_ms", 0.0), mbps > 0 ? std::to_string(mbps).substr(0, 8).c_str() : "-",
+                  p.value("error", std::string()).c_str());
     }
   }
+  const auto& relay = w.value("relay", nlohmann::json());
+  if (relay.is_object())
+    std::printf("relay: %s, %d worker(s) connected, %llu message(s) dropped\n",
+                relay.value("endpoint", std::string()).c_str(), relay.value("connected", 0),
+                static_cast<unsigned long long>(relay.value("dropped", uint64_t(0))));
   const auto& stalls = w.value("stalls", nlohmann::json::array());
   if (!stalls.empty()) {
     std::printf("\nstalled links\n");

@@ -129,6 +129,21 @@ class WorkerGroup {
   std::set<pid_t> forgiven_;
 };
 
+// Sites behind NAT routers (scripts/nat.sh; root): removed again when this goes out of scope.
+struct NatSites {
+  std::string script, env;
+  int sites = 0, per_site = 0;
+  bool up = false;
+  ~NatSites() {
+    if (up) (void)!std::system((env + " bash '" + script + "' down").c_str());
+  }
+  // Worker slot i's namespace: site i / per_site, host i % per_site.
+  std::string host(int i) const {
+    return "lhn" + std::to_string(getpid() % 100000) + "s" + std::to_string(i / per_site) + "h" +
+           std::to_string(i % per_site);
+  }
+};
+
 // Namespaces behind tc tbf links (root): removed again when this goes out of scope.
 struct WanNamespaces {
   std::string script, prefix, subnet;
@@ -162,7 +177,29 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   PipelineJobConfig job = job_config_from_flags(f.job, cmd);
   if (!job.links.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
   WanNamespaces wan;
+  NatSites nat;
   std::string listen = f.listen;
+  if (f.nat_sites > 0) {
+    if (!f.netns.empty()) fail("--nat-sites and --netns exclude each other: choose one", 2);
+    if (f.nat_sites > job.workers)
+      fail("--nat-sites " + std::to_string(f.nat_sites) + ": more sites than the job's " + std::to_string(job.workers) +
+               " workers",
+           2);
+    if (geteuid() != 0) fail("--nat-sites needs root (network namespaces and nftables)", 2);
+    const std::string wan_script = find_wan_script(f.wan_script);
+    nat.script = wan_script.substr(0, wan_script.rfind('/') + 1) + "nat.sh";
+    const int id = int(getpid() % 100000);
+    const std::string pub = "10.216." + std::to_string(id % 250);
+    nat.env = "LH_NAT_PREFIX=lhn" + std::to_string(id) + " LH_NAT_PUBLIC=" + pub + " LH_NAT_LAN=10." +
+              std::to_string(217 + id % 30);
+    nat.sites = f.nat_sites;
+    nat.per_site = (job.workers + f.nat_sites - 1) / f.nat_sites;
+    nat.up = true;
+    const std::string up = nat.env + " bash '" + nat.script + "' up " + std::to_string(nat.sites) + " " +
+                           std::to_string(nat.per_site) + " >/dev/null";
+    if (std::system(up.c_str()) != 0) fail("--nat-sites: could not build the sites with " + nat.script);
+    listen = "tcp://" + pub + ".254:*";
+  }
   if (!f.netns.empty()) {
     auto shape = parse_link_shape(f.netns);
     if (!shape.ok() || shape->rate_bps <= 0)
@@ -199,7 +236,10 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
               job.compress_link.empty() ? "" : " (with per-link overrides)",
               !job.links.empty() ? ("shaped " + describe_link_rules(job.links)).c_str()
               : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
-                                 : "loopback, unlimited");
+              : nat.up           ? (std::to_string(nat.sites) + " sites behind NAT routers, up to " +
+                          std::to_string(nat.per_site) + " workers each")
+                             .c_str()
+                       : "loopback, unlimited");
   std::printf("coordinator %s  (longhaul ctl --coordinator %s --key-file %s status)\n", ep.c_str(), ep.c_str(),
               key_path.empty() ? "<the job's key file>" : key_path.c_str());
   if (wrote_key) std::printf("wrote a new job secret to %s (mode 0600)\n", key_path.c_str());
@@ -235,6 +275,11 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     std::vector<std::string> prefix;
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
     if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
+    if (nat.up) {
+      // Slot i is rank i (the sites hold consecutive ranks: pipeline neighbours share a site but at its edges).
+      prefix = {"ip", "netns", "exec", nat.host(i), "env", "UCX_NET_DEVICES=eth0"};
+      argv.insert(argv.end(), {"--rank", std::to_string(i)});
+    }
     LH_ASSIGN_OR_RETURN(pid_t pid, group.start(argv, prefix, secret.to_hex()));
     slot_of[pid] = i;
     return pid;
@@ -358,6 +403,10 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
 void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_default) {
   add_job_flags(cmd, f.job, metrics_default);
   cmd->add_option("--netns", f.netns, "each worker in its own network namespace behind a tc tbf link of RATE (root)");
+  cmd->add_option("--nat-sites", f.nat_sites,
+                  "the workers in N sites behind NAT routers, consecutive ranks per site, the coordinator (and its "
+                  "relay) on the public side (scripts/nat.sh; root): pairs across sites go through the relay")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--listen", f.listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
   cmd->add_option("--ucx-tls", f.ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
   cmd->add_option("--worker-threads", f.worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")

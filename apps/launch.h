@@ -15,6 +15,7 @@ struct LaunchFlags {
   JobFlags job;
   std::string listen = "tcp://127.0.0.1:*";
   std::string netns;
+  int nat_sites = 0;  // workers in this many sites behind NAT routers (scripts/nat.sh; root)
   std::string ucx_tls;
   std::string wan_script;
   int worker_threads = 0;

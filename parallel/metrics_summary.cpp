@@ -111,6 +111,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
       side.wire_by_step[m.step] += l.wire_bytes;
       if (!l.codec.empty()) side.codec_by_step[m.step] = l.codec;
       if (!l.link.empty()) t.link = l.link;
+      t.relayed |= l.relayed;
     }
   }
   s.workers = static_cast<int>(workers.size());
@@ -228,13 +229,17 @@ std::string format_link_table(const MetricsSummary& s) {
         fmt("%.2f", t.seconds),
         codec};
   };
-  bool any_recv = false, folded_recv = false;
+  bool any_recv = false, folded_recv = false, any_relayed = false;
   std::string folded_notes;
   for (const LinkTotals& t : folded_links(s)) {
     // A folded row lists its codecs (usually none) as a set: its pairs may have used them in any order.
     std::string codec;
     for (size_t i = 0; i < t.codecs.size(); ++i) codec += (i ? (t.pairs > 1 ? ", " : "→") : "") + t.codecs[i];
     std::string link = link_label(t);
+    if (t.relayed && t.pairs == 1) {  // a folded row's pairs may differ
+      link += " relayed";
+      any_relayed = true;
+    }
     if (t.counted_by != "send") {
       link += "*";
       if (t.pairs > 1)
@@ -253,6 +258,8 @@ std::string format_link_table(const MetricsSummary& s) {
   std::string out = layout(rows, named ? "lllrrrrrrl" : "llrrrrrrl");
   out += "MB = 10^6 bytes; raw = the same tensors sent uncompressed in fp32; busy s = seconds the link was busy\n";
   out += folded_notes;
+  if (any_relayed)
+    out += "relayed = through the job's relay on the coordinator's host (the pair could not connect directly)\n";
   if (any_recv || folded_recv)
     out += std::string("* counted by the receiver (the sender reported nothing for this link") +
            (folded_recv ? ", or for some of these pairs)\n" : ")\n");

@@ -33,6 +33,7 @@ struct LinkTotals {
   double seconds = 0;
   std::vector<std::string> codecs;  // specs in the order they were used
   std::string link;                 // the pair's name when the workers reported one (parallel/link_name.h)
+  bool relayed = false;             // some of its traffic went through the job's relay
   double ratio() const { return wire_bytes ? double(raw_bytes) / double(wire_bytes) : 0.0; }
 };
 

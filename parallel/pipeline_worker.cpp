@@ -105,6 +105,23 @@ const FaultStall& fault_stall() {
   return f;
 }
 
+// Fault injection for tests (LH_FAULT_NO_DIRECT=A-B[,C-D…]): the pre-flight takes these pairs as unable to connect
+// directly, as NAT between them would make them (the relay is then tested without network namespaces).
+bool fault_no_direct(int a, int b) {
+  const char* env = std::getenv("LH_FAULT_NO_DIRECT");
+  if (!env) return false;
+  const std::string list = env;
+  for (size_t i = 0; i < list.size();) {
+    size_t j = list.find(',', i);
+    if (j == std::string::npos) j = list.size();
+    int x = -1, y = -1;
+    if (std::sscanf(list.substr(i, j - i).c_str(), "%d-%d", &x, &y) == 2 && ((x == a && y == b) || (x == b && y == a)))
+      return true;
+    i = j + 1;
+  }
+  return false;
+}
+
 // Applies one set-codec message (live, or from a Plan's list) to the runner or the link schedule; refused ones are
 // logged. `resumed` is the step the epoch started after: grad and tp changes up to it are in the loaded state.
 // Returns the step it applies from (−1: not this worker's), or why it was refused.
@@ -299,6 +316,11 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   if (!reached.ok() && reached.status().code() == StatusCode::kAborted && !cc.rolled_back())
     return unavailable("the job ended during the pre-flight: " + cc.shutdown_reason());
   LH_RETURN_IF_ERROR(reached.status());
+  for (PeerProbe& p : *reached)
+    if (fault_no_direct(plan.rank, p.peer)) {
+      p.ok = false;
+      p.error = "fault injection: LH_FAULT_NO_DIRECT cuts this pair";
+    }
   for (const PeerProbe& p : *reached)
     if (!p.ok) LH_LOG_WARN("pre-flight: rank {} cannot reach rank {} directly: {}", plan.rank, p.peer, p.error);
   LH_ASSIGN_OR_RETURN(Relays relays, cc.reach(std::move(reached).value(), options.join_timeout));
@@ -318,6 +340,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     rc.token = options.token;
     rc.curve = options.curve;
     LH_RETURN_IF_ERROR(ucx_plane->use_relay(rc, relayed));
+    meter->set_relayed(relayed);
   }
   LH_RETURN_IF_ERROR(cc.barrier(kRelayBarrier, options.join_timeout));
   auto probed = probe_peers(*plane, topology, plan.rank, po);
@@ -433,6 +456,11 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.curve = options.curve;
   co.hostname = options.hostname;
   co.compute_speed = options.compute_speed;
+  // What UCX puts in its worker address: the interfaces it may use (UCX_NET_DEVICES, or all).
+  const char* env_devices = std::getenv("UCX_NET_DEVICES");
+  co.data_addresses = interface_addresses(!options.ucx.net_devices.empty()                   ? options.ucx.net_devices
+                                          : env_devices && std::string(env_devices) != "all" ? env_devices
+                                                                                             : "");
   // What this machine has; the job's plan says which one it trains on (--device of the launch).
   co.device = cuda_available() ? "cuda: " + cuda_device_summary() : "cpu";
   co.coordinator_wait = options.coordinator_timeout;

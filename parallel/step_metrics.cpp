@@ -36,6 +36,7 @@ nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
     l["wire_bytes"] = t.wire_bytes;
     l["messages"] = t.messages;
     l["seconds"] = t.seconds;
+    if (t.relayed) l["relayed"] = true;
     links.push_back(std::move(l));
   }
   j["links"] = std::move(links);
@@ -96,6 +97,13 @@ class FieldReader {
     out = v;
     return Status::Ok();
   }
+  Status boolean(const std::string& field, bool& out) const {
+    auto it = obj_.find(field);
+    if (it == obj_.end()) return Status::Ok();
+    if (!it->is_boolean()) return error(field, "expected true or false, got " + shown(*it));
+    out = it->get<bool>();
+    return Status::Ok();
+  }
   Status string(const std::string& field, std::string& out) const {
     auto it = obj_.find(field);
     if (it == obj_.end()) return Status::Ok();
@@ -134,6 +142,7 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
   std::optional<double> seconds;
   LH_RETURN_IF_ERROR(r.number("seconds", true, seconds));
   t.seconds = seconds.value_or(0.0);
+  LH_RETURN_IF_ERROR(r.boolean("relayed", t.relayed));
   return t;
 }
 

@@ -31,6 +31,7 @@ struct LinkTraffic {
   uint64_t wire_bytes = 0;   // what crossed the link
   uint64_t messages = 0;
   double seconds = 0;  // time the link was busy with this traffic
+  bool relayed = false;  // it went through the job's relay (the pair could not connect directly)
 };
 
 struct WorkerStepMetrics {

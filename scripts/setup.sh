@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   clang libclang-rt-14-dev libomp-dev
   fortunes fortunes-min
-  gnuplot-nox iproute2 procps jq
+  gnuplot-nox iproute2 nftables procps jq
 )
 
 SUDO=""

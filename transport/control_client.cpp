@@ -291,6 +291,7 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   j.hostname = options_.hostname;
   j.device = options_.device;
   j.compute_speed = options_.compute_speed;
+  j.data_addresses = options_.data_addresses;
   j.ucx_address = ucx_address;
   j.rank = rank;
   j.data_key = std::move(data_key);

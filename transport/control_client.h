@@ -24,6 +24,8 @@ struct ControlClientOptions {
   std::string hostname;  // empty: gethostname()
   std::string device = "cpu";
   double compute_speed = 0;
+  // The addresses its data plane listens at (Join::data_addresses), for messages naming a pair that cannot connect.
+  std::string data_addresses;
   // Until the Plan says otherwise: how often to heartbeat, and how long the coordinator may be silent
   // before it is considered lost (a Shutdown event is then queued).
   std::chrono::milliseconds heartbeat_interval{500};

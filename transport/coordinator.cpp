@@ -595,26 +595,36 @@ void Coordinator::check_reach() {
       }
     for (auto& w : workers_)
       if (live(w) && w.rank >= 0) w.reach_answered = true;
+    std::vector<std::string> names, details;
     for (const auto& [pair, why] : cut) {
-      auto host = [&](int r) {
+      auto who = [&](int r) {
         auto it = by_rank.find(r);
-        return it == by_rank.end() ? std::string("?") : it->second->join.hostname;
+        if (it == by_rank.end()) return "rank " + std::to_string(r);
+        const Join& j = it->second->join;
+        return "rank " + std::to_string(r) + " '" + j.hostname + "'" +
+               (j.data_addresses.empty() ? std::string() : " at " + j.data_addresses);
       };
       const std::string link =
           hooks_.link_name ? hooks_.link_name(pair.first, pair.second) : std::to_string(pair.first) + "-" +
                                                                                std::to_string(pair.second);
-      const std::string what = "link " + link.substr(0, link.find(':')) + " (rank " + std::to_string(pair.first) +
-                               " '" + host(pair.first) + "' and rank " + std::to_string(pair.second) + " '" +
-                               host(pair.second) + "', at the UCX worker addresses their Joins gave)";
-      if (!relay_) {
-        if (failure.empty())
-          failure = "pre-flight: " + what + " cannot connect directly, and relays are off (--no-relay): " + why;
-        continue;
+      const std::string name = link.substr(0, link.find(':'));
+      const std::string what = "link " + name + " (" + who(pair.first) + ", " + who(pair.second) + ")";
+      names.push_back(name);
+      details.push_back(what + ": " + why);
+      if (relay_) {
+        LH_LOG_WARN("coordinator: pre-flight: {} cannot connect directly ({}); relaying it through {}", what, why,
+                    relay_->endpoint());
+        answer.lo.push_back(pair.first);
+        answer.hi.push_back(pair.second);
       }
-      LH_LOG_WARN("coordinator: pre-flight: {} cannot connect directly ({}); relaying it through {}", what, why,
-                  relay_->endpoint());
-      answer.lo.push_back(pair.first);
-      answer.hi.push_back(pair.second);
+    }
+    if (!relay_ && !cut.empty()) {
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      failure = "pre-flight: " + std::string(cut.size() == 1 ? "link " : "links ") + list + " cannot connect " +
+                "directly, and relays are off (--no-relay)";
+      for (size_t i = 0; i < details.size() && i < 4; ++i) failure += "; " + details[i];
+      if (details.size() > 4) failure += "; and " + std::to_string(details.size() - 4) + " more";
     }
     if (relay_ && !answer.lo.empty()) answer.port = relay_->port();
   }

@@ -81,6 +81,11 @@ double LinkMeter::bandwidth_bps(int peer, Direction dir) const {
   return it == links_.end() ? 0.0 : it->second.ewma_bps;
 }
 
+void LinkMeter::set_relayed(std::set<int> peers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  relayed_ = std::move(peers);
+}
+
 nlohmann::json LinkMeter::to_json() const {
   std::lock_guard<std::mutex> lock(mu_);
   nlohmann::json links = nlohmann::json::array(), bw = nlohmann::json::array();
@@ -98,6 +103,7 @@ nlohmann::json LinkMeter::to_json() const {
                      {"raw_bytes", e.stats.raw_bytes},
                      {"wire_bytes", e.stats.wire_bytes},
                      {"seconds", e.stats.busy_seconds}});
+    if (relayed_.count(peer)) links.back()["relayed"] = true;
   }
   for (const auto& [key, e] : links_) {
     auto [src, dst] = ends(key.first, key.second);

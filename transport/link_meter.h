@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <tuple>
 
 #include "transport/tag.h"
@@ -44,7 +45,10 @@ class LinkMeter {
   // measure the link, not the queue.
   double bandwidth_bps(int peer, Direction dir) const;
 
-  // {"rank": r, "links": [{"src","dst","role","dir","messages","raw_bytes","wire_bytes","seconds"}...],
+  // Peers whose packets go through the job's relay: their links say "relayed": true in to_json().
+  void set_relayed(std::set<int> peers);
+
+  // {"rank": r, "links": [{"src","dst","role","dir","messages","raw_bytes","wire_bytes","seconds"[,"relayed"]}...],
   //  "bandwidth": [{"src","dst","dir","bps","busy_seconds"}...]}
   nlohmann::json to_json() const;
   // Zeroes the counters (keeps the bandwidth estimates), e.g. after each step's metrics line.
@@ -69,6 +73,7 @@ class LinkMeter {
   double alpha_;
   std::map<RoleKey, RoleEntry> roles_;
   std::map<LinkKey, LinkEntry> links_;
+  std::set<int> relayed_;
 };
 
 }  // namespace lh

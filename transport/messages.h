@@ -89,9 +89,12 @@ struct Join {
   // CPU runs fast (packet_auth.h local_ciphers): the Plan hands them to its peers, which derive their pair keys.
   std::vector<uint8_t> data_key;
   uint32_t data_ciphers = 0;
+  // The IP addresses its UCX worker address carries ("10.1.0.5, 192.168.1.7"), for people: the messages naming a
+  // pair that cannot connect say where it was tried.
+  std::string data_addresses;
   template <class A>
   void serialize(A& ar) {
-    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt, data_key, data_ciphers);
+    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt, data_key, data_ciphers, data_addresses);
   }
 };
 

@@ -3,6 +3,10 @@
 // bounds on what a peer can make it buffer. Used by workers, `bench link` and tests.
 #include "transport/ucx_data_plane.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -64,6 +68,37 @@ struct UcxDataPlane::Inbound {
   }
 };
 
+std::string interface_addresses(const std::string& net_devices) {
+  std::set<std::string> named;
+  for (size_t i = 0; i <= net_devices.size();) {
+    size_t j = net_devices.find(',', i);
+    if (j == std::string::npos) j = net_devices.size();
+    std::string d = net_devices.substr(i, j - i);
+    if (!d.empty()) named.insert(d.substr(0, d.find(':')));  // "mlx5_0:1" names a port
+    i = j + 1;
+  }
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::vector<std::string> out, loopback;
+  for (ifaddrs* a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr || !(a->ifa_flags & IFF_UP)) continue;
+    const int family = a->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    if (!named.empty() && !named.count(a->ifa_name)) continue;
+    char buf[INET6_ADDRSTRLEN] = {0};
+    const void* raw = family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr);
+    if (!inet_ntop(family, raw, buf, sizeof(buf))) continue;
+    ((a->ifa_flags & IFF_LOOPBACK) && named.empty() ? loopback : out).push_back(buf);
+  }
+  freeifaddrs(list);
+  if (out.empty()) out = loopback;
+  std::string s;
+  for (const std::string& a : out) s += (s.empty() ? "" : ", ") + a;
+  return s.size() > 1000 ? s.substr(0, 1000) + "…" : s;
+}
+
 Result<std::pair<int, int>> parse_port_range(const std::string& text) {
   const size_t dash = text.find('-');
   auto port = [](const std::string& s) -> int {
@@ -91,30 +126,34 @@ Status UcxDataPlane::init(const UcxOptions& options) {
     auto range = parse_port_range(options.data_ports);
     if (!range.ok()) return Status(range.status()).prepend("data ports '" + options.data_ports + "'");
   }
-  // UCX reads its tcp transport's port range from the environment only, when the worker opens its interfaces
-  // (ucp_config_modify does not reach it): set until the worker exists, then put back, under a lock so planes made
-  // at once do not mix their ranges.
+  // UCX reads its tcp transport's settings from the environment only, when the worker opens its interfaces
+  // (ucp_config_modify does not reach them): set until the worker exists, then put back, under a lock so planes made
+  // at once do not mix them. The port range (data_ports); and non-blocking connects unless the user chose: a blocking
+  // one to a peer behind NAT would hold ucp_ep_create for the kernel's SYN retries (minutes), where the pre-flight's
+  // connect timeout should decide.
+  std::vector<std::pair<std::string, std::string>> env;
+  if (!options.data_ports.empty()) env.push_back({"UCX_TCP_PORT_RANGE", options.data_ports});
+  if (!std::getenv("UCX_TCP_CONN_NB")) env.push_back({"UCX_TCP_CONN_NB", "y"});
   static std::mutex env_mu;
-  std::unique_lock<std::mutex> env_lock(env_mu, std::defer_lock);
-  std::optional<std::string> env_before;
-  bool env_set = false;
-  if (!options.data_ports.empty()) {
-    env_lock.lock();
-    if (const char* before = std::getenv("UCX_TCP_PORT_RANGE")) env_before = before;
-    setenv("UCX_TCP_PORT_RANGE", options.data_ports.c_str(), 1);
-    env_set = true;
+  std::unique_lock<std::mutex> env_lock(env_mu);
+  std::vector<std::optional<std::string>> env_before;
+  for (const auto& [name, value] : env) {
+    const char* before = std::getenv(name.c_str());
+    env_before.push_back(before ? std::optional<std::string>(before) : std::nullopt);
+    setenv(name.c_str(), value.c_str(), 1);
   }
   struct EnvRestore {
-    bool& set;
-    std::optional<std::string>& before;
+    const std::vector<std::pair<std::string, std::string>>& env;
+    const std::vector<std::optional<std::string>>& before;
     ~EnvRestore() {
-      if (!set) return;
-      if (before)
-        setenv("UCX_TCP_PORT_RANGE", before->c_str(), 1);
-      else
-        unsetenv("UCX_TCP_PORT_RANGE");
+      for (size_t i = 0; i < env.size(); ++i) {
+        if (before[i])
+          setenv(env[i].first.c_str(), before[i]->c_str(), 1);
+        else
+          unsetenv(env[i].first.c_str());
+      }
     }
-  } env_restore{env_set, env_before};
+  } env_restore{env, env_before};
   ucp_config_t* config = nullptr;
   LH_CHECK_CODE(ucp_config_read(nullptr, nullptr, &config));
   if (!options.tls.empty()) {
@@ -360,7 +399,14 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
       ep.err_handler.arg = this;
       Peer p;
       ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
-      if (s != UCS_OK) return unavailable("endpoint to rank " + std::to_string(r) + ": " + ucs_status_string(s));
+      if (s != UCS_OK) {
+        // A peer this host cannot reach at its worker address (behind NAT, another site's private network): its
+        // transfers fail, named, until use_relay() routes it through the relay (the pre-flight decides which).
+        p.ep = nullptr;
+        p.failed = true;
+        p.why = std::string("no UCX endpoint to its worker address: ") + ucs_status_string(s);
+        LH_LOG_WARN("data plane: rank {} cannot be reached directly: {}", r, p.why);
+      }
       peer_table_[r] = p;
     }
     rank_ = self_rank;

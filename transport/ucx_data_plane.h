@@ -40,6 +40,9 @@ Bytes wrap_worker_address(const void* ucx_address, size_t length);
 Result<Bytes> unwrap_worker_address(const Bytes& envelope);
 // "LO-HI" (1 ≤ LO ≤ HI ≤ 65535) as its two ports, or InvalidArgument saying what is wrong.
 Result<std::pair<int, int>> parse_port_range(const std::string& text);
+// The IP addresses of this host's interfaces that are up, as "10.1.0.5, fe80::1" (only those of `net_devices`, a UCX
+// device list such as "eth0,lo", when it is not empty; loopback only when nothing else is up or it is named).
+std::string interface_addresses(const std::string& net_devices = "");
 
 struct UcxOptions {
   // UCX transports ("tcp", "shm,tcp", "rc,cuda_copy" …). Empty: the UCX_TLS environment variable, or

@@ -1,5 +1,6 @@
-// defines: wan_script() (the source tree's scripts/wan.sh) and netns_unavailable_reason() — whether this
-// machine can build emulated links. Used by the integration tests that run jobs in network namespaces.
+// defines: wan_script() (the source tree's scripts/wan.sh), netns_unavailable_reason() and nat_unavailable_reason() —
+// whether this machine can build emulated links or NAT'd sites. Used by the integration tests that run jobs in network
+// namespaces.
 #pragma once
 
 #include <unistd.h>
@@ -28,11 +29,10 @@ inline std::string wan_script() {
   return "scripts/wan.sh";
 }
 
-// "" when namespaces, veth links and tc tbf can be made here (`wan.sh probe` builds and removes one);
-// else why not: not root, no CAP_SYS_ADMIN (a container), a chroot whose / is not a mount point …
-inline std::string netns_unavailable_reason() {
+// "" when `script probe` says this machine can build what the script builds; else why not.
+inline std::string script_probe_reason(const std::string& script) {
   if (geteuid() != 0) return "needs root for network namespaces";
-  const std::string cmd = "bash '" + wan_script() + "' probe 2>&1";
+  const std::string cmd = "bash '" + script + "' probe 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return "cannot run " + wan_script();
   std::string out;
@@ -41,7 +41,19 @@ inline std::string netns_unavailable_reason() {
   const int st = pclose(p);
   if (st == 0) return "";
   while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out.empty() ? "`wan.sh probe` failed" : out;
+  return out.empty() ? "`" + script + " probe` failed" : out;
+}
+
+// "" when namespaces, veth links and tc tbf can be made here (`wan.sh probe` builds and removes one);
+// else why not: not root, no CAP_SYS_ADMIN (a container), a chroot whose / is not a mount point …
+inline std::string netns_unavailable_reason() {
+  return script_probe_reason(wan_script());
+}
+
+// "" when sites behind NAT routers can be made here (`nat.sh probe`: namespaces, nftables masquerade); else why not.
+inline std::string nat_unavailable_reason() {
+  const std::string wan = wan_script();
+  return script_probe_reason(wan.substr(0, wan.rfind('/') + 1) + "nat.sh");
 }
 
 }  // namespace lh

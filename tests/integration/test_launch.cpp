@@ -1431,6 +1431,73 @@ TEST_F(Launch, NetnsLinksAsRoot) {
   EXPECT_NE(ns.output.find("--netns"), std::string::npos) << ns.output;
 }
 
+// The per-step losses of a 4-stage job over loopback with every pair direct: the reference the relayed jobs match.
+std::map<int64_t, double> direct_losses(int steps) {
+  const std::string metrics = temp_path("direct.jsonl");
+  BinRun r = run(launch_args(4, steps, metrics), 180s);
+  EXPECT_EQ(r.code, 0) << r.output;
+  return losses_of(metrics);
+}
+
+// A pair that cannot connect directly (LH_FAULT_NO_DIRECT stands in for NAT between them here; NatSitesAsRoot builds
+// the NAT) goes through the coordinator's relay: the coordinator says so, the job completes with the losses of the
+// same job with every pair direct, and `ctl status`-style metrics are untouched. With --no-relay the same job ends at
+// its pre-flight, within seconds, naming the link.
+TEST_F(Launch, APairThatCannotConnectDirectlyGoesThroughTheRelay) {
+  const int steps = 3;
+  const auto want = direct_losses(steps);
+  setenv("LH_FAULT_NO_DIRECT", "1-2", 1);
+  const std::string metrics = temp_path("relayed.jsonl");
+  BinRun r = run(launch_args(4, steps, metrics), 180s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("pre-flight: link 1-2 (rank 1 "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cannot connect directly (rank 1: fault injection"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("relaying it through tcp://127.0.0.1:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("link 0-1 ("), std::string::npos) << "only the cut pair is relayed\n" << r.output;
+  expect_same_losses(losses_of(metrics), want, steps);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  BinRun refused = run(launch_args(4, steps, temp_path("norelay.jsonl"), {"--no-relay"}), 180s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  unsetenv("LH_FAULT_NO_DIRECT");
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("pre-flight: link 1-2 cannot connect directly, and relays are off (--no-relay)"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_LT(seconds, 60) << "the pre-flight's connect timeout (5 s) bounds it, not the receive timeout (600 s)";
+  BinRun both = run({"launch", "--workers", "2", "--no-relay", "--relay-port", "7001"}, 60s);
+  EXPECT_NE(both.output.find("--no-relay and --relay-port exclude each other"), std::string::npos) << both.output;
+}
+
+// Two sites behind NAT routers (scripts/nat.sh: namespaces, nftables masquerade; root), ranks 0–1 in one and 2–3 in
+// the other, the coordinator on the public side: the pairs across the sites (1-2, and the gradient norm's 0-2, 0-3,
+// 1-3) cannot connect and go through the relay, the pairs inside a site stay direct, and the job's losses equal the
+// same job's on loopback. With --no-relay it ends at its pre-flight, within seconds, naming the links.
+TEST_F(Launch, NatSitesRelayTheLinksBetweenSitesAsRoot) {
+  if (std::string why = nat_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const int steps = 3;
+  const auto want = direct_losses(steps);
+  const std::string metrics = temp_path("nat.jsonl");
+  BinRun r = run(launch_args(4, steps, metrics, {"--nat-sites", "2"}), 240s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 sites behind NAT routers"), std::string::npos) << r.output;
+  for (const char* cut : {"link 0-2 (", "link 0-3 (", "link 1-2 (", "link 1-3 ("})
+    EXPECT_NE(r.output.find(std::string("pre-flight: ") + cut), std::string::npos) << cut << "\n" << r.output;
+  for (const char* direct : {"link 0-1 (", "link 2-3 ("})
+    EXPECT_EQ(r.output.find(direct), std::string::npos) << direct << "\n" << r.output;
+  expect_same_losses(losses_of(metrics), want, steps);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  BinRun refused = run(launch_args(4, steps, temp_path("nat_norelay.jsonl"), {"--nat-sites", "2", "--no-relay"}), 240s);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(refused.code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("pre-flight: links 0-2, 0-3, 1-2, 1-3 cannot connect directly, and relays are off"),
+            std::string::npos)
+      << refused.output;
+  EXPECT_NE(refused.output.find("link 1-2 (rank 1 "), std::string::npos) << refused.output;
+  EXPECT_LT(seconds, 90);
+}
+
 // `bench link` prints what authenticating or encrypting each packet costs beside memcpy in the same run (the
 // security issue's figures); here only that every row is there and measured, never how fast it is.
 TEST_F(Launch, BenchLinkMeasuresPacketAuthentication) {

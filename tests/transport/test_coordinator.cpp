@@ -423,8 +423,10 @@ TEST(Coordinator, WithoutARelayAPairThatCannotConnectEndsTheJobNamed) {
   ASSERT_FALSE(got_b.ok());
   ASSERT_FALSE(got_a.ok());
   const std::string why = got_b.status().message();
-  EXPECT_NE(why.find("link 0-1 (rank 0 'test-host' and rank 1 'test-host'"), std::string::npos) << why;
-  EXPECT_NE(why.find("relays are off (--no-relay)"), std::string::npos) << why;
+  EXPECT_NE(why.find("pre-flight: link 0-1 cannot connect directly, and relays are off (--no-relay)"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("link 0-1 (rank 0 'test-host', rank 1 'test-host')"), std::string::npos) << why;
   EXPECT_NE(why.find("no hello from rank x"), std::string::npos) << why;
   EXPECT_NE(why.find("no hello from rank y"), std::string::npos) << why;
   EXPECT_TRUE((*c)->wait_done(5s));
