@@ -179,6 +179,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   WanNamespaces wan;
   NatSites nat;
   std::string listen = f.listen;
+  if (!f.site_rate.empty() && f.nat_sites == 0) fail("--site-rate needs --nat-sites", 2);
   if (f.nat_sites > 0) {
     if (!f.netns.empty()) fail("--nat-sites and --netns exclude each other: choose one", 2);
     if (f.nat_sites > job.workers)
@@ -194,9 +195,18 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
               std::to_string(217 + id % 30);
     nat.sites = f.nat_sites;
     nat.per_site = (job.workers + f.nat_sites - 1) / f.nat_sites;
+    std::string rate;
+    if (!f.site_rate.empty()) {
+      auto shape = parse_link_shape(f.site_rate);
+      if (!shape.ok() || shape->rate_bps <= 0 || shape->delay.count() > 0)
+        fail("--site-rate '" + f.site_rate + "': " +
+                 (shape.ok() ? std::string("expected a rate such as 100M (no delay)") : shape.status().message()),
+             2);
+      rate = " " + std::to_string(int64_t(shape->rate_bps));
+    }
     nat.up = true;
     const std::string up = nat.env + " bash '" + nat.script + "' up " + std::to_string(nat.sites) + " " +
-                           std::to_string(nat.per_site) + " >/dev/null";
+                           std::to_string(nat.per_site) + rate + " >/dev/null";
     if (std::system(up.c_str()) != 0) fail("--nat-sites: could not build the sites with " + nat.script);
     listen = "tcp://" + pub + ".254:*";
   }
@@ -407,6 +417,8 @@ void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_
                   "the workers in N sites behind NAT routers, consecutive ranks per site, the coordinator (and its "
                   "relay) on the public side (scripts/nat.sh; root): pairs across sites go through the relay")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--site-rate", f.site_rate,
+                  "with --nat-sites: each site's uplink limited to RATE both ways (tc tbf), e.g. 100M");
   cmd->add_option("--listen", f.listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
   cmd->add_option("--ucx-tls", f.ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
   cmd->add_option("--worker-threads", f.worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")

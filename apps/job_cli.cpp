@@ -154,6 +154,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "(default: the --listen port + 1, any free port when that is '*')")
       ->check(CLI::Range(1, 65535))
       ->group(g);
+  cmd->add_option("--relay", f.relay_at,
+                  "tcp://HOST:PORT of a relay run elsewhere (`longhaul relay` on a machine every worker reaches) for "
+                  "the pairs that cannot connect directly; the coordinator then runs none")
+      ->group(g);
 
   const char* r = "Checkpoints and recovery";
   cmd->add_option("--checkpoint-dir", f.checkpoint_dir,
@@ -367,6 +371,16 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
   o.control.stall_timeout = std::chrono::milliseconds(int64_t(f.stall_timeout_s * 1000));
   if (f.no_relay && f.relay_port > 0) fail("--no-relay and --relay-port exclude each other: choose one", 2);
   o.control.relay = !f.no_relay;
+  if (!f.relay_at.empty()) {
+    if (f.no_relay || f.relay_port > 0) fail("--relay excludes --no-relay and --relay-port: choose one", 2);
+    const size_t colon = f.relay_at.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : f.relay_at.substr(colon + 1);
+    if (f.relay_at.rfind("tcp://", 0) != 0 || colon <= 6 || port.empty() ||
+        port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoi(port) < 1 ||
+        std::stoi(port) > 65535)
+      fail("--relay '" + f.relay_at + "': expected tcp://HOST:PORT", 2);
+    o.control.relay_at = f.relay_at;
+  }
   if (f.relay_port > 0) {
     const size_t colon = listen.rfind(':');
     o.control.relay_listen = listen.substr(0, colon) + ":" + std::to_string(f.relay_port);

@@ -33,6 +33,7 @@ struct JobFlags {
   // The data-plane relay for pairs that cannot connect directly (on the coordinator's host).
   bool no_relay = false;
   int relay_port = 0;  // 0: the control port + 1 (any free port when that is '*')
+  std::string relay_at;  // --relay tcp://HOST:PORT: a relay run elsewhere (`longhaul relay`)
   // Job checkpoints and recovery.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;

@@ -16,6 +16,7 @@ struct LaunchFlags {
   std::string listen = "tcp://127.0.0.1:*";
   std::string netns;
   int nat_sites = 0;  // workers in this many sites behind NAT routers (scripts/nat.sh; root)
+  std::string site_rate;  // with nat_sites: each site's uplink limited to this rate (tc tbf)
   std::string ucx_tls;
   std::string wan_script;
   int worker_threads = 0;

@@ -89,7 +89,13 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
                       ZmqLoop::start(
                           lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [self] { self->on_tick(); }));
   LH_LOG_INFO("coordinator listening on {} for {} workers", c->endpoint(), options.expected_workers);
-  if (options.relay) {
+  if (!options.relay_at.empty()) {
+    const std::string& at = options.relay_at;
+    const size_t colon = at.rfind(':');
+    const int port = colon == std::string::npos ? 0 : std::atoi(at.substr(colon + 1).c_str());
+    if (at.rfind("tcp://", 0) != 0 || colon <= 6 || port < 1 || port > 65535)
+      return invalid_argument("relay '" + at + "': expected tcp://HOST:PORT");
+  } else if (options.relay) {
     RelayOptions ro;
     ro.token = options.token;
     ro.curve = options.curve;
@@ -611,14 +617,14 @@ void Coordinator::check_reach() {
       const std::string what = "link " + name + " (" + who(pair.first) + ", " + who(pair.second) + ")";
       names.push_back(name);
       details.push_back(what + ": " + why);
-      if (relay_) {
+      if (relay_ || !options_.relay_at.empty()) {
         LH_LOG_WARN("coordinator: pre-flight: {} cannot connect directly ({}); relaying it through {}", what, why,
-                    relay_->endpoint());
+                    relay_endpoint());
         answer.lo.push_back(pair.first);
         answer.hi.push_back(pair.second);
       }
     }
-    if (!relay_ && !cut.empty()) {
+    if (!relay_ && options_.relay_at.empty() && !cut.empty()) {
       std::string list;
       for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
       failure = "pre-flight: " + std::string(cut.size() == 1 ? "link " : "links ") + list + " cannot connect " +
@@ -626,7 +632,12 @@ void Coordinator::check_reach() {
       for (size_t i = 0; i < details.size() && i < 4; ++i) failure += "; " + details[i];
       if (details.size() > 4) failure += "; and " + std::to_string(details.size() - 4) + " more";
     }
-    if (relay_ && !answer.lo.empty()) answer.port = relay_->port();
+    if (!answer.lo.empty() && relay_) answer.port = relay_->port();
+    if (!answer.lo.empty() && !options_.relay_at.empty()) {
+      const std::string& at = options_.relay_at;
+      answer.host = at.substr(6, at.rfind(':') - 6);
+      answer.port = uint32_t(std::atoi(at.substr(at.rfind(':') + 1).c_str()));
+    }
   }
   if (!failure.empty()) {
     LH_LOG_ERROR("coordinator: {}", failure);
@@ -1078,9 +1089,11 @@ nlohmann::json Coordinator::status_json() const {
            }()},
           {"workers", ws},
           {"preflight", preflight_json_locked()},
-          {"relay", relay_ ? nlohmann::json{{"endpoint", relay_->endpoint()}, {"connected", relay_->connected()},
+          {"relay", relay_                       ? nlohmann::json{{"endpoint", relay_->endpoint()},
+                                            {"connected", relay_->connected()},
                                             {"dropped", relay_->dropped()}}
-                           : nlohmann::json(nullptr)}};
+                    : !options_.relay_at.empty() ? nlohmann::json{{"endpoint", options_.relay_at}, {"external", true}}
+                                                 : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json Coordinator::preflight_json() const {

@@ -44,6 +44,9 @@ struct CoordinatorOptions {
   // Where the relay listens. Empty: the control socket's host, on the next port when that one is fixed (7000 → 7001),
   // on any free port when it is '*'.
   std::string relay_listen;
+  // "tcp://HOST:PORT": a relay run elsewhere (`longhaul relay`, e.g. on a well-connected machine) that the workers
+  // use instead; the coordinator then starts none. Empty: its own (when `relay`).
+  std::string relay_at;
 };
 
 struct WorkerInfo {
@@ -109,7 +112,7 @@ class Coordinator {
   // Where workers connect: "tcp://127.0.0.1:40123".
   const std::string& endpoint() const { return loop_->endpoint(); }
   // The relay's endpoint ("" when the job has none), and the relay itself (its counters).
-  std::string relay_endpoint() const { return relay_ ? relay_->endpoint() : ""; }
+  std::string relay_endpoint() const { return relay_ ? relay_->endpoint() : options_.relay_at; }
   const Relay* relay() const { return relay_.get(); }
 
   // Queue a message to one planned worker / every live planned worker. Thread-safe.

@@ -1469,6 +1469,33 @@ TEST_F(Launch, APairThatCannotConnectDirectlyGoesThroughTheRelay) {
   EXPECT_NE(both.output.find("--no-relay and --relay-port exclude each other"), std::string::npos) << both.output;
 }
 
+// A relay on a machine of its own (`longhaul relay`, here on loopback) instead of the coordinator's: the coordinator
+// started with --relay sends the cut pair there, the job completes with the direct job's losses, and the relay
+// counts what it forwarded; a bad --relay is named.
+TEST_F(Launch, AStandaloneRelayCarriesTheCutPair) {
+  const int steps = 3;
+  const auto want = direct_losses(steps);
+  const std::string key = make_key("relay");
+  const std::string relay_out = temp_path("relay.txt");
+  pid_t relay = spawn({"relay", "--listen", "tcp://127.0.0.1:*", "--key-file", key, "--stats-every", "0"}, relay_out);
+  std::string ep = wait_for_line(relay_out, "longhaul relay: listening on ", 30s);
+  ep = ep.substr(0, ep.find(';'));
+  ASSERT_FALSE(ep.empty()) << slurp(relay_out);
+  setenv("LH_FAULT_NO_DIRECT", "1-2", 1);
+  const std::string metrics = temp_path("standalone.jsonl");
+  BinRun r = run(launch_args(4, steps, metrics, {"--key-file", key, "--relay", ep}), 180s);
+  unsetenv("LH_FAULT_NO_DIRECT");
+  kill(relay, SIGTERM);
+  EXPECT_EQ(wait_exit(relay, 30s), 0);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("relaying it through " + ep), std::string::npos) << r.output;
+  expect_same_losses(losses_of(metrics), want, steps);
+  const std::string counts = wait_for_line(relay_out, "relay: 2 worker(s) connected; forwarded ", 5s);
+  EXPECT_FALSE(counts.empty() || counts.rfind("0 packets", 0) == 0) << slurp(relay_out);
+  BinRun bad = run({"launch", "--workers", "2", "--relay", "127.0.0.1:7001"}, 60s);
+  EXPECT_NE(bad.output.find("--relay '127.0.0.1:7001': expected tcp://HOST:PORT"), std::string::npos) << bad.output;
+}
+
 // Two sites behind NAT routers (scripts/nat.sh: namespaces, nftables masquerade; root), ranks 0–1 in one and 2–3 in
 // the other, the coordinator on the public side: the pairs across the sites (1-2, and the gradient norm's 0-2, 0-3,
 // 1-3) cannot connect and go through the relay, the pairs inside a site stay direct, and the job's losses equal the
@@ -1548,6 +1575,17 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "8", "--layers", "4"}, "--pp"},
       {{"launch", "--workers", "2", "--batch", "6", "--microbatches", "4"}, "--microbatches"},
       {{"launch", "--workers", "2", "--link", "1M", "--netns", "1M"}, "--netns"},
+      {{"launch", "--workers", "2", "--site-rate", "100M"}, "--site-rate needs --nat-sites"},
+      {{"launch", "--workers", "2", "--nat-sites", "3"}, "--nat-sites 3: more sites than the job's 2 workers"},
+      {{"launch", "--workers", "2", "--nat-sites", "1", "--netns", "1M"}, "--nat-sites and --netns exclude"},
+      {{"launch", "--workers", "2", "--relay-port", "70000"}, "--relay-port"},
+      {{"launch", "--workers", "2", "--relay", "tcp://h:1", "--no-relay"}, "--relay excludes --no-relay"},
+      {{"worker", "--coordinator", "tcp://127.0.0.1:9", "--data-ports", "9-1"},
+       "--data-ports '9-1': the range is empty"},
+      {{"worker", "--coordinator", "tcp://127.0.0.1:9", "--data-ports", "40000"},
+       "--data-ports '40000': expected LO-HI"},
+      {{"worker", "--coordinator", "tcp://127.0.0.1:9", "--rank", "5000"}, "--rank"},
+      {{"worker", "--coordinator", "tcp://127.0.0.1:9", "--connect-timeout", "0"}, "--connect-timeout"},
       {{"launch", "--workers", "2", "--model", "huge"}, "--model"},
       {{"launch", "--workers", "2", "--data", "/nonexistent/x.txt"}, "--data"},
       {{"launch", "--steps", "3"}, "--workers"},
