@@ -49,7 +49,7 @@ Result<std::unique_ptr<Relay>> Relay::start(const RelayOptions& options) {
   lo.socket_type = ZMQ_ROUTER;
   lo.endpoint = options.listen;
   lo.bind = true;
-  lo.max_message_bytes = int64_t(options.max_packet_bytes + 64);
+  lo.max_message_bytes = int64_t(options.max_message_bytes + 64);
   lo.curve = options.curve;
   Relay* self = r.get();
   auto loop = ZmqLoop::start(lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [] {});
@@ -125,7 +125,8 @@ void Relay::on_message(Frames&& f) {
     loop_->send({f[0], text(kRelayWelcome)});
     return;
   }
-  if (!relay_frame_is(f[1], kRelayData)) return drop("an unknown message kind");
+  if (!relay_frame_is(f[1], kRelayData) && !relay_frame_is(f[1], kRelayFragment))
+    return drop("an unknown message kind");
   auto src = rank_of_.find(identity);
   if (src == rank_of_.end()) return drop("data from a connection that sent no hello");
   auto dst_rank = f.size() == 5 ? relay_read_u32(f[2]) : std::nullopt;
@@ -136,7 +137,7 @@ void Relay::on_message(Frames&& f) {
     return drop("data from rank " + std::to_string(src->second) + " to rank " + std::to_string(*dst_rank) +
                 ", which is not connected to the relay");
   PairCount& c = forwarded_[{src->second, int(*dst_rank)}];
-  c.packets += 1;
+  c.packets += relay_frame_is(f[1], kRelayData) ? 1 : 0;  // a packet's parts count once
   c.bytes += f[4].size();
   loop_->send({std::vector<uint8_t>(dst->second.begin(), dst->second.end()), std::move(f[1]),
                relay_u32(uint32_t(src->second)), std::move(f[3]), std::move(f[4])});

@@ -6,6 +6,9 @@
 //   relay → client  ["welcome"] | ["refused", reason]
 //   client → relay  ["data", dst:u32, tag:u64, packet]  forwarded to dst's connection as …
 //   relay → client  ["data", src:u32, tag:u64, packet]  … with the sender's rank, as bound by its hello
+//   "frag" instead of "data": a part of a packet whose last part comes as "data" (same tag, next on the connection).
+//   Clients cut packets into parts of kRelayFragmentBytes, so the relay forwards a large packet while the rest of it
+//   is still arriving (store-and-forward of whole packets would halve a link's rate), and holds one part at a time.
 // Integers are little-endian. A data message from a connection without a hello, to a rank not connected, or with bad
 // frames is dropped and counted (logged at a bounded rate). Used by Coordinator (started beside its control socket).
 #pragma once
@@ -28,8 +31,9 @@ struct RelayOptions {
   std::string listen = "tcp://127.0.0.1:*";  // '*' port: any free one (see endpoint())
   std::string token;                         // hellos must carry it (compared in constant time); empty: any
   std::optional<ZmqLoop::Curve> curve;       // as the control socket's (the job's keys), or unset: plain ZMTP
-  // The largest packet forwarded (a larger message drops its connection: ZMQ_MAXMSGSIZE).
-  uint64_t max_packet_bytes = uint64_t(1) << 30;
+  // The largest message forwarded (a larger one drops its connection: ZMQ_MAXMSGSIZE). Clients send parts of
+  // kRelayFragmentBytes.
+  uint64_t max_message_bytes = uint64_t(1) << 20;
 };
 
 // Frame helpers shared with the client.
@@ -37,6 +41,8 @@ inline constexpr const char* kRelayHello = "hello";
 inline constexpr const char* kRelayWelcome = "welcome";
 inline constexpr const char* kRelayRefused = "refused";
 inline constexpr const char* kRelayData = "data";
+inline constexpr const char* kRelayFragment = "frag";
+inline constexpr uint64_t kRelayFragmentBytes = uint64_t(256) << 10;
 std::vector<uint8_t> relay_u32(uint32_t v);
 std::vector<uint8_t> relay_u64(uint64_t v);
 // The integer in `f`, or nothing when it has the wrong size.

@@ -948,7 +948,7 @@ Status UcxDataPlane::use_relay(const RelayClientOptions& options, const std::set
     lo.socket_type = ZMQ_DEALER;
     lo.endpoint = options.endpoint;
     lo.curve = options.curve;
-    lo.max_message_bytes = int64_t(options_.max_packet_bytes + 64);
+    lo.max_message_bytes = int64_t(RelayOptions{}.max_message_bytes + 64);
     auto loop = ZmqLoop::start(lo, [this](Frames&& f) { on_relay_message(std::move(f)); }, [] {});
     if (!loop.ok()) return Status(loop.status()).prepend("the relay at " + options.endpoint);
     relay_ = std::move(loop).value();
@@ -1005,12 +1005,35 @@ void UcxDataPlane::on_relay_message(Frames&& f) {
     relay_cv_.notify_all();
     return;
   }
-  auto src = f.size() == 4 && relay_frame_is(f[0], kRelayData) ? relay_read_u32(f[1]) : std::nullopt;
+  const bool last = !f.empty() && relay_frame_is(f[0], kRelayData);
+  const bool part = !f.empty() && relay_frame_is(f[0], kRelayFragment);
+  auto src = f.size() == 4 && (last || part) ? relay_read_u32(f[1]) : std::nullopt;
   auto tag = f.size() == 4 ? relay_read_u64(f[2]) : std::nullopt;
   if (!src || !tag) {
     dropped_ += 1;
     LH_LOG_WARN("data plane: dropping a malformed message from the relay ({} frames)", f.size());
     return;
+  }
+  // A packet in parts: its parts come one after another from one sender, the last as "data".
+  auto partial = relay_partial_.find(int(*src));
+  if (partial != relay_partial_.end() || part) {
+    RelayPartial& p = relay_partial_[int(*src)];
+    std::string bad;
+    if (!p.bytes.empty() && p.tag != *tag)
+      bad = "a part under another tag before the packet before it ended";
+    else if (p.bytes.size() + f[3].size() > options_.max_packet_bytes)
+      bad = "a packet in parts over the bound of " + std::to_string(options_.max_packet_bytes) + " bytes";
+    if (!bad.empty()) {
+      dropped_ += 1;
+      LH_LOG_WARN("data plane: dropping a packet from rank {} through the relay: {}", *src, bad);
+      relay_partial_.erase(int(*src));
+      return;
+    }
+    p.tag = *tag;
+    p.bytes.insert(p.bytes.end(), f[3].begin(), f[3].end());
+    if (part) return;
+    f[3] = std::move(p.bytes);
+    relay_partial_.erase(int(*src));
   }
   post([this, src = int(*src), tag = *tag, payload = std::move(f[3])]() mutable {
     relay_inbound(src, tag, std::move(payload));
@@ -1047,14 +1070,23 @@ void UcxDataPlane::relay_inbound(int src, uint64_t tag_bits, Bytes&& payload) {
 }
 
 void UcxDataPlane::relay_send(const std::shared_ptr<TransferState>& st) {
-  Bytes payload(st->size);
-  if (st->size && st->memory == Device::cpu) std::memcpy(payload.data(), st->data, st->size);
+  const uint8_t* data = st->data;
+  Bytes host;
   if (st->size && st->memory != Device::cpu) {
-    Status s = copy_bytes(payload.data(), Device::cpu, st->data, st->memory, st->size);
+    host.resize(st->size);
+    Status s = copy_bytes(host.data(), Device::cpu, st->data, st->memory, st->size);
     if (!s.ok()) return st->complete(s);
+    data = host.data();
   }
-  relay_->send({Bytes(kRelayData, kRelayData + std::strlen(kRelayData)), relay_u32(uint32_t(st->peer)),
-                relay_u64(st->tag.pack()), std::move(payload)});
+  // In parts, so the relay forwards the first while the rest is on its way (relay.h).
+  uint64_t off = 0;
+  do {
+    const uint64_t n = std::min(kRelayFragmentBytes, st->size - off);
+    const char* kind = off + n < st->size ? kRelayFragment : kRelayData;
+    relay_->send({Bytes(kind, kind + std::strlen(kind)), relay_u32(uint32_t(st->peer)), relay_u64(st->tag.pack()),
+                  Bytes(data + off, data + off + n)});
+    off += n;
+  } while (off < st->size);
   st->complete(Status::Ok());
 }
 

@@ -278,6 +278,12 @@ class UcxDataPlane final : public DataPlane {
   std::condition_variable relay_cv_;
   std::optional<std::string> relay_answer_;  // "" welcome, else the refusal
   std::set<int> relayed_;                    // guarded by peers_mu_
+  // Parts of packets from the relay waiting for their last part, per sender (the relay client's thread only).
+  struct RelayPartial {
+    uint64_t tag = 0;
+    Bytes bytes;
+  };
+  std::map<int, RelayPartial> relay_partial_;
 };
 
 }  // namespace lh

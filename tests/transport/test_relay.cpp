@@ -127,6 +127,37 @@ TEST(Relay, CarriesEveryKindOfTransferBetweenTwoPlanes) {
   }
 }
 
+// Large packets travel in parts; parts from two senders interleave at the receiver and each packet comes out whole.
+TEST(Relay, PacketsInPartsFromTwoSendersComeOutWhole) {
+  auto relay = make_relay();
+  auto a = make_plane(), b = make_plane(), c = make_plane();
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}, {2, c->address()}}).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}, {2, c->address()}}).ok());
+  ASSERT_TRUE(c->connect(2, {{0, a->address()}, {1, b->address()}}).ok());
+  ASSERT_TRUE(a->use_relay(client(*relay), {1}).ok());
+  ASSERT_TRUE(b->use_relay(client(*relay), {0, 2}).ok());
+  ASSERT_TRUE(c->use_relay(client(*relay), {1}).ok());
+  const size_t n = 3 * kRelayFragmentBytes + 17;
+  std::thread ta([&] {
+    for (uint32_t i = 0; i < 5; ++i) a->send(1, make_tag(i, 0, Role::kActivation), pattern(n, i));
+  });
+  std::thread tc([&] {
+    for (uint32_t i = 0; i < 5; ++i) c->send(1, make_tag(i, 0, Role::kActivation), pattern(n, 100 + i));
+  });
+  ta.join();
+  tc.join();
+  for (uint32_t i = 0; i < 5; ++i) {
+    auto from_a = b->recv_blocking(0, make_tag(i, 0, Role::kActivation), 30s);
+    auto from_c = b->recv_blocking(2, make_tag(i, 0, Role::kActivation), 30s);
+    ASSERT_TRUE(from_a.ok() && from_c.ok());
+    EXPECT_TRUE(*from_a == pattern(n, i)) << i;
+    EXPECT_TRUE(*from_c == pattern(n, 100 + i)) << i;
+  }
+  EXPECT_EQ(relay->forwarded().at({0, 1}).packets, 5u);
+  EXPECT_EQ(relay->forwarded().at({0, 1}).bytes, 5 * n);
+  EXPECT_EQ(b->dropped_packets(), 0u);
+}
+
 // The receiver's bounds hold for relayed packets as for UCX ones: a peer that sends too many packets ahead of their
 // receives is failed, named.
 TEST(Relay, ARelayedPeerOverTheBoundsIsFailedNamed) {
