@@ -373,17 +373,15 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
   o.control.relay = !f.no_relay;
   if (!f.relay_at.empty()) {
     if (f.no_relay || f.relay_port > 0) fail("--relay excludes --no-relay and --relay-port: choose one", 2);
-    const size_t colon = f.relay_at.rfind(':');
-    const std::string port = colon == std::string::npos ? "" : f.relay_at.substr(colon + 1);
-    if (f.relay_at.rfind("tcp://", 0) != 0 || colon <= 6 || port.empty() ||
-        port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 || std::stoi(port) < 1 ||
-        std::stoi(port) > 65535)
-      fail("--relay '" + f.relay_at + "': expected tcp://HOST:PORT", 2);
+    auto at = parse_tcp_endpoint(f.relay_at);
+    if (!at.ok()) fail("--relay '" + f.relay_at + "': " + at.status().message(), 2);
     o.control.relay_at = f.relay_at;
   }
   if (f.relay_port > 0) {
-    const size_t colon = listen.rfind(':');
-    o.control.relay_listen = listen.substr(0, colon) + ":" + std::to_string(f.relay_port);
+    auto at = parse_tcp_endpoint(listen, /*any_port=*/true);
+    if (!at.ok())
+      fail("--relay-port needs a tcp:// --listen address; --listen '" + listen + "': " + at.status().message(), 2);
+    o.control.relay_listen = at->with_port(f.relay_port);
   }
   o.metrics_path = f.metrics;
   o.checkpoint_dir = f.checkpoint_dir;

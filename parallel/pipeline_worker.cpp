@@ -333,10 +333,12 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     RelayClientOptions rc;
     std::string host = relays.host;
     if (host.empty()) {  // the coordinator's host, as this worker reaches it
-      host = options.coordinator.substr(0, options.coordinator.rfind(':'));
-      if (host.rfind("tcp://", 0) == 0) host = host.substr(6);
+      auto coordinator = parse_tcp_endpoint(options.coordinator);
+      if (!coordinator.ok())
+        return Status(coordinator.status()).prepend("the coordinator '" + options.coordinator + "'");
+      host = coordinator->host;
     }
-    rc.endpoint = "tcp://" + host + ":" + std::to_string(relays.port);
+    rc.endpoint = TcpEndpoint{host, 0}.with_port(int(relays.port));
     rc.token = options.token;
     rc.curve = options.curve;
     LH_RETURN_IF_ERROR(ucx_plane->use_relay(rc, relayed));

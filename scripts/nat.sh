@@ -46,18 +46,8 @@ need_root() { [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, nftab
 [[ "$PUB" =~ ^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "LH_NAT_PUBLIC '$PUB' must be three octets, e.g. 10.216.0"
 [[ "$LAN" =~ ^[0-9]{1,3}\.[0-9]{1,3}$ ]] || die "LH_NAT_LAN '$LAN' must be two octets, e.g. 10.217"
 
-# "20M" / "20mbit" / "1.5G" / "800k" / "20000000" -> bits per second (integer). (Same as wan.sh.)
-rate_bps() {
-  local r="${1,,}"
-  r="${r%bit}"; r="${r%bps}"
-  awk -v r="$r" 'BEGIN {
-    m = 1; u = substr(r, length(r), 1)
-    if (u == "k") { m = 1e3; r = substr(r, 1, length(r) - 1) }
-    else if (u == "m") { m = 1e6; r = substr(r, 1, length(r) - 1) }
-    else if (u == "g") { m = 1e9; r = substr(r, 1, length(r) - 1) }
-    if (r !~ /^[0-9]+(\.[0-9]+)?$/) exit 1
-    printf "%d\n", r * m }' || die "bad rate '$1' (use e.g. 20mbit, 20M, 1G, 800k)"
-}
+# rate_bps: "20M" / "20mbit" / "1.5G" / "800k" / "20000000" -> bits per second (integer).
+source "$(dirname "${BASH_SOURCE[0]}")/net_rate.sh"
 
 # The router's nftables ruleset. $1: the LAN range every site's subnet is in (e.g. 10.217.0.0/16).
 router_rules() {

@@ -90,11 +90,8 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
                           lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [self] { self->on_tick(); }));
   LH_LOG_INFO("coordinator listening on {} for {} workers", c->endpoint(), options.expected_workers);
   if (!options.relay_at.empty()) {
-    const std::string& at = options.relay_at;
-    const size_t colon = at.rfind(':');
-    const int port = colon == std::string::npos ? 0 : std::atoi(at.substr(colon + 1).c_str());
-    if (at.rfind("tcp://", 0) != 0 || colon <= 6 || port < 1 || port > 65535)
-      return invalid_argument("relay '" + at + "': expected tcp://HOST:PORT");
+    auto at = parse_tcp_endpoint(options.relay_at);
+    if (!at.ok()) return invalid_argument("relay '" + options.relay_at + "': " + at.status().message());
   } else if (options.relay) {
     RelayOptions ro;
     ro.token = options.token;
@@ -102,11 +99,11 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
     ro.listen = options.relay_listen;
     if (ro.listen.empty()) {
       // The control socket's host; the next port when the control port is fixed.
-      const std::string& listen = options.listen;
-      const size_t colon = listen.rfind(':');
-      const std::string port = colon == std::string::npos ? "*" : listen.substr(colon + 1);
-      const bool fixed = !port.empty() && port.find_first_not_of("0123456789") == std::string::npos;
-      ro.listen = listen.substr(0, colon) + ":" + (fixed ? std::to_string(std::stoi(port) + 1) : "*");
+      auto listen = parse_tcp_endpoint(options.listen, /*any_port=*/true);
+      if (!listen.ok())
+        return invalid_argument("the relay's address from listen '" + options.listen +
+                                "': " + listen.status().message() + " (--relay-port sets it, --no-relay turns it off)");
+      ro.listen = listen->with_port(listen->port > 0 ? listen->port + 1 : 0);
     }
     auto relay = Relay::start(ro);
     if (!relay.ok())
@@ -317,13 +314,7 @@ void Coordinator::on_message(Frames&& frames) {
           break;
         }
         lock.unlock();
-        if (!unreachable.empty()) {
-          LH_LOG_ERROR("coordinator: {}", unreachable);
-          if (hooks_.on_unreachable)
-            hooks_.on_unreachable(unreachable);
-          else
-            shutdown(unreachable);
-        }
+        if (!unreachable.empty()) end_at_preflight(unreachable);
         return;
       }
       case MsgType::kBarrier: {
@@ -634,20 +625,21 @@ void Coordinator::check_reach() {
     }
     if (!answer.lo.empty() && relay_) answer.port = relay_->port();
     if (!answer.lo.empty() && !options_.relay_at.empty()) {
-      const std::string& at = options_.relay_at;
-      answer.host = at.substr(6, at.rfind(':') - 6);
-      answer.port = uint32_t(std::atoi(at.substr(at.rfind(':') + 1).c_str()));
+      const TcpEndpoint at = parse_tcp_endpoint(options_.relay_at).value();  // checked by start()
+      answer.host = at.host;
+      answer.port = uint32_t(at.port);
     }
   }
-  if (!failure.empty()) {
-    LH_LOG_ERROR("coordinator: {}", failure);
-    if (hooks_.on_unreachable)
-      hooks_.on_unreachable(failure);
-    else
-      shutdown(failure);
-    return;
-  }
+  if (!failure.empty()) return end_at_preflight(failure);
   broadcast(answer);
+}
+
+void Coordinator::end_at_preflight(const std::string& why) {
+  LH_LOG_ERROR("coordinator: {}", why);
+  if (hooks_.on_unreachable)
+    hooks_.on_unreachable(why);
+  else
+    shutdown(why);
 }
 
 void Coordinator::check_barriers() {

@@ -156,6 +156,8 @@ class Coordinator {
   // Once every live worker reported its reachability: answers each with the relayed pairs, or ends the job naming a
   // pair that cannot connect when there is no relay.
   void check_reach();
+  // A pair of workers cannot talk: the on_unreachable hook, or the job ends with `why`.
+  void end_at_preflight(const std::string& why);
   // With mu_ held: marks `w` lost, tells the others, queues the hook into `later` (run unlocked).
   void declare_lost(WorkerInfo& w, WorkerInfo::State state, const std::string& reason,
                     std::vector<std::function<void()>>& later);

@@ -64,8 +64,8 @@ Relay::~Relay() {
 }
 
 uint16_t Relay::port() const {
-  const std::string& ep = endpoint();
-  return uint16_t(std::atoi(ep.substr(ep.rfind(':') + 1).c_str()));
+  auto ep = parse_tcp_endpoint(endpoint());  // ZeroMQ's own bound address
+  return ep.ok() ? uint16_t(ep->port) : 0;
 }
 
 std::map<std::pair<int, int>, Relay::PairCount> Relay::forwarded() const {

@@ -470,16 +470,7 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
     for (auto& st : p->second) st->complete(why);
     p = posted_.erase(p);
   }
-  // Force-closing the endpoint cancels its in-flight sends; their callbacks fail them once UCX has
-  // let go of the buffers (a send_view's memory must stay valid until then).
-  if (it->second.ep) {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(it->second.ep, &p);
-    if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
-    it->second.ep = nullptr;
-  }
+  force_close(it->second);
   // Its packets that wait for receives will never be taken now; those still arriving are thrown away
   // when UCX is done with them (inbound_in_flight_ keeps them alive until then).
   for (auto u = unexpected_.begin(); u != unexpected_.end();) {
@@ -507,6 +498,18 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
     in->target.reset();
     in->discard = true;
   }
+}
+
+void UcxDataPlane::force_close(Peer& peer) {
+  // Force-closing the endpoint cancels its in-flight sends; their callbacks fail them once UCX has
+  // let go of the buffers (a send_view's memory must stay valid until then).
+  if (!peer.ep) return;
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &p);
+  if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
+  peer.ep = nullptr;
 }
 
 void UcxDataPlane::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -967,14 +970,7 @@ Status UcxDataPlane::use_relay(const RelayClientOptions& options, const std::set
       if (!peer_table_.count(r)) return invalid_argument("relay for rank " + std::to_string(r) + ", not in the plan");
     for (int r : peers) {
       Peer& p = peer_table_[r];
-      if (p.ep) {  // what UCX still held for it fails: force-closing cancels its sends
-        ucp_request_param_t cp{};
-        cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-        ucs_status_ptr_t q = ucp_ep_close_nbx(p.ep, &cp);
-        if (UCS_PTR_IS_PTR(q)) closing_.push_back(q);
-        p.ep = nullptr;
-      }
+      force_close(p);  // what UCX still held for it fails
       p.relayed = true;
       p.failed = false;  // a direct attempt that failed is not the relayed link's failure
       p.why.clear();

@@ -224,6 +224,8 @@ class UcxDataPlane final : public DataPlane {
   std::string open_inbound(Inbound& in);  // "" when the packet is authentic
   void refuse_inbound(const std::shared_ptr<Inbound>& in, const std::string& why);
   void fail_peer_locked(int peer, const std::string& reason);
+  // Force-closes the peer's endpoint, if any (progress thread).
+  void force_close(Peer& peer);
   void close_endpoints();
   static void on_send_done(void* request, ucs_status_t status, void* user);
   static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);

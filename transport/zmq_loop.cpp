@@ -15,6 +15,21 @@
 
 namespace lh {
 
+Result<TcpEndpoint> parse_tcp_endpoint(const std::string& text, bool any_port) {
+  const Status bad =
+      invalid_argument(any_port ? "expected tcp://HOST:PORT (PORT may be '*')" : "expected tcp://HOST:PORT");
+  const size_t colon = text.rfind(':');
+  if (text.rfind("tcp://", 0) != 0 || colon == std::string::npos || colon <= 6) return bad;
+  TcpEndpoint e;
+  e.host = text.substr(6, colon - 6);
+  const std::string port = text.substr(colon + 1);
+  if (port == "*" && any_port) return e;
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return bad;
+  e.port = std::stoi(port);
+  if (e.port < 1 || e.port > 65535) return bad;
+  return e;
+}
+
 Result<std::unique_ptr<ZmqLoop>> ZmqLoop::start(const Options& options, MessageHandler on_message,
                                                 TickHandler on_tick) {
   std::unique_ptr<ZmqLoop> l(new ZmqLoop());

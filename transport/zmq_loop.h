@@ -40,6 +40,17 @@ struct ErrorDomain<ZmqCall> {
 
 using Frames = std::vector<std::vector<uint8_t>>;
 
+// A "tcp://HOST:PORT" address split in two. port 0: '*' (any free port, for a bind).
+struct TcpEndpoint {
+  std::string host;
+  int port = 0;
+  // The same host with another port (0: '*').
+  std::string with_port(int p) const { return "tcp://" + host + ":" + (p > 0 ? std::to_string(p) : "*"); }
+};
+// `text` as tcp://HOST:PORT, PORT in 1..65535 (or '*' when `any_port`), else InvalidArgument "expected
+// tcp://HOST:PORT" (callers name the flag or option).
+Result<TcpEndpoint> parse_tcp_endpoint(const std::string& text, bool any_port = false);
+
 class ZmqLoop {
  public:
   struct Options {

@@ -231,6 +231,21 @@ TEST(Relay, DropsWhatItCannotPlace) {
   zmq_ctx_term(ctx);
 }
 
+TEST(TcpEndpoint, AddressesAreSplitAndBadOnesRefused) {
+  auto e = parse_tcp_endpoint("tcp://relay.example:5556");
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->host, "relay.example");
+  EXPECT_EQ(e->port, 5556);
+  EXPECT_EQ(e->with_port(5557), "tcp://relay.example:5557");
+  auto any = parse_tcp_endpoint("tcp://127.0.0.1:*", /*any_port=*/true);
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(any->port, 0);
+  EXPECT_EQ(any->with_port(0), "tcp://127.0.0.1:*");
+  for (const char* bad : {"127.0.0.1:7001", "tcp://h", "tcp://:7001", "tcp://h:0", "tcp://h:70000", "tcp://h:7x",
+                          "udp://h:1", "tcp://h:*"})
+    EXPECT_EQ(parse_tcp_endpoint(bad).status().message(), "expected tcp://HOST:PORT") << bad;
+}
+
 // The TCP ports this process listens on (from /proc: its socket inodes, and the listening sockets' local ports).
 std::set<int> listening_ports() {
   std::set<std::string> inodes;
