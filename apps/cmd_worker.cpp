@@ -24,6 +24,7 @@ struct WorkerFlags {
   int rank = -1;
   double connect_timeout_s = 5;
   std::string data_ports;
+  std::string advertise;
 };
 
 void run_worker(const WorkerFlags& f) {
@@ -44,6 +45,11 @@ void run_worker(const WorkerFlags& f) {
     auto range = parse_port_range(f.data_ports);
     if (!range.ok()) fail("--data-ports '" + f.data_ports + "': " + range.status().message(), 2);
     o.ucx.data_ports = f.data_ports;
+  }
+  if (!f.advertise.empty()) {
+    Status ok = check_advertised_host(f.advertise);
+    if (!ok.ok()) fail("--advertise '" + f.advertise + "': " + ok.message(), 2);
+    o.ucx.advertise = f.advertise;
   }
   o.rank = f.rank;
   o.connect_timeout = std::chrono::milliseconds(int64_t(f.connect_timeout_s * 1000));
@@ -84,6 +90,11 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
                   "LO-HI: the TCP ports the data plane listens on for its peers (one per network interface UCX "
                   "uses), so a firewall can open exactly these; default: any free port")
       ->type_name("LO-HI");
+  cmd->add_option("--advertise", f->advertise,
+                  "HOST (DNS name or IPv4 address) peers should connect to for this worker's data, instead of the "
+                  "addresses of its interfaces: the worker listens on a port of --data-ports (any free one without "
+                  "it) and its peers connect there (UCX client-server mode)")
+      ->type_name("HOST");
   cmd->add_option("--connect-timeout", f->connect_timeout_s,
                   "seconds the pre-flight waits for a peer's direct connection before the pair goes through the "
                   "relay (or the job ends, with --no-relay)")

@@ -6,8 +6,10 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <future>
 #include <optional>
+#include <tuple>
 
 #include "core/log.h"
 #include "core/tensor.h"
@@ -196,7 +199,19 @@ Status UcxDataPlane::init(const UcxOptions& options) {
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   LH_CHECK_CODE(ucp_worker_get_address(worker_, &addr, &len));
-  address_ = wrap_worker_address(addr, len);
+  if (!options.advertise.empty()) {
+    Status ok = check_advertised_host(options.advertise);
+    if (!ok.ok()) {
+      ucp_worker_release_address(worker_, addr);
+      return ok.prepend("advertised host '" + options.advertise + "'");
+    }
+    ok = open_listener();
+    if (!ok.ok()) {
+      ucp_worker_release_address(worker_, addr);
+      return ok;
+    }
+  }
+  address_ = wrap_worker_address(addr, len, options.advertise, listen_port_);
   ucp_worker_release_address(worker_, addr);
 
   LH_CHECK_CODE(ucp_worker_get_efd(worker_, &ucx_fd_));
@@ -216,6 +231,96 @@ Status UcxDataPlane::init(const UcxOptions& options) {
                : ucx_cuda_memory_ ? "staged (forced)"
                                   : "staged (UCX has no CUDA support)");
   return Status::Ok();
+}
+
+Status UcxDataPlane::open_listener() {
+  // On a port of data_ports (the first free one: UCX's own tcp interfaces take some of the range too), else any.
+  int lo = 0, hi = 0;
+  if (!options_.data_ports.empty()) {
+    auto range = parse_port_range(options_.data_ports);
+    if (range.ok()) std::tie(lo, hi) = *range;
+  }
+  ucs_status_t last = UCS_OK;
+  for (int port = lo; port <= hi; ++port) {
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_port = htons(uint16_t(port));
+    if (port && port < hi) {
+      // A port taken (by UCX's own interfaces, another worker) is skipped quietly: UCX logs an error for each one
+      // its listener cannot bind.
+      const int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      const bool taken = probe >= 0 && bind(probe, reinterpret_cast<const sockaddr*>(&sa), sizeof(sa)) != 0;
+      if (probe >= 0) close(probe);
+      if (taken) {
+        last = UCS_ERR_BUSY;
+        continue;
+      }
+    }
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&sa);
+    lp.sockaddr.addrlen = sizeof(sa);
+    lp.conn_handler.cb = &UcxDataPlane::on_conn_request;
+    lp.conn_handler.arg = this;
+    last = ucp_listener_create(worker_, &lp, &listener_);
+    if (last == UCS_OK) break;
+    listener_ = nullptr;
+    if (last != UCS_ERR_BUSY) break;  // only "port in use" moves on to the next port
+  }
+  if (!listener_)
+    return unavailable(std::string("cannot open the UCX listener for --advertise ") +
+                       (lo ? "on any port of " + options_.data_ports : "on a free port") + ": " +
+                       ucs_status_string(last));
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  LH_CHECK_CODE(ucp_listener_query(listener_, &attr));
+  listen_port_ = attr.sockaddr.ss_family == AF_INET
+                     ? ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port)
+                     : ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+  LH_LOG_INFO("data plane: listening on port {} for peers connecting to the advertised address {}", listen_port_,
+              options_.advertise);
+  return Status::Ok();
+}
+
+void UcxDataPlane::on_conn_request(ucp_conn_request_h request, void* arg) {
+  // A peer's endpoint to our advertised address. Which rank it is needs no hello: every packet's tag carries the
+  // sender's rank, authenticated by the pair's MAC when the job has one; this endpoint only receives.
+  auto* self = static_cast<UcxDataPlane*>(arg);
+  std::string from = "?";
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) == UCS_OK && attr.client_address.ss_family == AF_INET) {
+    char buf[INET_ADDRSTRLEN] = {0};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)))
+      from = std::string(buf) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.conn_request = request;
+  ep.err_mode = self->options_.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ep.err_handler.cb = &UcxDataPlane::on_accepted_ep_error;
+  ep.err_handler.arg = self;
+  ucp_ep_h h = nullptr;
+  ucs_status_t s = ucp_ep_create(self->worker_, &ep, &h);
+  if (s != UCS_OK) {
+    LH_LOG_WARN("data plane: could not accept the connection from {}: {}", from, ucs_status_string(s));
+    return;
+  }
+  self->accepted_.insert(h);
+  ++self->accepted_count_;
+  LH_LOG_DEBUG("data plane: accepted a connection from {} on the advertised address", from);
+}
+
+void UcxDataPlane::on_accepted_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  // The peer closed its endpoint or died: its own endpoint (ours to it) reports that where it matters.
+  auto* self = static_cast<UcxDataPlane*>(arg);
+  if (!self->accepted_.erase(ep)) return;
+  LH_LOG_DEBUG("data plane: an accepted connection ended: {}", ucs_status_string(status));
+  Peer gone;
+  gone.ep = ep;
+  self->force_close(gone);
 }
 
 UcxDataPlane::~UcxDataPlane() {
@@ -302,6 +407,8 @@ void UcxDataPlane::progress_loop() {
         (void)r;
       }
   }
+  if (listener_) ucp_listener_destroy(listener_);
+  listener_ = nullptr;
   close_endpoints();
   // Receives not matched to a packet can no longer finish. Transfers UCX still holds fail in the
   // destructor, once the worker is gone.
@@ -326,6 +433,12 @@ void UcxDataPlane::close_endpoints() {
     if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
     peer.ep = nullptr;
   }
+  for (ucp_ep_h ep : accepted_) {
+    ucp_request_param_t p{};
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+  }
+  accepted_.clear();
   auto deadline = Clock::now() + options_.close_timeout;
   for (void* r : reqs) {
     while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
@@ -342,11 +455,36 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
     return invalid_argument("rank " + std::to_string(self_rank) + " outside [0, " +
                             std::to_string(UcxOptions::kMaxRank) + "]");
   std::map<int, Bytes> raw;
+  // Peers that advertise an address: its socket address, resolved here (not on the progress thread: a DNS lookup
+  // may take seconds), or why it could not be.
+  struct Advertised {
+    std::string name;  // "advertised HOST:PORT"
+    sockaddr_storage addr{};
+    socklen_t addrlen = 0;
+    std::string error;
+  };
+  std::map<int, Advertised> advertised;
   for (const auto& [r, env] : peers) {
     if (r < 0 || r > UcxOptions::kMaxRank) return invalid_argument("peer rank " + std::to_string(r) + " out of range");
-    auto a = unwrap_worker_address(env);
+    auto a = unwrap_peer_address(env);
     if (!a.ok()) return Status(a.status()).prepend("address of rank " + std::to_string(r));
-    raw[r] = std::move(a).value();
+    if (!a->host.empty() && r != self_rank) {
+      Advertised& ad = advertised[r];
+      ad.name = a->describe();
+      addrinfo hints{};
+      hints.ai_family = AF_INET;
+      hints.ai_socktype = SOCK_STREAM;
+      addrinfo* found = nullptr;
+      const int rc = getaddrinfo(a->host.c_str(), std::to_string(a->port).c_str(), &hints, &found);
+      if (rc != 0 || !found) {
+        ad.error = "cannot resolve its " + ad.name + ": " + gai_strerror(rc);
+      } else {
+        std::memcpy(&ad.addr, found->ai_addr, found->ai_addrlen);
+        ad.addrlen = found->ai_addrlen;
+      }
+      if (found) freeaddrinfo(found);
+    }
+    raw[r] = std::move(a->worker);
   }
   // The pairs' keys, derived before anything changes: a bad key fails connect() as a whole.
   std::map<int, std::shared_ptr<PeerCrypto>> crypto;
@@ -391,20 +529,36 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
     for (const auto& [r, addr] : raw) {
       if (peer_table_.count(r) && peer_table_[r].ep && !peer_table_[r].failed) continue;
       ucp_ep_params_t ep{};
-      ep.field_mask =
-          UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+      ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.err_mode = options_.peer_error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
       ep.err_handler.cb = &UcxDataPlane::on_ep_error;
       ep.err_handler.arg = this;
       Peer p;
-      ucs_status_t s = ucp_ep_create(worker_, &ep, &p.ep);
+      auto ad = advertised.find(r);
+      ucs_status_t s = UCS_OK;
+      if (ad == advertised.end()) {
+        ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+        ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+        s = ucp_ep_create(worker_, &ep, &p.ep);
+      } else {
+        // Client–server mode: UCX connects to the peer's listener at the address it advertises.
+        p.advertised = ad->second.name;
+        ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+        ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+        ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ad->second.addr);
+        ep.sockaddr.addrlen = ad->second.addrlen;
+        s = ad->second.error.empty() ? ucp_ep_create(worker_, &ep, &p.ep) : UCS_ERR_UNREACHABLE;
+      }
       if (s != UCS_OK) {
-        // A peer this host cannot reach at its worker address (behind NAT, another site's private network): its
-        // transfers fail, named, until use_relay() routes it through the relay (the pre-flight decides which).
+        // A peer this host cannot reach at its worker address (behind NAT, another site's private network) or at
+        // the address it advertises: its transfers fail, named, until use_relay() routes it through the relay (the
+        // pre-flight decides which).
         p.ep = nullptr;
         p.failed = true;
-        p.why = std::string("no UCX endpoint to its worker address: ") + ucs_status_string(s);
+        p.why = ad == advertised.end() ? std::string("no UCX endpoint to its worker address: ") + ucs_status_string(s)
+                : ad->second.error.empty()
+                    ? "no UCX endpoint to its " + ad->second.name + ": " + ucs_status_string(s)
+                    : ad->second.error;
         LH_LOG_WARN("data plane: rank {} cannot be reached directly: {}", r, p.why);
       }
       peer_table_[r] = p;
@@ -515,7 +669,10 @@ void UcxDataPlane::force_close(Peer& peer) {
 void UcxDataPlane::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* self = static_cast<UcxDataPlane*>(arg);
   for (auto& [r, p] : self->peer_table_)
-    if (p.ep == ep) self->fail_peer_locked(r, std::string("UCX endpoint error: ") + ucs_status_string(status));
+    if (p.ep == ep)
+      self->fail_peer_locked(r, std::string("UCX endpoint error") +
+                                    (p.advertised.empty() ? "" : " (to its " + p.advertised + ")") + ": " +
+                                    ucs_status_string(status));
 }
 
 void UcxDataPlane::start_send(std::shared_ptr<TransferState> st) {

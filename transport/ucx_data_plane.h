@@ -34,10 +34,22 @@ struct ErrorDomain<ucs_status_t> {
 };
 
 // A UCX worker address in a checked envelope ("LHUA", version, length, xxHash64), so a corrupt or
-// foreign address from the control plane is refused before UCX parses it.
-Bytes wrap_worker_address(const void* ucx_address, size_t length);
+// foreign address from the control plane is refused before UCX parses it. With `host`, the envelope also carries the
+// address the worker advertises (UcxOptions::advertise) and its listener's port: peers connect there.
+Bytes wrap_worker_address(const void* ucx_address, size_t length, const std::string& host = "", int port = 0);
+// What a peer's envelope holds.
+struct PeerAddress {
+  Bytes worker;      // the UCX worker address
+  std::string host;  // the advertised host, or "" when the peer advertises none (connect to `worker`)
+  int port = 0;      // its UCX listener's port
+  std::string describe() const;  // "advertised HOST:PORT", or "" without one
+};
+// The envelope's contents, or Corrupt naming the bad field.
+Result<PeerAddress> unwrap_peer_address(const Bytes& envelope);
 // The UCX address inside `envelope`, or Corrupt naming the bad field.
 Result<Bytes> unwrap_worker_address(const Bytes& envelope);
+// OK when `host` can be advertised: a DNS name or an IPv4 address (letters, digits, '.', '-', '_'; at most 253).
+Status check_advertised_host(const std::string& host);
 // "LO-HI" (1 ≤ LO ≤ HI ≤ 65535) as its two ports, or InvalidArgument saying what is wrong.
 Result<std::pair<int, int>> parse_port_range(const std::string& text);
 // The IP addresses of this host's interfaces that are up, as "10.1.0.5, fe80::1" (only those of `net_devices`, a UCX
@@ -67,6 +79,11 @@ struct UcxOptions {
   // "LO-HI": the TCP ports UCX's tcp transport listens on (UCX_TCP_PORT_RANGE; one port per interface it uses), so a
   // firewall can open exactly these. Empty: any free port (or the environment's UCX_TCP_PORT_RANGE).
   std::string data_ports;
+  // HOST (a DNS name or IPv4 address) that peers should connect to instead of the interfaces' own addresses in the
+  // UCX worker address: the plane opens a UCX listener (client–server mode) on a port of data_ports (any free port
+  // when that is empty) on all IPv4 interfaces, and its address envelope names HOST and that port; peers create
+  // their endpoints to it from the socket address. UCX then connects its data lanes itself.
+  std::string advertise;
   // Bounds on what a peer can make this plane hold (a peer that is buggy or not ours must not exhaust
   // memory). The largest packet the plane allocates a buffer for (a recv(), or a packet that arrived before
   // its receive); a recv_into receives up to its own capacity whatever this says. A larger packet is dropped
@@ -110,6 +127,9 @@ class UcxDataPlane final : public DataPlane {
 
   // This worker's address envelope: put it in the Join message.
   const Bytes& address() const { return address_; }
+  // The port of the listener --advertise opened (0 without one), and the endpoints it has accepted so far.
+  int listen_port() const { return listen_port_; }
+  uint64_t accepted_connections() const { return accepted_count_.load(); }
   // This plane's data-plane public key (made fresh with the plane): put it in the Join too.
   const std::array<uint8_t, DataKeyPair::kBytes>& data_public_key() const { return data_keys_.public_key; }
   // Joins the plan: this process is `self_rank`; `peers` maps every other rank (self may be included)
@@ -169,6 +189,7 @@ class UcxDataPlane final : public DataPlane {
   struct Inbound;
   struct Peer {
     ucp_ep_h ep = nullptr;
+    std::string advertised;  // "advertised HOST:PORT" when the endpoint was made to the peer's advertised address
     bool relayed = false;  // packets go through relay_, not ep
     bool failed = false;
     std::string why;
@@ -230,12 +251,21 @@ class UcxDataPlane final : public DataPlane {
   static void on_send_done(void* request, ucs_status_t status, void* user);
   static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // The listener's connection requests (a peer's endpoint to our advertised address), and errors on the endpoints
+  // accepted from them.
+  static void on_conn_request(ucp_conn_request_h request, void* arg);
+  static void on_accepted_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  Status open_listener();
 
   UcxOptions options_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int ucx_fd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
   Bytes address_;
+  ucp_listener_h listener_ = nullptr;  // --advertise only
+  int listen_port_ = 0;
+  std::set<ucp_ep_h> accepted_;  // endpoints accepted by the listener (progress thread)
+  std::atomic<uint64_t> accepted_count_{0};
   std::string tls_in_use_;
   bool ucx_cuda_memory_ = false;
   bool cuda_direct_ = false;

@@ -1496,6 +1496,68 @@ TEST_F(Launch, AStandaloneRelayCarriesTheCutPair) {
   EXPECT_NE(bad.output.find("--relay '127.0.0.1:7001': expected tcp://HOST:PORT"), std::string::npos) << bad.output;
 }
 
+// Workers started by hand with --advertise: each listens on a port of its --data-ports and its peers connect to the
+// address it advertises (UCX client–server mode). The job completes with the losses of the same job on worker
+// addresses. A worker that advertises an address nobody reaches (192.0.2.1, a documentation range) is named, with
+// that address, when the pre-flight ends the job (--no-relay), within seconds.
+TEST_F(Launch, WorkersAreReachedAtTheAddressTheyAdvertise) {
+  const int steps = 3;
+  const std::string base = temp_path("advertise_base.jsonl");
+  ASSERT_EQ(run(launch_args(2, steps, base), 180s).code, 0);
+  const std::string key = make_key("advertise");
+  auto job = [&](const std::string& name, const std::vector<std::vector<std::string>>& worker_flags,
+                 std::vector<std::string>* outputs, double* seconds) {
+    const std::string metrics = temp_path(name + ".jsonl"), out = temp_path(name + ".txt");
+    std::vector<std::string> args = {"--log-level", "info", "coordinator", "--listen", "tcp://127.0.0.1:*",
+                                     "--workers",   "2",    "--key-file",  key,        "--no-relay",
+                                     "--metrics",   metrics};
+    for (auto& f : model_flags(steps)) args.push_back(f);
+    args.insert(args.end(), {"--microbatches", "4"});
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string ep;
+    pid_t coord = spawn_coordinator(args, out, &ep);
+    EXPECT_FALSE(ep.empty()) << slurp(out);
+    std::vector<pid_t> workers;
+    std::vector<std::string> worker_out;
+    for (size_t i = 0; i < worker_flags.size(); ++i) {
+      std::vector<std::string> w = {"--threads", "1",         "--log-level", "info", "worker",    "--coordinator",
+                                    ep,          "--key-file", key,          "--ucx-tls", "tcp", "--rank",
+                                    std::to_string(i)};
+      w.insert(w.end(), worker_flags[i].begin(), worker_flags[i].end());
+      worker_out.push_back(temp_path(name + "_worker" + std::to_string(i) + ".txt"));
+      workers.push_back(spawn(w, worker_out.back()));
+    }
+    for (size_t i = 0; i < workers.size(); ++i) wait_exit(workers[i], 120s);
+    const int code = wait_exit(coord, 60s);
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    outputs->push_back(slurp(out));
+    for (const std::string& w : worker_out) outputs->push_back(slurp(w));
+    return std::make_pair(code, metrics);
+  };
+  std::vector<std::string> out;
+  double seconds = 0;
+  auto [code, metrics] = job("advertised", {{"--advertise", "127.0.0.1", "--data-ports", "47400-47420"},
+                                            {"--advertise", "localhost"}},
+                             &out, &seconds);
+  ASSERT_EQ(code, 0) << out[0];
+  EXPECT_NE(out[1].find("listening on port 474"), std::string::npos) << out[1];
+  EXPECT_NE(out[1].find("for peers connecting to the advertised address 127.0.0.1"), std::string::npos) << out[1];
+  EXPECT_NE(out[2].find("for peers connecting to the advertised address localhost"), std::string::npos) << out[2];
+  expect_same_losses(losses_of(metrics), losses_of(base), steps);
+
+  out.clear();
+  auto [refused, unused] = job("unreachable", {{}, {"--advertise", "192.0.2.1"}}, &out, &seconds);
+  EXPECT_NE(refused, 0) << out[0];
+  EXPECT_NE(out[0].find("pre-flight: link 0-1 cannot connect directly, and relays are off (--no-relay)"),
+            std::string::npos)
+      << out[0];
+  EXPECT_NE(out[0].find("at advertised 192.0.2.1:"), std::string::npos) << "the advertised address is named\n"
+                                                                       << out[0];
+  EXPECT_LT(seconds, 60) << "the connect timeout (5 s) bounds it";
+  BinRun bad = run({"worker", "--coordinator", "tcp://127.0.0.1:9", "--advertise", "tcp://host:1"}, 30s);
+  EXPECT_NE(bad.output.find("--advertise 'tcp://host:1': ':' is not allowed"), std::string::npos) << bad.output;
+}
+
 // Two sites behind NAT routers (scripts/nat.sh: namespaces, nftables masquerade; root), ranks 0–1 in one and 2–3 in
 // the other, the coordinator on the public side: the pairs across the sites (1-2, and the gradient norm's 0-2, 0-3,
 // 1-3) cannot connect and go through the relay, the pairs inside a site stay direct, and the job's losses equal the

@@ -300,5 +300,96 @@ TEST(DataPorts, RangesAreParsedAndBadOnesNamed) {
   EXPECT_EQ(UcxDataPlane::create(bad).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The envelope carries an advertised address (version 2) beside the UCX address; a bad host in it is refused, and
+// check_advertised_host names what is wrong with a host a user gives.
+TEST(Advertise, TheEnvelopeCarriesTheAdvertisedAddress) {
+  const Bytes ucx = pattern(90, 3);
+  auto plain = unwrap_peer_address(wrap_worker_address(ucx.data(), ucx.size()));
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->worker, ucx);
+  EXPECT_TRUE(plain->host.empty());
+  EXPECT_EQ(plain->describe(), "");
+  auto ad = unwrap_peer_address(wrap_worker_address(ucx.data(), ucx.size(), "gpu-3.example.org", 47001));
+  ASSERT_TRUE(ad.ok()) << ad.status().to_string();
+  EXPECT_EQ(ad->worker, ucx);
+  EXPECT_EQ(ad->host, "gpu-3.example.org");
+  EXPECT_EQ(ad->port, 47001);
+  EXPECT_EQ(ad->describe(), "advertised gpu-3.example.org:47001");
+  EXPECT_EQ(unwrap_worker_address(wrap_worker_address(ucx.data(), ucx.size(), "10.0.0.1", 5)).value(), ucx);
+  // A host with characters no name has, and port 0, are corrupt envelopes (checksummed, so made, not flipped).
+  EXPECT_NE(unwrap_peer_address(wrap_worker_address(ucx.data(), ucx.size(), "a b", 5)).status().message().find(
+                "advertised host: ' ' is not allowed"),
+            std::string::npos);
+  EXPECT_NE(unwrap_peer_address(wrap_worker_address(ucx.data(), ucx.size(), "h", 0)).status().message().find("port 0"),
+            std::string::npos);
+  Bytes flipped = wrap_worker_address(ucx.data(), ucx.size(), "h", 9);
+  flipped[22] ^= 1;
+  EXPECT_EQ(unwrap_peer_address(flipped).status().code(), StatusCode::kCorrupt);
+  for (const char* good : {"10.1.2.3", "node-7.cluster.local", "my_host"}) EXPECT_TRUE(check_advertised_host(good).ok());
+  EXPECT_NE(check_advertised_host("").message().find("empty"), std::string::npos);
+  EXPECT_NE(check_advertised_host(std::string(254, 'a')).message().find("253"), std::string::npos);
+  EXPECT_NE(check_advertised_host("tcp://h:1").message().find("':' is not allowed"), std::string::npos);
+  UcxOptions o;
+  o.advertise = "bad host";
+  EXPECT_NE(UcxDataPlane::create(o).status().message().find("advertised host 'bad host'"), std::string::npos);
+}
+
+// A plane that advertises an address opens a UCX listener inside its data ports; its peers connect there (client–
+// server mode), and every kind of traffic flows both ways, sealed or not, also when both advertise.
+TEST(Advertise, PeersConnectToTheAdvertisedAddress) {
+  for (PacketProtection p : {PacketProtection::kNone, PacketProtection::kMac}) {
+    for (bool both : {false, true}) {
+      SCOPED_TRACE(std::string(packet_protection_name(p)) + (both ? ", both advertise" : ", one advertises"));
+      UcxOptions ao;
+      ao.advertise = "127.0.0.1";
+      ao.data_ports = "47340-47360";
+      auto a = make_plane(ao);
+      UcxOptions bo;
+      if (both) bo.advertise = "localhost";
+      auto b = make_plane(bo);
+      ASSERT_TRUE(a && b);
+      EXPECT_GE(a->listen_port(), 47340);
+      EXPECT_LE(a->listen_port(), 47360);
+      EXPECT_EQ(b->listen_port() > 0, both);
+      EXPECT_EQ(unwrap_peer_address(a->address())->describe(),
+                "advertised 127.0.0.1:" + std::to_string(a->listen_port()));
+      auto sec = [&](int peer, const std::array<uint8_t, 32>& key) {
+        return p == PacketProtection::kNone ? DataPlaneSecurity{} : security(p, peer, key);
+      };
+      ASSERT_TRUE(a->connect(0, {{1, b->address()}}, sec(1, b->data_public_key())).ok());
+      ASSERT_TRUE(b->connect(1, {{0, a->address()}}, sec(0, a->data_public_key())).ok());
+      for (uint64_t n : {uint64_t(0), uint64_t(100), uint64_t(3) << 20}) {
+        const Bytes x = pattern(n, 1), y = pattern(n, 2);
+        Transfer to_a = a->recv(1, make_tag(1, 0, Role::kActivation));
+        Transfer to_b = b->recv(0, make_tag(1, 0, Role::kActivationGrad));
+        ASSERT_TRUE(b->send(0, make_tag(1, 0, Role::kActivation), x).wait(20s).ok());
+        ASSERT_TRUE(a->send(1, make_tag(1, 0, Role::kActivationGrad), y).wait(20s).ok());
+        ASSERT_TRUE(to_a.wait(20s).ok()) << to_a.status().to_string();
+        ASSERT_TRUE(to_b.wait(20s).ok()) << to_b.status().to_string();
+        EXPECT_TRUE(to_a.take() == x);
+        EXPECT_TRUE(to_b.take() == y);
+      }
+      // b's endpoint went to a's listener: a accepted it (and, when b advertises too, the other way round).
+      EXPECT_TRUE(eventually([&] { return a->accepted_connections() >= 1; }));
+      EXPECT_EQ(b->accepted_connections() >= 1, both);
+      EXPECT_EQ(a->auth_failures() + b->auth_failures(), 0u);
+    }
+  }
+}
+
+// A peer's advertised address where nothing listens: its endpoint fails, and the failure names the address.
+TEST(Advertise, ATransferToAnAdvertisedAddressNobodyListensAtIsNamed) {
+  auto a = make_plane(), b = make_plane();
+  ASSERT_TRUE(a && b);
+  auto raw = unwrap_worker_address(b->address());
+  ASSERT_TRUE(raw.ok());
+  // Port 9 (discard) on loopback: nothing listens there on a test machine.
+  const Bytes nowhere = wrap_worker_address(raw->data(), raw->size(), "127.0.0.1", 9);
+  ASSERT_TRUE(a->connect(0, {{1, nowhere}}).ok());
+  Status s = a->send(1, make_tag(1, 0, Role::kActivation), pattern(64, 1)).wait(30s);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("advertised 127.0.0.1:9"), std::string::npos) << s.to_string();
+}
+
 }  // namespace
 }  // namespace lh
