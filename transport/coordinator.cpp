@@ -622,6 +622,15 @@ void Coordinator::check_reach() {
                 "directly, and relays are off (--no-relay)";
       for (size_t i = 0; i < details.size() && i < 4; ++i) failure += "; " + details[i];
       if (details.size() > 4) failure += "; and " + std::to_string(details.size() - 4) + " more";
+      bool advertised = false;
+      for (const auto& [pair, why] : cut)
+        for (int r : {pair.first, pair.second})
+          if (auto it = by_rank.find(r); it != by_rank.end())
+            advertised |= it->second->join.data_addresses.rfind("advertised ", 0) == 0;
+      if (advertised)
+        failure +=
+            " (UCX reaches an advertised address's listener, then connects its data lanes to the interfaces' own "
+            "addresses: behind NAT with port forwarding those fail; such a pair needs the relay)";
     }
     if (!answer.lo.empty() && relay_) answer.port = relay_->port();
     if (!answer.lo.empty() && !options_.relay_at.empty()) {

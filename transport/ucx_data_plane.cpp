@@ -428,7 +428,10 @@ void UcxDataPlane::close_endpoints() {
     if (!peer.ep) continue;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = peer.failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    // An endpoint that never delivered a packet may still be connecting (a peer behind NAT, an advertised address
+    // nobody answers at): a flush would wait for a connection that never comes, and UCX aborts when the worker goes
+    // with it pending.
+    p.flags = peer.failed || !peer.delivered ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &p);
     if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
     peer.ep = nullptr;
@@ -848,9 +851,15 @@ void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st, int wire
   if (UCS_PTR_IS_PTR(r)) return;  // on_send_done finishes it
   sends_in_flight_.erase(st.get());
   ucs_status_t s = UCS_PTR_STATUS(r);
-  st->complete(s == UCS_OK ? Status::Ok()
-                           : unavailable(std::string("UCX send to rank ") + std::to_string(st->peer) + ": " +
-                                         ucs_status_string(s)));
+  if (s == UCS_OK) it->second.delivered = true;
+  st->complete(s == UCS_OK ? Status::Ok() : send_failed(st->peer, s));
+}
+
+Status UcxDataPlane::send_failed(int peer, ucs_status_t status) const {
+  auto it = peer_table_.find(peer);
+  const std::string at =
+      it != peer_table_.end() && !it->second.advertised.empty() ? " (at its " + it->second.advertised + ")" : "";
+  return unavailable("UCX send to rank " + std::to_string(peer) + at + ": " + ucs_status_string(status));
 }
 
 void UcxDataPlane::on_send_done(void* request, ucs_status_t status, void* user) {
@@ -858,9 +867,10 @@ void UcxDataPlane::on_send_done(void* request, ucs_status_t status, void* user) 
   ucp_request_free(request);
   std::shared_ptr<TransferState> st = std::move(ctx->st);
   ctx->plane->sends_in_flight_.erase(st.get());
-  st->complete(status == UCS_OK ? Status::Ok()
-                                : unavailable(std::string("UCX send to rank ") + std::to_string(st->peer) + ": " +
-                                              ucs_status_string(status)));
+  if (status == UCS_OK)
+    if (auto it = ctx->plane->peer_table_.find(st->peer); it != ctx->plane->peer_table_.end())
+      it->second.delivered = true;
+  st->complete(status == UCS_OK ? Status::Ok() : ctx->plane->send_failed(st->peer, status));
 }
 
 void UcxDataPlane::issue_recv(const std::shared_ptr<TransferState>& st) {

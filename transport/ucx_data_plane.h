@@ -191,6 +191,7 @@ class UcxDataPlane final : public DataPlane {
     ucp_ep_h ep = nullptr;
     std::string advertised;  // "advertised HOST:PORT" when the endpoint was made to the peer's advertised address
     bool relayed = false;  // packets go through relay_, not ep
+    bool delivered = false;  // a send on ep has completed (the endpoint is connected)
     bool failed = false;
     std::string why;
     uint64_t unexpected_bytes = 0, unexpected_packets = 0;  // its packets queued in unexpected_
@@ -248,6 +249,7 @@ class UcxDataPlane final : public DataPlane {
   // Force-closes the peer's endpoint, if any (progress thread).
   void force_close(Peer& peer);
   void close_endpoints();
+  Status send_failed(int peer, ucs_status_t status) const;  // names the peer's advertised address, if any
   static void on_send_done(void* request, ucs_status_t status, void* user);
   static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);

@@ -1553,6 +1553,7 @@ TEST_F(Launch, WorkersAreReachedAtTheAddressTheyAdvertise) {
       << out[0];
   EXPECT_NE(out[0].find("at advertised 192.0.2.1:"), std::string::npos) << "the advertised address is named\n"
                                                                        << out[0];
+  EXPECT_NE(out[0].find("such a pair needs the relay"), std::string::npos) << out[0];
   EXPECT_LT(seconds, 60) << "the connect timeout (5 s) bounds it";
   BinRun bad = run({"worker", "--coordinator", "tcp://127.0.0.1:9", "--advertise", "tcp://host:1"}, 30s);
   EXPECT_NE(bad.output.find("--advertise 'tcp://host:1': ':' is not allowed"), std::string::npos) << bad.output;
