@@ -8,6 +8,7 @@
 
 #include "core/log.h"
 #include "transport/job_secret.h"
+#include "transport/ucx_data_plane.h"
 
 namespace lh {
 namespace {
@@ -626,7 +627,7 @@ void Coordinator::check_reach() {
       for (const auto& [pair, why] : cut)
         for (int r : {pair.first, pair.second})
           if (auto it = by_rank.find(r); it != by_rank.end())
-            advertised |= it->second->join.data_addresses.rfind("advertised ", 0) == 0;
+            if (auto a = unwrap_peer_address(it->second->join.ucx_address); a.ok()) advertised |= !a->host.empty();
       if (advertised)
         failure +=
             " (UCX reaches an advertised address's listener, then connects its data lanes to the interfaces' own "

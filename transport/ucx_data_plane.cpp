@@ -196,21 +196,14 @@ Status UcxDataPlane::init(const UcxOptions& options) {
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
   LH_CHECK_CODE(ucp_worker_create(context_, &wp, &worker_));
 
+  if (!options.advertise.empty()) {
+    Status ok = check_advertised_host(options.advertise);
+    if (!ok.ok()) return ok.prepend("advertised host '" + options.advertise + "'");
+    LH_RETURN_IF_ERROR(open_listener());
+  }
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   LH_CHECK_CODE(ucp_worker_get_address(worker_, &addr, &len));
-  if (!options.advertise.empty()) {
-    Status ok = check_advertised_host(options.advertise);
-    if (!ok.ok()) {
-      ucp_worker_release_address(worker_, addr);
-      return ok.prepend("advertised host '" + options.advertise + "'");
-    }
-    ok = open_listener();
-    if (!ok.ok()) {
-      ucp_worker_release_address(worker_, addr);
-      return ok;
-    }
-  }
   address_ = wrap_worker_address(addr, len, options.advertise, listen_port_);
   ucp_worker_release_address(worker_, addr);
 
@@ -275,9 +268,7 @@ Status UcxDataPlane::open_listener() {
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   LH_CHECK_CODE(ucp_listener_query(listener_, &attr));
-  listen_port_ = attr.sockaddr.ss_family == AF_INET
-                     ? ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port)
-                     : ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port);
+  listen_port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);  // bound as AF_INET above
   LH_LOG_INFO("data plane: listening on port {} for peers connecting to the advertised address {}", listen_port_,
               options_.advertise);
   return Status::Ok();
@@ -318,9 +309,7 @@ void UcxDataPlane::on_accepted_ep_error(void* arg, ucp_ep_h ep, ucs_status_t sta
   auto* self = static_cast<UcxDataPlane*>(arg);
   if (!self->accepted_.erase(ep)) return;
   LH_LOG_DEBUG("data plane: an accepted connection ended: {}", ucs_status_string(status));
-  Peer gone;
-  gone.ep = ep;
-  self->force_close(gone);
+  self->force_close(ep);
 }
 
 UcxDataPlane::~UcxDataPlane() {
@@ -558,10 +547,10 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
         // pre-flight decides which).
         p.ep = nullptr;
         p.failed = true;
-        p.why = ad == advertised.end() ? std::string("no UCX endpoint to its worker address: ") + ucs_status_string(s)
-                : ad->second.error.empty()
-                    ? "no UCX endpoint to its " + ad->second.name + ": " + ucs_status_string(s)
-                    : ad->second.error;
+        const std::string to = ad == advertised.end() ? "worker address" : ad->second.name;
+        p.why = ad != advertised.end() && !ad->second.error.empty()
+                    ? ad->second.error
+                    : "no UCX endpoint to its " + to + ": " + ucs_status_string(s);
         LH_LOG_WARN("data plane: rank {} cannot be reached directly: {}", r, p.why);
       }
       peer_table_[r] = p;
@@ -627,7 +616,7 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
     for (auto& st : p->second) st->complete(why);
     p = posted_.erase(p);
   }
-  force_close(it->second);
+  force_close(it->second.ep);
   // Its packets that wait for receives will never be taken now; those still arriving are thrown away
   // when UCX is done with them (inbound_in_flight_ keeps them alive until then).
   for (auto u = unexpected_.begin(); u != unexpected_.end();) {
@@ -657,16 +646,16 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
   }
 }
 
-void UcxDataPlane::force_close(Peer& peer) {
+void UcxDataPlane::force_close(ucp_ep_h& ep) {
   // Force-closing the endpoint cancels its in-flight sends; their callbacks fail them once UCX has
   // let go of the buffers (a send_view's memory must stay valid until then).
-  if (!peer.ep) return;
+  if (!ep) return;
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &p);
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
   if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
-  peer.ep = nullptr;
+  ep = nullptr;
 }
 
 void UcxDataPlane::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
@@ -1137,7 +1126,7 @@ Status UcxDataPlane::use_relay(const RelayClientOptions& options, const std::set
       if (!peer_table_.count(r)) return invalid_argument("relay for rank " + std::to_string(r) + ", not in the plan");
     for (int r : peers) {
       Peer& p = peer_table_[r];
-      force_close(p);  // what UCX still held for it fails
+      force_close(p.ep);  // what UCX still held for it fails
       p.relayed = true;
       p.failed = false;  // a direct attempt that failed is not the relayed link's failure
       p.why.clear();

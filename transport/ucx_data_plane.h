@@ -246,8 +246,8 @@ class UcxDataPlane final : public DataPlane {
   std::string open_inbound(Inbound& in);  // "" when the packet is authentic
   void refuse_inbound(const std::shared_ptr<Inbound>& in, const std::string& why);
   void fail_peer_locked(int peer, const std::string& reason);
-  // Force-closes the peer's endpoint, if any (progress thread).
-  void force_close(Peer& peer);
+  // Force-closes the endpoint, if any, and clears it (progress thread).
+  void force_close(ucp_ep_h& ep);
   void close_endpoints();
   Status send_failed(int peer, ucs_status_t status) const;  // names the peer's advertised address, if any
   static void on_send_done(void* request, ucs_status_t status, void* user);
