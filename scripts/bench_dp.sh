@@ -56,25 +56,29 @@ grid_flags() {
 run() {  # file stem, flags...
   local stem="$1"; shift
   if ! "$LH" --log-level warn launch "$@" --steps "$STEPS" --batch "$BATCH" --microbatches "$MICROBATCHES" \
-       "${MODEL[@]}" --warmup "$WARMUP" --eval-every 0 --seed 7 --metrics "$OUT/$stem.jsonl" >"$OUT/$stem.log" 2>&1; then
+       "${MODEL[@]}" --warmup "$WARMUP" --eval-every 0 --seed 7 --metrics "$OUT/$stem.jsonl" \
+       >"$OUT/$stem.log" 2>&1; then
     echo "bench_dp.sh: run '$stem' failed; its log:" >&2; tail -20 "$OUT/$stem.log" >&2; exit 1
   fi
 }
 
-stats() {  # metrics file -> "tokens_per_s val_loss grad_wire_bytes_per_step grad_raw_bytes_per_step steady_tokens_per_s"
+# metrics file -> "tokens_per_s val_loss grad_wire_bytes_per_step grad_raw_bytes_per_step steady_tokens_per_s"
+stats() {
   jq -rs --argjson w "$WARMUP" '
     (map(select(.val_loss != null)) | sort_by(.step) | last | .val_loss) as $val |
-    (group_by(.step) | map(map(.tokens_per_s // empty) | min)) as $t |
-    (if ($t | length) > 1 then $t[1:] else $t end) as $t2 |
+    (group_by(.step) | map({step: .[0].step, tps: (map(.tokens_per_s // empty) | min)})) as $t |
+    (if ($t | length) > 1 then $t[1:] else $t end | map(.tps)) as $t2 |
+    ($t | map(select(.step > $w and .step > 1) | .tps)) as $ts |
     (map(.step) | max) as $steps |
-    (group_by(.step) | map(select(.[0].step > $w and .[0].step > 1) | map(.tokens_per_s // empty) | min)) as $ts |
     ([.[] | .links[]? | select(.dir == "send" and .role == "grad")]) as $g |
-    "\($t2 | add / length) \($val) \(($g | map(.wire_bytes) | add // 0) / $steps) \(($g | map(.raw_bytes) | add // 0) / $steps) \(if ($ts | length) > 0 then ($ts | add / length) else ($t2 | add / length) end)"
+    ($g | map(.wire_bytes) | add // 0) as $wire | ($g | map(.raw_bytes) | add // 0) as $raw |
+    (if $ts == [] then $t2 else $ts end) as $steady |
+    "\($t2 | add / length) \($val) \($wire / $steps) \($raw / $steps) \($steady | add / length)"
   ' "$1"
 }
 
-echo "bench_dp: ${MODEL[*]}, batch $BATCH, warmup $WARMUP, $MICROBATCHES microbatches per replica, $STEPS steps, links $RATE;" \
-     "output in $OUT" >&2
+echo "bench_dp: ${MODEL[*]}, batch $BATCH, warmup $WARMUP, $MICROBATCHES microbatches per replica, $STEPS steps," \
+     "links $RATE; output in $OUT" >&2
 for grid in $GRIDS; do
   read -r -a G <<<"$(grid_flags "$grid")"
   echo "  $grid: unlimited" >&2
@@ -92,17 +96,17 @@ for grid in $GRIDS; do
   read -r u_tps u_val u_grad _ u_steady < <(stats "$OUT/$grid.unlimited.jsonl")
   n_val=$u_val n_grad=$u_grad
   printf '\n%s over %s (unlimited: %.0f tokens/s, val loss %.4f)\n' "$grid" "$RATE" "$u_tps" "$u_val"
-  printf '%-20s %10s %8s %8s %10s %8s %12s %10s\n' codec "tokens/s" "x unlim" "x steady" "val loss" "gap" "grad KB/step" \
-    "x fewer"
+  printf '%-20s %10s %8s %8s %10s %8s %12s %10s\n' codec "tokens/s" "x unlim" "x steady" "val loss" "gap" \
+    "grad KB/step" "x fewer"
   for entry in "${RUNS[@]}"; do
     name="${entry%%|*}"
     stem="$grid.$(printf '%s' "$name" | tr -c 'A-Za-z0-9.+=-' '_')"
     read -r tps val grad _ steady < <(stats "$OUT/$stem.jsonl")
-    awk -v l="$name" -v t="$tps" -v u="$u_tps" -v s="$steady" -v us="$u_steady" -v v="$val" -v nv="$n_val" -v g="$grad" \
-        -v ng="$n_grad" 'BEGIN {
+    awk -v l="$name" -v t="$tps" -v u="$u_tps" -v s="$steady" -v us="$u_steady" -v v="$val" -v nv="$n_val" \
+        -v g="$grad" -v ng="$n_grad" 'BEGIN {
       fewer = (g > 0 && ng > 0) ? sprintf("%.1fx", ng / g) : "-"
-      printf "%-20s %10.0f %8.2f %8.2f %10.4f %7.2f%% %12.1f %10s\n", l, t, t / u, s / us, v, 100 * (v - nv) / nv, g / 1e3,
-        fewer }'
+      printf "%-20s %10.0f %8.2f %8.2f %10.4f %7.2f%% %12.1f %10s\n", l, t, t / u, s / us, v, 100 * (v - nv) / nv,
+        g / 1e3, fewer }'
   done
 done
 echo
