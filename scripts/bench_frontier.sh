@@ -6,7 +6,8 @@
 #
 #   scripts/bench_frontier.sh [LONGHAUL]      (default: build/bin/longhaul)
 # Environment: STAGES (4: workers = pp = STAGES), STEPS (300), BATCH (8), MICROBATCHES (4), SEEDS ("1 2 3"),
-#   CODECS ("none int8 int4 int8+zstd int4+zstd k24/int8 lowrank:rank=8+int8"): whitespace-separated entries
+#   CODECS ("none int8 int4 int8+zstd int4+zstd k24/int8 k24/int4+zstd k16/int4+zstd lowrank:rank=8+int8"):
+#     whitespace-separated entries
 #     [kK/]FWD[|BWD]: FWD is the codec spec of both directions unless |BWD gives the backward one (quote the
 #     variable: `|` is the shell's pipe); a kK/ prefix adds --subspace-k K (a subspace model: a model change,
 #     compared with the standard model's `none` run, as Protocol Models do). `none` always runs first per
@@ -32,7 +33,7 @@ STEPS="${STEPS:-300}"
 BATCH="${BATCH:-8}"
 MICROBATCHES="${MICROBATCHES:-4}"
 SEEDS="${SEEDS:-1 2 3}"
-CODECS="${CODECS:-none int8 int4 int8+zstd int4+zstd k24/int8 lowrank:rank=8+int8}"
+CODECS="${CODECS:-none int8 int4 int8+zstd int4+zstd k24/int8 k24/int4+zstd k16/int4+zstd lowrank:rank=8+int8}"
 CORPORA="${CORPORA:-fortunes cpp}"
 SHAPES="${SHAPES:-small d192}"
 OUT="${OUT:-$(mktemp -d /tmp/lh_bench_frontier.XXXXXX)}"
