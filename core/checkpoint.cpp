@@ -138,8 +138,8 @@ Result<Checkpoint> load_checkpoint(const std::string& path) {
   const auto* h = reinterpret_cast<const unsigned char*>(bytes.data());
   if (std::memcmp(h, kMagic, 8) != 0) return corrupt(where + "not a longhaul checkpoint (bad magic)");
   const uint32_t version = get_u32(h + 8);
-  if (version != kCheckpointVersion && version != 1)
-    return corrupt(where + "format version " + std::to_string(version) + ", this build reads versions 1 and " +
+  if (version != kCheckpointVersion)
+    return corrupt(where + "format version " + std::to_string(version) + ", this build reads version " +
                    std::to_string(kCheckpointVersion));
   const uint64_t length = get_u64(h + 16), hash = get_u64(h + 24);
   const uint64_t have = bytes.size() - kCheckpointHeaderBytes;
@@ -154,14 +154,6 @@ Result<Checkpoint> load_checkpoint(const std::string& path) {
   if (!decoded.ok()) return corrupt(where + decoded.message());
   Status cs = c.model.validate();
   if (!cs.ok()) return corrupt(where + cs.message());
-  if (version == 1 && c.model.subspace_k > 0) {
-    char std_text[32];
-    std::snprintf(std_text, sizeof(std_text), "%g", static_cast<double>(kSubspaceFixedStd));
-    return invalid_argument(
-        where + "format version 1 holds a subspace model (subspace_k=" + std::to_string(c.model.subspace_k) +
-        ") whose fixed token embedding had std 0.02; this build's has std " + std_text +
-        ", so the weights would not mean the same here: resume it with the build that made it");
-  }
   if (c.step < 0) return corrupt(where + "negative step " + std::to_string(c.step));
   for (const auto& g : c.groups)
     if (g.adam_m.size() != g.params.size() || g.adam_v.size() != g.params.size())

@@ -18,9 +18,7 @@ namespace lh {
 // length, u64 xxHash64 of the payload, then the payload: a cereal portable-binary archive of Checkpoint.
 // The header is checked before the payload is decoded, so a truncated or damaged file never gets as far
 // as cereal; cereal's own failures are caught too.
-// Version 2: a subspace model's fixed embedding F has std kSubspaceFixedStd (0.02 in version 1). Version 1 files
-// load when their model has no subspace (the payload is the same); a version-1 subspace model is refused.
-constexpr uint32_t kCheckpointVersion = 2;
+constexpr uint32_t kCheckpointVersion = 1;
 constexpr size_t kCheckpointHeaderBytes = 32;
 
 // `value` as a cereal portable-binary archive: the payload of a checkpoint, a worker's shard, a reducer's state.

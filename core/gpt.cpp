@@ -275,7 +275,7 @@ Result<Gpt> Gpt::create(const GptConfig& cfg, Device device, uint64_t seed, GptP
     LH_RETURN_IF_ERROR(copy_bytes(m.basis_.raw_data(), device, u.data(), Device::cpu, u.size() * 4));
     std::vector<float> fe(static_cast<size_t>(V) * C);
     Rng rng(seed, 0xF1BEDull);
-    for (auto& x : fe) x = kSubspaceFixedStd * rng.normal();
+    for (auto& x : fe) x = std * rng.normal();
     LH_ASSIGN_OR_RETURN(m.fixed_embed_, Tensor::create({V, C}, DType::f32, device));
     LH_RETURN_IF_ERROR(copy_bytes(m.fixed_embed_.raw_data(), device, fe.data(), Device::cpu, fe.size() * 4));
     LH_ASSIGN_OR_RETURN(m.zero_pos_, Tensor::create({T, C}, DType::f32, device));

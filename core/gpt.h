@@ -35,14 +35,6 @@ struct GptConfig {
   }
 };
 
-// The standard deviation of a subspace model's fixed random token embedding F. F[tok] is the only part of the
-// stream outside span(U): the only token identity the d_model − K dimensions no parameter writes carry. At the
-// learned embedding's 0.02 the model trains worse; scripts/bench_frontier.sh measured the validation-loss gap of
-// k24/int8 on C++ code at d_model 128 (2 seeds): +1.42% at 0.02, +0.80% at 0.05, +0.48% at 0.2, +0.45% at 0.5.
-// Checkpoints of subspace models made with the earlier 0.02 are refused on resume (core/checkpoint.h version 2,
-// PipelineJobConfig::resume_hash).
-constexpr float kSubspaceFixedStd = 0.2f;
-
 // "tiny" (tests, benchmarks), "small" (the default run: about a minute on 2 cores), "base".
 Result<GptConfig> gpt_preset(const std::string& name);
 const char* gpt_preset_names();  // "tiny|small|base"

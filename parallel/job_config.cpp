@@ -510,9 +510,6 @@ std::string PipelineJobConfig::resume_hash() const {
   j.erase("tp_split");
   j.erase("dp_split");  // the update is the whole batch's, however it is shared
   for (const char* f : {"dp", "workers", "batch_slices", "replica_slices"}) j.erase(f);
-  // A subspace model's fixed embedding F was 0.02 before kSubspaceFixedStd: a checkpoint of that model is of
-  // another model, and its hash must differ.
-  if (train.model.subspace_k > 0) j["subspace_fixed_std"] = kSubspaceFixedStd;
   const std::string text = j.dump();
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));

@@ -126,39 +126,6 @@ TEST(Checkpoint, CorruptedBytesAreRefused) {
   EXPECT_NE(load_checkpoint(path).status().message().find("format version 7"), std::string::npos);
 }
 
-// Version 1 differs only in a subspace model's fixed embedding F (std 0.02, now kSubspaceFixedStd): a version-1
-// file of a plain model still loads, one of a subspace model is refused with why.
-TEST(Checkpoint, VersionOneLoadsUnlessItHoldsASubspaceModel) {
-  const std::string dir = temp_dir();
-  const std::string path = dir + "/c.lhckpt";
-  auto as_version_one = [&](const Checkpoint& c) {
-    ASSERT_TRUE(save_checkpoint(path, c).ok());
-    std::string bytes = read_file(path);
-    ASSERT_EQ(static_cast<uint8_t>(bytes[8]), kCheckpointVersion);
-    bytes[8] = 1;
-    write_file(path, bytes);
-  };
-  as_version_one(sample_checkpoint());
-  auto plain = load_checkpoint(path);
-  ASSERT_TRUE(plain.ok()) << plain.status().message();
-  EXPECT_EQ(plain->step, 42);
-  EXPECT_EQ(plain->groups.size(), 3u);
-
-  Checkpoint sub = sample_checkpoint();
-  sub.model.subspace_k = 4;
-  ASSERT_TRUE(sub.model.validate().ok());
-  ASSERT_TRUE(save_checkpoint(path, sub).ok());
-  auto current = load_checkpoint(path);
-  ASSERT_TRUE(current.ok()) << current.status().message();
-  EXPECT_EQ(current->model.subspace_k, 4);
-  as_version_one(sub);
-  auto old = load_checkpoint(path);
-  ASSERT_FALSE(old.ok());
-  EXPECT_EQ(old.status().code(), StatusCode::kInvalidArgument);
-  for (const char* part : {"format version 1", "subspace model (subspace_k=4)", "std 0.02", "std 0.2,"})
-    EXPECT_NE(old.status().message().find(part), std::string::npos) << part << " in " << old.status().message();
-}
-
 TEST(Checkpoint, PayloadThatDoesNotDecodeIsRefused) {
   // A consistent header around garbage: only the decoder can notice.
   const std::string dir = temp_dir();
