@@ -39,7 +39,8 @@ struct CodecBenchOptions {
 
 const char* kDefaultSpecs =
     "none;fp16;bf16;int8;int4;int2;int8:stochastic;int4:block=32;topk:ratio=0.01;randk:ratio=0.1;"
-    "lowrank:rank=8;subspace:k=64;ef+topk:ratio=0.01+int4;lowrank:rank=8+int8;subspace:k=32+int8;int8+zstd;int4+zstd";
+    "lowrank:rank=8;subspace:k=64;ef+topk:ratio=0.01+int4;lowrank:rank=8+int8;subspace:k=32+int8;int8+zstd;int4+zstd;"
+    "spikes+int4;spikes+int4+zstd";
 
 void sync(Device d) {
 #if defined(LH_USE_CUDA)

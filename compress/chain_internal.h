@@ -67,12 +67,17 @@ Status encode_randk(EncodeCtx& ctx, const StageSpec& s, const std::string& key, 
 Status encode_lowrank(EncodeCtx& ctx, const StageSpec& s, const std::string& key, const Tensor& x, PacketHeader* h,
                       TransformOut* out);
 Status encode_subspace(EncodeCtx& ctx, const StageSpec& s, const Tensor& x, PacketHeader* h, TransformOut* out);
+Status encode_spikes(EncodeCtx& ctx, const StageSpec& s, const Tensor& x, PacketHeader* h, uint8_t* own,
+                     TransformOut* out);
 
 // Combine decoded children into the stage's output (out allocated to h.shape on the device).
 Status decode_topk(const Exec& ex, const PacketHeader& h, const uint8_t* own, const std::vector<Tensor>& ch, Tensor* out);
 Status decode_randk(const Exec& ex, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
 Status decode_lowrank(const Exec& ex, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
 Status decode_subspace(DecodeCtx& ctx, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
+// out may be undefined (it becomes the child) or the caller's tensor.
+Status decode_spikes(const Exec& ex, const PacketHeader& h, const uint8_t* own, const std::vector<Tensor>& ch,
+                     Tensor* out);
 
 // --- zstd (stage_zstd.cpp): the outer packet around a whole encoded packet
 // The largest inner packet a zstd packet of this shape may carry (16 bytes per element + 64 KiB).
@@ -87,6 +92,10 @@ Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, std::vector<uin
 
 // Validation of a topk own section on the host: indices strictly increasing and < n.
 Status check_topk_indices(const PacketHeader& h, const uint8_t* own);
+// Size of a spikes own section, and its validation on the host (offsets ascending within each
+// block and inside it, zero padding), for a header header_geometry accepted.
+size_t spikes_own_bytes(int64_t n, int block, int s, bool fp32);
+Status check_spikes_section(const PacketHeader& h, const uint8_t* own);
 
 // Seeded orthonormal basis (d×k, columns orthonormal), generated on the CPU so every end, on any
 // device, gets the same bits; cached per device in the stream state.

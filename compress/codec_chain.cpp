@@ -182,6 +182,9 @@ Status encode_node(EncodeCtx& ctx, size_t pos, const std::string& key, const Ten
         case CodecId::topk: LH_RETURN_IF_ERROR(encode_topk(ctx, s, x, &h, payload, &out)); break;
         case CodecId::randk: LH_RETURN_IF_ERROR(encode_randk(ctx, s, key, x, &h, &out)); break;
         case CodecId::lowrank: LH_RETURN_IF_ERROR(encode_lowrank(ctx, s, key, x, &h, &out)); break;
+        case CodecId::spikes:
+          LH_RETURN_IF_ERROR(encode_spikes(ctx, s, x, &h, payload, &out));
+          break;
         default: LH_RETURN_IF_ERROR(encode_subspace(ctx, s, x, &h, &out)); break;
       }
       LH_ASSERT(out.children.size() == g.children.size(), "transform child count");
@@ -232,8 +235,10 @@ Status decode_node(DecodeCtx& ctx, const uint8_t* data, size_t size, int depth, 
     return corrupt(std::string("packet field 'payload_length' is too short for the ") + codec_name(h.codec) +
                    " section");
   if (h.codec == CodecId::topk) LH_RETURN_IF_ERROR(check_topk_indices(h, payload));
+  if (h.codec == CodecId::spikes) LH_RETURN_IF_ERROR(check_spikes_section(h, payload));
   std::vector<Tensor> children(g.children.size());
-  if (h.codec == CodecId::ef && out->defined()) children[0] = *out;  // decode straight into the caller's tensor
+  // ef and spikes: decode straight into the caller's tensor
+  if ((h.codec == CodecId::ef || h.codec == CodecId::spikes) && out->defined()) children[0] = *out;
   size_t off = g.own_bytes;
   for (size_t i = 0; i < g.children.size(); ++i) {
     WireLimits peek = ctx.opts.limits;
@@ -253,6 +258,8 @@ Status decode_node(DecodeCtx& ctx, const uint8_t* data, size_t size, int depth, 
     case CodecId::randk: LH_RETURN_IF_ERROR(ensure_out()); return decode_randk(ctx.ex, h, children, out);
     case CodecId::lowrank: LH_RETURN_IF_ERROR(ensure_out()); return decode_lowrank(ctx.ex, h, children, out);
     case CodecId::subspace: LH_RETURN_IF_ERROR(ensure_out()); return decode_subspace(ctx, h, children, out);
+    case CodecId::spikes:
+      return decode_spikes(ctx.ex, h, payload, children, out);
     case CodecId::ef:
       *out = children[0];  // the nested packet's tensor is the answer
       return Status::Ok();

@@ -35,6 +35,11 @@ void randk_gather(const Exec& ex, const float* x, uint64_t n, uint64_t seed, int
 void randk_scatter(const Exec& ex, const float* v, uint64_t n, uint64_t seed, int64_t k, float* y);
 void index_gather(const Exec& ex, const float* x, const uint32_t* idx, int64_t k, float* v);
 void index_scatter(const Exec& ex, const float* v, const uint32_t* idx, int64_t k, float* y);
+// spikes: rest = x with each block's s largest |x| set to 0, their in-block offsets (ascending) and
+// values at [b·s, …) (kernels.h SpikesExtract); restore writes them back over y.
+void spikes_extract(const Exec& ex, const float* x, int64_t n, int block, int s, float* rest, uint8_t* offs,
+                    float* vals);
+void spikes_restore(const Exec& ex, const uint8_t* offs, const float* vals, int64_t n, int block, int s, float* y);
 // The k largest |x| under the strict order (|x| desc, index asc; NaN largest), written to idx
 // (device memory, k entries) in ascending index order. A total order makes the set unique, so CPU
 // and GPU pick the same elements.
@@ -52,6 +57,8 @@ void randk_scatter(void* stream, const float* v, uint64_t n, uint64_t seed, int6
 void index_gather(void* stream, const float* x, const uint32_t* idx, int64_t k, float* v);
 void index_scatter(void* stream, const float* v, const uint32_t* idx, int64_t k, float* y);
 Status topk_indices(void* stream, const float* x, int64_t n, int64_t k, uint32_t* idx);
+void spikes_extract(void* stream, const float* x, int64_t n, int block, int s, float* rest, uint8_t* offs, float* vals);
+void spikes_restore(void* stream, const uint8_t* offs, const float* vals, int64_t n, int block, int s, float* y);
 }  // namespace cuda
 #endif
 

@@ -58,6 +58,10 @@ Result<Geometry> spec_geometry(const StageSpec& s, const Shape& shape) {
       g.children = {{n / d, k}};
       return g;
     }
+    case CodecId::spikes:
+      g.own_bytes = spikes_own_bytes(n, s.spike_block, s.spikes, s.spike_fp32);
+      g.children = {shape};
+      return g;
     default: return internal_error(std::string("spec_geometry of terminal stage ") + codec_name(s.id));
   }
 }
@@ -121,6 +125,19 @@ Result<Geometry> header_geometry(const PacketHeader& h, const WireLimits& limits
         return corrupt("packet field 'subspace k': a " + std::to_string(d) + "x" + std::to_string(h.p0) +
                        " basis exceeds the basis limit");
       g.children = {{n / d, static_cast<int64_t>(h.p0)}};
+      return g;
+    }
+    case CodecId::spikes: {
+      if (h.flags & ~uint16_t{1}) return corrupt("packet field 'flags' has unknown bits for spikes");
+      if (h.p2 != 0) return corrupt("packet field 'params': unused parameters of spikes must be 0");
+      if (h.p0 < 4 || h.p0 > static_cast<uint32_t>(kMaxSpikeBlock))
+        return corrupt("packet field 'spikes block' is " + std::to_string(h.p0) + ", allowed 4.." +
+                       std::to_string(kMaxSpikeBlock));
+      if (h.p1 < 1 || h.p1 > static_cast<uint32_t>(kMaxSpikes) || h.p1 >= h.p0)
+        return corrupt("packet field 'spikes per block' is " + std::to_string(h.p1) + ", allowed 1.." +
+                       std::to_string(std::min<uint32_t>(kMaxSpikes, h.p0 - 1)));
+      g.own_bytes = spikes_own_bytes(n, static_cast<int>(h.p0), static_cast<int>(h.p1), h.flags & 1);
+      g.children = {h.shape};
       return g;
     }
     default: return internal_error("header_geometry of a terminal codec");

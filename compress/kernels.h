@@ -354,4 +354,65 @@ struct IndexScatter {
 // topk's order key: NaN ranks above everything, so it travels instead of hiding.
 LH_HD LH_INLINE float topk_key(float x) { return x != x ? INFINITY : fabsf(x); }
 
+// spikes (spike reserving): per block of `block` elements, the s (<= 8) largest under topk's order
+// (key desc, index asc) by one block-wide scan each; their offsets in the block ascending. Block b's
+// spikes sit at [b·s, b·s + its count): only the last block can hold fewer than s.
+struct SpikesExtract {
+  const float* x;
+  int64_t n;
+  int block, s;
+  float* rest;    // x with the spikes set to 0
+  uint8_t* offs;  // offset of each spike in its block
+  float* vals;    // the spikes' values
+  LH_HD void operator()(int64_t b) const {
+    const int64_t start = b * block;
+    const int len = n - start < block ? static_cast<int>(n - start) : block;
+    const int cnt = len < s ? len : s;
+    int sel[8];
+    for (int j = 0; j < cnt; ++j) {
+      int best = -1;
+      float best_key = 0;
+      for (int i = 0; i < len; ++i) {
+        bool taken = false;
+        for (int t = 0; t < j; ++t) taken = taken || sel[t] == i;
+        const float key = topk_key(x[start + i]);
+        if (!taken && (best < 0 || key > best_key)) {
+          best = i;
+          best_key = key;
+        }
+      }
+      sel[j] = best;
+    }
+    for (int j = 1; j < cnt; ++j) {  // insertion sort: ascending offsets
+      const int v = sel[j];
+      int t = j - 1;
+      while (t >= 0 && sel[t] > v) {
+        sel[t + 1] = sel[t];
+        --t;
+      }
+      sel[t + 1] = v;
+    }
+    for (int i = 0; i < len; ++i) rest[start + i] = x[start + i];
+    for (int j = 0; j < cnt; ++j) {
+      offs[b * s + j] = static_cast<uint8_t>(sel[j]);
+      vals[b * s + j] = x[start + sel[j]];
+      rest[start + sel[j]] = 0.0f;
+    }
+  }
+};
+// Writes the spikes back over y (the decoded rest).
+struct SpikesRestore {
+  const uint8_t* offs;
+  const float* vals;
+  int64_t n;
+  int block, s;
+  float* y;
+  LH_HD void operator()(int64_t b) const {
+    const int64_t start = b * block;
+    const int len = n - start < block ? static_cast<int>(n - start) : block;
+    const int cnt = len < s ? len : s;
+    for (int j = 0; j < cnt; ++j) y[start + offs[b * s + j]] = vals[b * s + j];
+  }
+};
+
 }  // namespace lh::compress::kern

@@ -180,6 +180,16 @@ void index_scatter(const Exec& ex, const float* v, const uint32_t* idx, int64_t 
   on_cpu(k, [&](auto p) { impl::index_scatter(p, v, idx, k, y); });
 }
 
+void spikes_extract(const Exec& ex, const float* x, int64_t n, int block, int s, float* rest, uint8_t* offs,
+                    float* vals) {
+  LH_KERN_DISPATCH(ex, spikes_extract(ex.stream, x, n, block, s, rest, offs, vals));
+  on_cpu(n, [&](auto p) { impl::spikes_extract(p, x, n, block, s, rest, offs, vals); });
+}
+void spikes_restore(const Exec& ex, const uint8_t* offs, const float* vals, int64_t n, int block, int s, float* y) {
+  LH_KERN_DISPATCH(ex, spikes_restore(ex.stream, offs, vals, n, block, s, y));
+  on_cpu(n, [&](auto p) { impl::spikes_restore(p, offs, vals, n, block, s, y); });
+}
+
 Status topk_indices(const Exec& ex, const float* x, int64_t n, int64_t k, uint32_t* idx) {
   LH_KERN_DISPATCH(ex, topk_indices(ex.stream, x, n, k, idx));
   if (k <= 0) return Status::Ok();

@@ -72,6 +72,15 @@ void index_scatter(void* s, const float* v, const uint32_t* idx, int64_t k, floa
   check_launch();
 }
 
+void spikes_extract(void* s, const float* x, int64_t n, int block, int sp, float* rest, uint8_t* offs, float* vals) {
+  impl::spikes_extract(policy(s), x, n, block, sp, rest, offs, vals);
+  check_launch();
+}
+void spikes_restore(void* s, const uint8_t* offs, const float* vals, int64_t n, int block, int sp, float* y) {
+  impl::spikes_restore(policy(s), offs, vals, n, block, sp, y);
+  check_launch();
+}
+
 // Same selection rule as the CPU (kernels_cpu.cpp): threshold t = k-th largest key, every key > t,
 // then the lowest-index keys equal to t; ascending indices.
 Status topk_indices(void* s, const float* x, int64_t n, int64_t k, uint32_t* idx) {

@@ -54,6 +54,14 @@ void index_gather(Policy&& p, const float* x, const uint32_t* idx, int64_t k, fl
   for_each_index(p, k, IndexGather{x, idx, v});
 }
 template <class Policy>
+void spikes_extract(Policy&& p, const float* x, int64_t n, int block, int s, float* rest, uint8_t* offs, float* vals) {
+  for_each_index(p, (n + block - 1) / block, SpikesExtract{x, n, block, s, rest, offs, vals});
+}
+template <class Policy>
+void spikes_restore(Policy&& p, const uint8_t* offs, const float* vals, int64_t n, int block, int s, float* y) {
+  for_each_index(p, (n + block - 1) / block, SpikesRestore{offs, vals, n, block, s, y});
+}
+template <class Policy>
 void index_scatter(Policy&& p, const float* v, const uint32_t* idx, int64_t k, float* y) {
   for_each_index(p, k, IndexScatter{v, idx, y});
 }

@@ -2,6 +2,7 @@
 // and what is allowed. Used by parse_codec_spec and the CLI.
 #include "compress/spec.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -12,7 +13,8 @@ namespace lh::compress {
 
 namespace {
 
-const char* kAllowedStages = "none, fp16, bf16, int8, int4, int2, topk, randk, lowrank, subspace, delta, ef, zstd";
+const char* kAllowedStages =
+    "none, fp16, bf16, int8, int4, int2, topk, randk, lowrank, subspace, spikes, delta, ef, zstd";
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -73,6 +75,8 @@ const char* allowed_options(CodecId id) {
     case CodecId::randk: return "ratio=R (0 < R <= 1)";
     case CodecId::lowrank: return "rank=R (1..1024), iters=K (1..16)";
     case CodecId::subspace: return "k=K (1..4096), seed=S";
+    case CodecId::spikes:
+      return "block=B (4..256), n=S (1..8, below B), values=bf16|fp32";
     case CodecId::zstd:
       return "level=N (1..19)";
     default: return "none";
@@ -132,6 +136,24 @@ Status apply_option(const std::string& spec, const std::string& token, StageSpec
       if (!parse_u64(val, &s->seed)) return bad(spec, token, "seed='" + val + "' must be an unsigned 64-bit integer");
       return Status::Ok();
     }
+  } else if (s->id == CodecId::spikes) {
+    if (key == "block" && has_val) {
+      if (!parse_int(val, 4, kMaxSpikeBlock, &iv))
+        return bad(spec, token, "block='" + val + "' must be an integer in 4.." + std::to_string(kMaxSpikeBlock));
+      s->spike_block = static_cast<int>(iv);
+      return Status::Ok();
+    }
+    if (key == "n" && has_val) {
+      if (!parse_int(val, 1, kMaxSpikes, &iv))
+        return bad(spec, token, "n='" + val + "' must be an integer in 1.." + std::to_string(kMaxSpikes));
+      s->spikes = static_cast<int>(iv);
+      return Status::Ok();
+    }
+    if (key == "values" && has_val) {
+      if (val != "bf16" && val != "fp32") return bad(spec, token, "values='" + val + "' must be bf16 or fp32");
+      s->spike_fp32 = val == "fp32";
+      return Status::Ok();
+    }
   } else if (s->id == CodecId::zstd) {
     if (key == "level" && has_val) {
       if (!parse_int(val, 1, 19, &iv)) return bad(spec, token, "level='" + val + "' must be an integer in 1..19");
@@ -146,7 +168,8 @@ Status apply_option(const std::string& spec, const std::string& token, StageSpec
 
 bool StageSpec::terminal() const { return static_cast<int>(id) <= static_cast<int>(CodecId::int2); }
 bool StageSpec::transform() const {
-  return id == CodecId::topk || id == CodecId::randk || id == CodecId::lowrank || id == CodecId::subspace;
+  return id == CodecId::topk || id == CodecId::randk || id == CodecId::lowrank || id == CodecId::subspace ||
+         id == CodecId::spikes;
 }
 int StageSpec::bits() const {
   return id == CodecId::int8 ? 8 : id == CodecId::int4 ? 4 : id == CodecId::int2 ? 2 : 0;
@@ -164,10 +187,18 @@ std::string StageSpec::to_string() const {
     os << ":rank=" << rank << ",iters=" << iters;
   } else if (id == CodecId::subspace) {
     os << ":k=" << k << ",seed=" << seed;
+  } else if (id == CodecId::spikes) {
+    os << ":block=" << spike_block << ",n=" << spikes << ",values=" << (spike_fp32 ? "fp32" : "bf16");
   } else if (id == CodecId::zstd) {
     os << ":level=" << level;
   }
   return os.str();
+}
+
+int64_t spike_count(int64_t n, int block, int s) {
+  if (n <= 0 || block <= 0) return 0;
+  const int64_t full = n / block, rest = n % block;
+  return full * s + std::min<int64_t>(rest, s);
 }
 
 int64_t sparse_count(double ratio, int64_t n) {
@@ -238,6 +269,10 @@ Result<std::vector<StageSpec>> parse_stages(const std::string& spec) {
         LH_RETURN_IF_ERROR(apply_option(spec, token, &s, trim(o)));
       }
     }
+    if (s.id == CodecId::spikes && s.spikes >= s.spike_block)
+      return bad(spec, token,
+                 "n=" + std::to_string(s.spikes) + " must be below block=" + std::to_string(s.spike_block) +
+                     ": a block keeps fewer spikes than it has values");
     if ((s.id == CodecId::ef || s.id == CodecId::delta) && t != 0)
       return bad(spec, token, std::string(codec_name(s.id)) + " must be the first stage (e.g. '" + codec_name(s.id) +
                                   "+int8')");

@@ -12,11 +12,15 @@
 //   randk [ratio=R]     (default 0.1)                a seeded random subset, no indices sent
 //   lowrank [rank=R] [iters=K]  (R 1..1024 default 4, K 1..16 default 1)   PowerSGD
 //   subspace [k=K] [seed=S]     (K 1..4096 default 32)                    x·U on a seeded basis
+//   spikes [block=B] [n=S] [values=bf16|fp32]   (B 4..256 default 64, S 1..8 and < B, default 1)
+//                               each block's S largest |x| travel apart (offset in the block + value,
+//                               bf16 by default); the rest, those S set to 0, goes to later stages
+//                               ("spike reserving": `spikes+int4` quantizes without the outliers)
 //   delta                       AQ-SGD change from the last value of the same sample (first only)
 //   ef                          error feedback (first only)
 //   zstd  [level=N]     (1..19, default 3)           lossless: zstd of the whole packet the stages
 //                                                    before it make (last only; `zstd` alone = none+zstd)
-// Transforms (topk, randk, lowrank, subspace) may follow one another; a terminal stage comes last
+// Transforms (topk, randk, lowrank, subspace, spikes) may follow one another; a terminal stage comes last
 // (before a zstd) and, when absent, the last transform's outputs travel as fp32 (`none`).
 // zstd is a CPU stage for tensors on any device: it compresses the encoded packet's host bytes.
 #pragma once
@@ -46,15 +50,24 @@ struct StageSpec {
   uint64_t seed = 0x5EEDBA5Eull;
   // zstd
   int level = 3;
+  // spikes
+  int spike_block = 64;
+  int spikes = 1;
+  bool spike_fp32 = false;
 
   bool terminal() const;
-  bool transform() const;  // has children: topk, randk, lowrank, subspace
+  bool transform() const;  // has children: topk, randk, lowrank, subspace, spikes
   int bits() const;        // 8/4/2 for the integer quantizers, else 0
   std::string to_string() const;  // canonical text, options always written out
 };
 
 // Number of values topk/randk keep of n: round(ratio·n), at least 1 when n > 0.
 int64_t sparse_count(double ratio, int64_t n);
+// Limits of the spikes stage: offsets are one byte, a block keeps at most kMaxSpikes values.
+constexpr int kMaxSpikeBlock = 256;
+constexpr int kMaxSpikes = 8;
+// Number of values spikes keeps of n: per block of `block`, min(s, the block's length).
+int64_t spike_count(int64_t n, int block, int s);
 
 // Named chains from the compression frontier: `preset:NAME` anywhere a spec is taken stands for `spec`.
 struct CodecPreset {

@@ -25,6 +25,8 @@ const char* codec_name(CodecId id) {
     case CodecId::ef: return "ef";
     case CodecId::zstd:
       return "zstd";
+    case CodecId::spikes:
+      return "spikes";
   }
   return "?";
 }

@@ -64,8 +64,9 @@ enum class CodecId : uint8_t {
   delta = 10,
   ef = 11,
   zstd = 12,
+  spikes = 13,
 };
-constexpr int kNumCodecIds = 13;
+constexpr int kNumCodecIds = 14;
 const char* codec_name(CodecId id);
 
 // Which tensor a stream carries. Part of the wire format (a packet names its stream's role).

@@ -29,7 +29,7 @@ Status check_grad_codec_spec(const std::string& spec) {
     if (s.id == compress::CodecId::delta || s.id == compress::CodecId::subspace || s.id == compress::CodecId::lowrank)
       return invalid_argument("'" + std::string(compress::codec_name(s.id)) +
                               "' cannot compress weight gradients (buckets are flat vectors that every replica must "
-                              "decode alike); use fp16, bf16, int8/int4, topk/randk, with ef");
+                              "decode alike); use fp16, bf16, int8/int4, topk/randk, spikes, with ef");
   }
   return Status::Ok();
 }

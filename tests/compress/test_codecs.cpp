@@ -21,11 +21,33 @@ using testing::rel_rms;
 using testing::round_trip;
 
 const std::vector<Shape> kShapes = {{1}, {7}, {64}, {1000}, {3, 5}, {17, 33}, {2, 3, 65}, {4, 8, 16}, {0}, {2, 0, 3}};
-const std::vector<std::string> kSpecs = {
-    "none", "fp16", "bf16", "int8", "int4", "int2", "int8:block=32", "int4:block=128,scale=fp32",
-    "int8:stochastic", "int2:block=4", "topk:ratio=0.1", "randk:ratio=0.25", "lowrank:rank=2", "lowrank:rank=8+int8",
-    "subspace:k=8", "subspace:k=4+int8", "ef+int4", "ef+topk:ratio=0.01+int4", "ef+lowrank:rank=4,iters=2+bf16",
-    "randk:ratio=0.1+topk:ratio=0.2+int4:block=128", "topk:ratio=0.5+fp16", "lowrank:rank=3+topk:ratio=0.5+int8"};
+const std::vector<std::string> kSpecs = {"none",
+                                         "fp16",
+                                         "bf16",
+                                         "int8",
+                                         "int4",
+                                         "int2",
+                                         "int8:block=32",
+                                         "int4:block=128,scale=fp32",
+                                         "int8:stochastic",
+                                         "int2:block=4",
+                                         "topk:ratio=0.1",
+                                         "randk:ratio=0.25",
+                                         "lowrank:rank=2",
+                                         "lowrank:rank=8+int8",
+                                         "subspace:k=8",
+                                         "subspace:k=4+int8",
+                                         "ef+int4",
+                                         "ef+topk:ratio=0.01+int4",
+                                         "ef+lowrank:rank=4,iters=2+bf16",
+                                         "randk:ratio=0.1+topk:ratio=0.2+int4:block=128",
+                                         "topk:ratio=0.5+fp16",
+                                         "lowrank:rank=3+topk:ratio=0.5+int8",
+                                         "spikes",
+                                         "spikes:block=4,n=3+int4",
+                                         "spikes:block=16,n=2,values=fp32+int2",
+                                         "ef+spikes+int4:block=32",
+                                         "spikes:block=8+topk:ratio=0.5+int8"};
 
 TEST(Codecs, EveryChainRoundTripsEveryShapeAndPacketSizeIsExact) {
   for (const std::string& spec : kSpecs) {
@@ -264,6 +286,68 @@ TEST(Codecs, TopkBreaksTiesByLowestIndex) {
   for (int i = 0; i < 100; ++i) EXPECT_EQ(y.at(i), i < 10 ? x.at(i) : 0.0f) << i;
 }
 
+TEST(Codecs, SpikesKeepEachBlocksLargestAndQuantizeTheRestWithoutIt) {
+  // Gaussian values with a large outlier in every other 64-element block, as trained residual streams have.
+  Tensor x = gaussian({8, 256}, 21);
+  const int64_t blocks = x.numel() / 64;
+  std::vector<int64_t> outliers;
+  for (int64_t b = 0; b < blocks; b += 2) {
+    outliers.push_back(b * 64 + (b * 7) % 64);
+    x.at(outliers.back()) = b % 4 ? 40.0f : -40.0f;
+  }
+  StreamState t1, r1, t2, r2, t3, r3;
+  Tensor plain = round_trip(chain_of("int4:block=64"), x, t1, r1);
+  Tensor exact = round_trip(chain_of("spikes:values=fp32+int4:block=64"), x, t2, r2);
+  Tensor bf = round_trip(chain_of("spikes+int4:block=64"), x, t3, r3);
+  for (int64_t i : outliers) {
+    EXPECT_EQ(exact.at(i), x.at(i)) << i;
+    EXPECT_LE(std::fabs(bf.at(i) - x.at(i)), std::fabs(x.at(i)) / 256) << i;  // bf16: 8 significant bits
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    // The block's largest |x| travels apart; int4 steps by the next largest / 8 (fp16 scale rounded up). Values
+    // round to the nearest step, within one where the side opposite the signed maximum clamps at code 7.
+    std::vector<float> mags;
+    for (int64_t i = b * 64; i < (b + 1) * 64; ++i) mags.push_back(std::fabs(x.at(i)));
+    std::sort(mags.rbegin(), mags.rend());
+    const double step = mags[1] / 8 * 1.002;
+    for (int64_t i = b * 64; i < (b + 1) * 64; ++i) {
+      if (std::fabs(x.at(i)) == mags[0]) {
+        EXPECT_EQ(exact.at(i), x.at(i)) << i;
+      } else {
+        ASSERT_LE(std::fabs(exact.at(i) - x.at(i)), step) << "block " << b << " element " << i;
+      }
+    }
+  }
+  // Plain int4 spends its 16 levels on the outliers: most of the rest of those blocks round to 0.
+  EXPECT_LT(rel_rms(x, exact), 0.3 * rel_rms(x, plain));
+  EXPECT_LT(rel_rms(x, bf), 0.3 * rel_rms(x, plain));
+}
+
+TEST(Codecs, SpikesPickByMagnitudeThenLowestIndexWithOffsetsAscending) {
+  // Blocks of 4, two spikes each, 13 elements: the last block holds one.
+  const std::vector<float> x = {1, -5, 5, 2, 0.5f, 4, -4, 7, 3, std::nanf(""), -9, 0, 6};
+  const int64_t n = static_cast<int64_t>(x.size());
+  ASSERT_EQ(spike_count(n, 4, 2), 7);
+  std::vector<float> rest(n, -1.0f), vals(7, 0.0f);
+  std::vector<uint8_t> offs(7, 99);
+  kern::spikes_extract(Exec::cpu(), x.data(), n, 4, 2, rest.data(), offs.data(), vals.data());
+  EXPECT_EQ(offs, (std::vector<uint8_t>{1, 2, 1, 3, 1, 2, 0}));  // 4 and -4 tie: the lower index wins
+  EXPECT_EQ(vals[0], -5.0f);
+  EXPECT_EQ(vals[1], 5.0f);
+  EXPECT_EQ(vals[2], 4.0f);
+  EXPECT_EQ(vals[3], 7.0f);
+  EXPECT_TRUE(std::isnan(vals[4]));  // NaN ranks first, so it travels instead of hiding in a scale
+  EXPECT_EQ(vals[5], -9.0f);
+  EXPECT_EQ(vals[6], 6.0f);
+  const std::vector<float> want_rest = {1, 0, 0, 2, 0.5f, 0, -4, 0, 3, 0, 0, 0, 0};
+  EXPECT_EQ(rest, want_rest);
+  std::vector<float> y = want_rest;
+  kern::spikes_restore(Exec::cpu(), offs.data(), vals.data(), n, 4, 2, y.data());
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isnan(x[i])) EXPECT_EQ(y[i], x[i]) << i;
+  EXPECT_TRUE(std::isnan(y[9]));
+}
+
 TEST(Codecs, RandkKeepsKDistinctValuesAndVariesBetweenPackets) {
   Tensor x = Tensor::empty({5000});
   for (int i = 0; i < 5000; ++i) x.at(i) = float(i + 1);
@@ -356,6 +440,9 @@ TEST(Codecs, CompressionRatiosMatchTheFormats) {
   EXPECT_NEAR(raw / bytes("int2:block=32,scale=fp32"), 32.0 / 3.0, 0.01);
   EXPECT_NEAR(raw / bytes("int4:block=32"), 32.0 / 4.5, 0.01);
   EXPECT_GT(raw / bytes("ef+topk:ratio=0.01+int4"), 50.0);
+  // One spike per 64 values: a byte of offset and a bf16 value (or fp32) on top of int4's 4.25 bits.
+  EXPECT_NEAR(raw / bytes("spikes+int4"), 32.0 / (4.25 + 24.0 / 64), 0.01);
+  EXPECT_NEAR(raw / bytes("spikes:block=32,n=2,values=fp32+int4:block=32"), 32.0 / (4.5 + 2 * 40.0 / 32), 0.01);
   EXPECT_GT(raw / bytes("lowrank:rank=8+int8"), 200.0);
 }
 

@@ -34,7 +34,8 @@ TEST_F(CodecsGpu, ElementwiseAndSparseCodecsGiveIdenticalPackets) {
   for (const char* spec :
        {"none", "fp16", "bf16", "int8", "int4", "int2", "int8:block=32,scale=fp32", "int4:block=128,stochastic",
         "int2:stochastic", "topk:ratio=0.01", "randk:ratio=0.1", "ef+topk:ratio=0.05+int4",
-        "randk:ratio=0.2+topk:ratio=0.3+int8", "delta+int4", "int8+zstd", "ef+int4+zstd"}) {
+        "randk:ratio=0.2+topk:ratio=0.3+int8", "delta+int4", "int8+zstd", "ef+int4+zstd", "spikes+int4",
+        "spikes:block=32,n=3,values=fp32+int2:block=32", "ef+spikes:block=8+int4+zstd"}) {
     for (const Shape& shape : {Shape{3, 1000}, Shape{3, 77, 129}}) {
       Tensor x = gaussian(shape, 17);
       Tensor xg = on_gpu(x);
@@ -51,8 +52,8 @@ TEST_F(CodecsGpu, ElementwiseAndSparseCodecsGiveIdenticalPackets) {
 }
 
 TEST_F(CodecsGpu, DecodingOnEitherDeviceGivesTheSameTensor) {
-  for (const char* spec :
-       {"fp16", "bf16", "int8", "int4:block=32", "int2", "topk:ratio=0.1+int8", "randk:ratio=0.3", "int4+zstd"}) {
+  for (const char* spec : {"fp16", "bf16", "int8", "int4:block=32", "int2", "topk:ratio=0.1+int8", "randk:ratio=0.3",
+                           "int4+zstd", "spikes:n=2+int4"}) {
     Tensor x = gaussian({64, 96}, 3);
     StreamState tx, rc, rg;
     Packet p;

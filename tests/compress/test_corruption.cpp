@@ -164,7 +164,8 @@ INSTANTIATE_TEST_SUITE_P(Codecs, Corruption,
                                            "topk:ratio=0.2", "randk:ratio=0.3", "lowrank:rank=2", "subspace:k=4",
                                            "ef+topk:ratio=0.1+int4", "delta+int8", "lowrank:rank=3+int8",
                                            "randk:ratio=0.5+topk:ratio=0.5+int2", "subspace:k=8+fp16", "int8+zstd",
-                                           "ef+int4+zstd:level=1", "delta+int8+zstd"),
+                                           "ef+int4+zstd:level=1", "delta+int8+zstd", "spikes:block=16,n=2+int4",
+                                           "spikes:values=fp32+int4+zstd"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string n;
                            for (char ch : info.param) n += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';

@@ -41,7 +41,9 @@ TEST(Spec, ParsesTheDesignExamples) {
                         "zstd",
                         "int4+zstd",
                         "ef+int4+zstd:level=9",
-                        "delta+lowrank:rank=2+int8+zstd:level=1"}) {
+                        "delta+lowrank:rank=2+int8+zstd:level=1",
+                        "spikes+int4+zstd",
+                        "spikes:block=32,n=2,values=fp32+int4:block=32"}) {
     auto r = parse_codec_spec(s);
     ASSERT_TRUE(r.ok()) << s << ": " << r.status().to_string();
     // The canonical text parses to the same stages.
@@ -80,6 +82,12 @@ TEST(Spec, BadTokensAreNamedWithWhatIsAllowed) {
   expect_spec_error("lowrank:iters=99", "lowrank:iters=99", "1..16");
   expect_spec_error("subspace:k=-1", "subspace:k=-1", "1..4096");
   expect_spec_error("subspace:seed=-5", "subspace:seed=-5", "unsigned");
+  expect_spec_error("spikes:block=300", "spikes:block=300", "4..256");
+  expect_spec_error("spikes:n=9", "spikes:n=9", "1..8");
+  expect_spec_error("spikes:block=4,n=4", "spikes:block=4,n=4", "below block=4");
+  expect_spec_error("spikes:values=fp8", "spikes:values=fp8", "bf16 or fp32");
+  expect_spec_error("spikes:ratio=0.1", "spikes:ratio=0.1", "allowed for spikes: block=B");
+  expect_spec_error("int4+spikes", "spikes", "terminal");
   expect_spec_error("int8+topk", "topk", "terminal");
   expect_spec_error("topk+ef", "ef", "first stage");
   expect_spec_error("int8+delta", "delta", "first stage");
@@ -191,6 +199,21 @@ TEST(Wire, NestedFieldsAreCheckedToo) {
   Packet low = packet_of("lowrank:rank=2", {10, 6});
   expect_corrupt(with_field<uint32_t>(low, 12, 7), "lowrank rank");
   expect_corrupt(with_field<uint32_t>(low, 16, 0), "lowrank iters");
+  // spikes: block 8, 2 per block over 20 elements = 2 + 2 + 2 offsets from byte 56, then 6 bf16 values.
+  Packet sp = packet_of("spikes:block=8,n=2", {20});
+  expect_corrupt(with_field<uint32_t>(sp, 12, 300), "spikes block");
+  expect_corrupt(with_field<uint32_t>(sp, 12, 2), "spikes block");
+  expect_corrupt(with_field<uint32_t>(sp, 16, 9), "spikes per block");
+  expect_corrupt(with_field<uint32_t>(sp, 16, 0), "spikes per block");
+  expect_corrupt(with_field<uint16_t>(sp, 10, 2), "flags");
+  expect_corrupt(with_field<uint64_t>(sp, 24, 1), "unused parameters");
+  Packet sp_dup = sp;
+  sp_dup.bytes[57] = sp_dup.bytes[56];
+  expect_corrupt(sp_dup, "spikes offsets", nohash);
+  expect_corrupt(with_field<uint8_t>(sp, 57, 8), "spikes offsets", nohash);  // beyond a block of 8
+  expect_corrupt(with_field<uint8_t>(sp, 61, 4), "spikes offsets", nohash);  // the last block holds 4
+  expect_corrupt(with_field<uint8_t>(sp, 62, 1), "spikes offsets' has nonzero padding", nohash);
+  expect_corrupt(with_field<uint8_t>(sp, 64 + 12, 1), "spikes values' has nonzero padding", nohash);
   Packet sub = packet_of("subspace:k=4", {3, 16});
   expect_corrupt(with_field<uint32_t>(sub, 12, 17), "subspace k");
   // A nested packet's shape must be what its parent implies.

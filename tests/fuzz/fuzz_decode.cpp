@@ -51,7 +51,9 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
                          "lowrank:rank=3+int8",
                          "subspace:k=8+fp16",
                          "int8+zstd",
-                         "ef+int4+zstd"};
+                         "ef+int4+zstd",
+                         "spikes:block=16,n=2+int4",
+                         "spikes:values=fp32+int2+zstd"};
   std::vector<std::vector<uint8_t>> out;
   std::vector<int64_t> ids = {1, 2, 3};
   EncodeOptions eo;
