@@ -10,7 +10,8 @@
 # 128): int4+zstd is +0.8% at 300 steps and +6.0% at 1000; k16/int4+zstd +3.3% and +17.6%. A run takes about 100 s
 # at d_model 128 on 2 cores.
 # Environment: STAGES (4: workers = pp = STAGES), STEPS (1000), BATCH (8), MICROBATCHES (4), SEEDS ("1 2 3"),
-#   CODECS ("none int8 int4 int8+zstd int4+zstd k24/int8 k24/int4+zstd k16/int4+zstd lowrank:rank=8+int8"):
+#   CODECS ("none int8 int4 int8+zstd int4+zstd spikes+int4+zstd k24/int8 k24/int4+zstd k16/int4+zstd
+#     lowrank:rank=8+int8"):
 #     whitespace-separated entries
 #     [kK/]FWD[|BWD]: FWD is the codec spec of both directions unless |BWD gives the backward one (quote the
 #     variable: `|` is the shell's pipe); a kK/ prefix adds --subspace-k K (a subspace model: a model change,
@@ -37,7 +38,7 @@ STEPS="${STEPS:-1000}"
 BATCH="${BATCH:-8}"
 MICROBATCHES="${MICROBATCHES:-4}"
 SEEDS="${SEEDS:-1 2 3}"
-CODECS="${CODECS:-none int8 int4 int8+zstd int4+zstd k24/int8 k24/int4+zstd k16/int4+zstd lowrank:rank=8+int8}"
+CODECS="${CODECS:-none int8 int4 int8+zstd int4+zstd spikes+int4+zstd k24/int8 k24/int4+zstd k16/int4+zstd lowrank:rank=8+int8}"
 CORPORA="${CORPORA:-fortunes cpp}"
 SHAPES="${SHAPES:-small d192}"
 OUT="${OUT:-$(mktemp -d /tmp/lh_bench_frontier.XXXXXX)}"
