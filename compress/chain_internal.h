@@ -75,7 +75,7 @@ Status decode_topk(const Exec& ex, const PacketHeader& h, const uint8_t* own, co
 Status decode_randk(const Exec& ex, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
 Status decode_lowrank(const Exec& ex, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
 Status decode_subspace(DecodeCtx& ctx, const PacketHeader& h, const std::vector<Tensor>& ch, Tensor* out);
-// out may be undefined (it becomes the child) or the caller's tensor.
+// ch[0] is the decoded rest; decode_node decodes it into the caller's tensor when *out is defined.
 Status decode_spikes(const Exec& ex, const PacketHeader& h, const uint8_t* own, const std::vector<Tensor>& ch,
                      Tensor* out);
 
@@ -94,6 +94,8 @@ Status zstd_unwrap(const PacketHeader& h, const uint8_t* packet, std::vector<uin
 Status check_topk_indices(const PacketHeader& h, const uint8_t* own);
 // Size of a spikes own section, and its validation on the host (offsets ascending within each
 // block and inside it, zero padding), for a header header_geometry accepted.
+// Header flags bit 0: the values travel as fp32, not bf16.
+constexpr uint16_t kSpikesFlagFp32 = 1;
 size_t spikes_own_bytes(int64_t n, int block, int s, bool fp32);
 Status check_spikes_section(const PacketHeader& h, const uint8_t* own);
 

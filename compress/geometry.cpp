@@ -128,7 +128,7 @@ Result<Geometry> header_geometry(const PacketHeader& h, const WireLimits& limits
       return g;
     }
     case CodecId::spikes: {
-      if (h.flags & ~uint16_t{1}) return corrupt("packet field 'flags' has unknown bits for spikes");
+      if (h.flags & ~kSpikesFlagFp32) return corrupt("packet field 'flags' has unknown bits for spikes");
       if (h.p2 != 0) return corrupt("packet field 'params': unused parameters of spikes must be 0");
       if (h.p0 < 4 || h.p0 > static_cast<uint32_t>(kMaxSpikeBlock))
         return corrupt("packet field 'spikes block' is " + std::to_string(h.p0) + ", allowed 4.." +
@@ -136,7 +136,7 @@ Result<Geometry> header_geometry(const PacketHeader& h, const WireLimits& limits
       if (h.p1 < 1 || h.p1 > static_cast<uint32_t>(kMaxSpikes) || h.p1 >= h.p0)
         return corrupt("packet field 'spikes per block' is " + std::to_string(h.p1) + ", allowed 1.." +
                        std::to_string(std::min<uint32_t>(kMaxSpikes, h.p0 - 1)));
-      g.own_bytes = spikes_own_bytes(n, static_cast<int>(h.p0), static_cast<int>(h.p1), h.flags & 1);
+      g.own_bytes = spikes_own_bytes(n, static_cast<int>(h.p0), static_cast<int>(h.p1), h.flags & kSpikesFlagFp32);
       g.children = {h.shape};
       return g;
     }

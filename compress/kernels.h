@@ -354,6 +354,12 @@ struct IndexScatter {
 // topk's order key: NaN ranks above everything, so it travels instead of hiding.
 LH_HD LH_INLINE float topk_key(float x) { return x != x ? INFINITY : fabsf(x); }
 
+// Values block b of n keeps as spikes: s, or the length of a short last block when that is less.
+LH_HD LH_INLINE int spikes_in_block(int64_t n, int block, int s, int64_t b) {
+  const int64_t left = n - b * block;
+  return left < s ? static_cast<int>(left) : s;
+}
+
 // spikes (spike reserving): per block of `block` elements, the s (<= 8) largest under topk's order
 // (key desc, index asc) by one block-wide scan each; their offsets in the block ascending. Block b's
 // spikes sit at [b·s, b·s + its count): only the last block can hold fewer than s.
@@ -367,7 +373,7 @@ struct SpikesExtract {
   LH_HD void operator()(int64_t b) const {
     const int64_t start = b * block;
     const int len = n - start < block ? static_cast<int>(n - start) : block;
-    const int cnt = len < s ? len : s;
+    const int cnt = spikes_in_block(n, block, s, b);
     int sel[8];
     for (int j = 0; j < cnt; ++j) {
       int best = -1;
@@ -409,8 +415,7 @@ struct SpikesRestore {
   float* y;
   LH_HD void operator()(int64_t b) const {
     const int64_t start = b * block;
-    const int len = n - start < block ? static_cast<int>(n - start) : block;
-    const int cnt = len < s ? len : s;
+    const int cnt = spikes_in_block(n, block, s, b);
     for (int j = 0; j < cnt; ++j) y[start + offs[b * s + j]] = vals[b * s + j];
   }
 };

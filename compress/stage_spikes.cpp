@@ -16,8 +16,6 @@
 namespace lh::compress::detail {
 
 namespace {
-constexpr uint16_t kFlagFp32Values = 1;
-
 size_t value_bytes(bool fp32) {
   return fp32 ? 4 : 2;
 }
@@ -53,7 +51,7 @@ Status encode_spikes(EncodeCtx& ctx, const StageSpec& s, const Tensor& x, Packet
   }
   h->p0 = static_cast<uint32_t>(s.spike_block);
   h->p1 = static_cast<uint32_t>(s.spikes);
-  h->flags = s.spike_fp32 ? kFlagFp32Values : 0;
+  h->flags = s.spike_fp32 ? kSpikesFlagFp32 : 0;
   out->children = {rest};
   return Status::Ok();
 }
@@ -63,7 +61,7 @@ Status check_spikes_section(const PacketHeader& h, const uint8_t* own) {
   const int block = static_cast<int>(h.p0), s = static_cast<int>(h.p1);
   const int64_t blocks = (n + block - 1) / block;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t len = std::min<int64_t>(block, n - b * block), cnt = std::min<int64_t>(s, len);
+    const int64_t len = std::min<int64_t>(block, n - b * block), cnt = kern::spikes_in_block(n, block, s, b);
     int prev = -1;
     for (int64_t j = 0; j < cnt; ++j) {
       const int off = own[b * s + j];
@@ -76,7 +74,7 @@ Status check_spikes_section(const PacketHeader& h, const uint8_t* own) {
     }
   }
   const size_t k = static_cast<size_t>(spike_count(n, block, s));
-  const size_t vend = pad8(k) + k * value_bytes(h.flags & kFlagFp32Values);
+  const size_t vend = pad8(k) + k * value_bytes(h.flags & kSpikesFlagFp32);
   for (size_t i = k; i < pad8(k); ++i)
     if (own[i] != 0) return corrupt("packet field 'spikes offsets' has nonzero padding");
   for (size_t i = vend; i < pad8(vend); ++i)
@@ -89,13 +87,11 @@ Status decode_spikes(const Exec& ex, const PacketHeader& h, const uint8_t* own, 
   const int64_t n = h.numel();
   const int block = static_cast<int>(h.p0), s = static_cast<int>(h.p1);
   const int64_t k = spike_count(n, block, s);
-  const bool fp32 = h.flags & kFlagFp32Values;
+  const bool fp32 = h.flags & kSpikesFlagFp32;
   const uint8_t* vsrc = own + pad8(static_cast<size_t>(k));
-  // The rest decoded by the later stages is the answer, with the spikes written over it.
-  if (out->defined() && out->raw_data() != ch[0].raw_data())
-    LH_RETURN_IF_ERROR(copy_bytes(out->raw_data(), ex.device, ch[0].raw_data(), ex.device, static_cast<size_t>(n) * 4));
-  else
-    *out = ch[0];
+  // The rest decoded by the later stages (into the caller's tensor when it gave one) is the answer, with the
+  // spikes written over it.
+  *out = ch[0];
   LH_ASSIGN_OR_RETURN(Tensor offs, scratch(ex, k, DType::u8));
   LH_ASSIGN_OR_RETURN(Tensor vals, device_tensor(ex, {k}));
   LH_RETURN_IF_ERROR(copy_bytes(offs.raw_data(), ex.device, own, Device::cpu, static_cast<size_t>(k)));

@@ -343,8 +343,11 @@ TEST(Codecs, SpikesPickByMagnitudeThenLowestIndexWithOffsetsAscending) {
   EXPECT_EQ(rest, want_rest);
   std::vector<float> y = want_rest;
   kern::spikes_restore(Exec::cpu(), offs.data(), vals.data(), n, 4, 2, y.data());
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isnan(x[i])) EXPECT_EQ(y[i], x[i]) << i;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isnan(x[i])) {
+      EXPECT_EQ(y[i], x[i]) << i;
+    }
+  }
   EXPECT_TRUE(std::isnan(y[9]));
 }
 
