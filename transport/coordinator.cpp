@@ -84,6 +84,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
   lo.bind = true;
   lo.tick = std::min(options.heartbeat_interval, std::chrono::milliseconds(100));
   lo.max_message_bytes = int64_t(kMaxControlMessage);
+  lo.bind_retry = std::chrono::seconds(15);
   lo.curve = options.curve;
   Coordinator* self = c.get();
   LH_ASSIGN_OR_RETURN(c->loop_,

@@ -50,6 +50,7 @@ Result<std::unique_ptr<Relay>> Relay::start(const RelayOptions& options) {
   lo.endpoint = options.listen;
   lo.bind = true;
   lo.max_message_bytes = int64_t(options.max_message_bytes + 64);
+  lo.bind_retry = std::chrono::seconds(15);
   lo.curve = options.curve;
   Relay* self = r.get();
   auto loop = ZmqLoop::start(lo, [self](Frames&& f) { self->on_message(std::move(f)); }, [] {});

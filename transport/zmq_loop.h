@@ -57,6 +57,10 @@ class ZmqLoop {
     int socket_type = ZMQ_DEALER;
     std::string endpoint;  // bind ("tcp://127.0.0.1:*" picks a free port) or connect address
     bool bind = false;
+    // A bind that finds the address in use tries again every 100 ms for this long before it fails. A coordinator
+    // restarted on its old port can find it briefly held: by the old process's last sockets, or by one of its own
+    // workers, whose reconnection to a loopback port in the ephemeral range can connect to itself.
+    std::chrono::milliseconds bind_retry{0};
     std::chrono::milliseconds tick{100};
     int64_t max_message_bytes = -1;  // ZMQ_MAXMSGSIZE: larger inbound messages drop the connection
     // DEALER: the routing id the ROUTER knows this socket by, kept across reconnections (empty: ZeroMQ picks one

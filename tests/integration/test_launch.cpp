@@ -1114,18 +1114,26 @@ TEST_F(Launch, ResumeFallsBackPastACorruptedCheckpoint) {
   EXPECT_NE(foreign.output.find("no checkpoint in"), std::string::npos) << foreign.output;
 }
 
-// A free TCP port on loopback (bound and released; a coordinator restarted on it must find it again).
+// A TCP port on loopback that is free now and whose next port (the relay's) is free too, below the ephemeral range
+// (32768 up on Linux): a coordinator restarted on it must find it again, and no outgoing connection (another test's,
+// or a worker's reconnection that connects to itself) can be handed it meanwhile.
 int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
-    return 0;
-  close(fd);
-  return ntohs(a.sin_port);
+  auto is_free = [](int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(uint16_t(port));
+    const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    if (fd >= 0) close(fd);
+    return ok;
+  };
+  const int first = 20000 + int(getpid() % 6000) * 2;
+  for (int i = 0; i < 6000; ++i) {
+    const int port = 20000 + (first - 20000 + 2 * i) % 12000;
+    if (is_free(port) && is_free(port + 1)) return port;
+  }
+  return 0;
 }
 
 // The coordinator of a job started as separate processes is SIGKILLed: its workers roll back and wait for it

@@ -1,12 +1,15 @@
 // The data-plane relay: two UcxDataPlanes whose pair goes through a Relay (as when they cannot connect directly)
 // exchange every kind of transfer, sealed or not, with the plane's own bounds; the relay refuses hellos without the
 // token and drops what it cannot place, counted.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
 
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -229,6 +232,51 @@ TEST(Relay, DropsWhatItCannotPlace) {
   EXPECT_TRUE(relay->forwarded().empty());
   zmq_close(s);
   zmq_ctx_term(ctx);
+}
+
+// A listener whose port is held when it starts waits for it (bind_retry) and takes it once it is let go; a port that
+// stays held past the wait is an error naming the address and the cause.
+TEST(ZmqLoopBind, AHeldPortIsWaitedForThenNamed) {
+  // A port held by a plain listening socket (no SO_REUSEADDR: ZeroMQ's bind cannot share it).
+  auto hold = [](int* port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 1) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return -1;
+    *port = ntohs(a.sin_port);
+    return fd;
+  };
+  auto options = [](int port, std::chrono::milliseconds retry) {
+    ZmqLoop::Options o;
+    o.socket_type = ZMQ_ROUTER;
+    o.endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+    o.bind = true;
+    o.bind_retry = retry;
+    return o;
+  };
+  int port = 0;
+  int fd = hold(&port);
+  ASSERT_GE(fd, 0);
+  auto refused = ZmqLoop::start(
+      options(port, 300ms), [](Frames&&) {}, [] {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cannot listen on 'tcp://127.0.0.1:" + std::to_string(port) + "'"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("in use"), std::string::npos) << refused.status().message();
+  std::thread release([fd] {
+    std::this_thread::sleep_for(500ms);
+    close(fd);
+  });
+  auto waited = ZmqLoop::start(
+      options(port, 20s), [](Frames&&) {}, [] {});
+  release.join();
+  ASSERT_TRUE(waited.ok()) << waited.status().message();
+  EXPECT_EQ((*waited)->endpoint(), "tcp://127.0.0.1:" + std::to_string(port));
 }
 
 TEST(TcpEndpoint, AddressesAreSplitAndBadOnesRefused) {
