@@ -26,7 +26,8 @@
 #   OUT (a fresh temp dir): per run <corpus>.<shape>.<entry>.s<seed>.{jsonl,log} (entry with / -> _ and | -> ~),
 #     results.tsv (one line per run), wall.txt and frontier.md (the tables in markdown). Resumable: a run whose
 #     metrics already hold the validation loss of step STEPS is not run again, so OUT=<same dir> continues a grid.
-# A failed run is retried once (as bench_wan.sh does); one that fails twice is reported and missing in the tables.
+# A failed run is retried once (as bench_wan.sh does); one that fails twice is reported and missing in the tables,
+# and the script exits 1 after printing them.
 # Bytes per token: wire bytes sent over all STAGES-1 stage links (forward: role act; backward: role act_grad; the
 # end-of-job validation pass travels as role other and is not counted) over the training tokens STEPS x BATCH x seq
 # (seq from the run's log, else from the shape's flags).
@@ -375,3 +376,4 @@ notes() {
 { settings text; echo; tables text; echo; notes; } 
 { echo "## The compression frontier (issue 15)"; echo; settings md; echo; tables md; echo; notes; } >"$OUT/frontier.md"
 echo "$me: tables also in $OUT/frontier.md; per-run numbers in $results" >&2
+[ "$n_failed" -eq 0 ] || die "$n_failed run(s) failed twice and are missing from the tables (their logs are in $OUT)"

@@ -1,6 +1,6 @@
-// defines: wan_script() (the source tree's scripts/wan.sh), netns_unavailable_reason() and nat_unavailable_reason() —
-// whether this machine can build emulated links or NAT'd sites. Used by the integration tests that run jobs in network
-// namespaces.
+// defines: source_script(name) (the source tree's scripts/<name>), wan_script() (scripts/wan.sh),
+// netns_unavailable_reason() and nat_unavailable_reason() — whether this machine can build emulated links or NAT'd
+// sites. Used by the integration tests that run jobs in network namespaces and those that run the scripts.
 #pragma once
 
 #include <unistd.h>
@@ -13,9 +13,10 @@
 
 namespace lh {
 
-inline std::string wan_script() {
+// The source tree's scripts/<name> (LH_SOURCE_DIR, else the build tree's CMake cache, else relative).
+inline std::string source_script(const std::string& name) {
   const char* src = std::getenv("LH_SOURCE_DIR");
-  if (src) return std::string(src) + "/scripts/wan.sh";
+  if (src) return std::string(src) + "/scripts/" + name;
   // The test binary lives in <build>/bin; the source tree is found through the CMake cache.
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -25,8 +26,12 @@ inline std::string wan_script() {
   std::ifstream c(dir + "/CMakeCache.txt");
   std::string line;
   while (std::getline(c, line))
-    if (line.rfind("longhaul_SOURCE_DIR:STATIC=", 0) == 0) return line.substr(27) + "/scripts/wan.sh";
-  return "scripts/wan.sh";
+    if (line.rfind("longhaul_SOURCE_DIR:STATIC=", 0) == 0) return line.substr(27) + "/scripts/" + name;
+  return "scripts/" + name;
+}
+
+inline std::string wan_script() {
+  return source_script("wan.sh");
 }
 
 // "" when `script probe` says this machine can build what the script builds; else why not.
