@@ -63,15 +63,15 @@ Status ZmqLoop::init(const Options& options) {
     LH_CHECK_CODE(
         zmq_call(zmq_setsockopt(sock_, ZMQ_ROUTING_ID, options.routing_id.data(), options.routing_id.size())));
   if (options.bind) {
-    const auto give_up = std::chrono::steady_clock::now() + options.bind_retry;
     ZmqCall c = zmq_call(zmq_bind(sock_, options.endpoint.c_str()));
-    for (bool told = false; c.rc == -1 && c.err == EADDRINUSE && std::chrono::steady_clock::now() < give_up;) {
-      if (!told)
-        LH_LOG_WARN("'{}' is in use; trying again for up to {} s", options.endpoint,
-                    std::chrono::duration_cast<std::chrono::seconds>(options.bind_retry).count());
-      told = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      c = zmq_call(zmq_bind(sock_, options.endpoint.c_str()));
+    if (c.rc == -1 && c.err == EADDRINUSE && options.bind_retry.count() > 0) {
+      LH_LOG_WARN("'{}' is in use; trying again for up to {:g} s", options.endpoint,
+                  double(options.bind_retry.count()) / 1000);
+      const auto give_up = std::chrono::steady_clock::now() + options.bind_retry;
+      while (c.rc == -1 && c.err == EADDRINUSE && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        c = zmq_call(zmq_bind(sock_, options.endpoint.c_str()));
+      }
     }
     if (c.rc == -1) return unavailable("cannot listen on '" + options.endpoint + "': " + zmq_strerror(c.err));
     char buf[256];

@@ -1128,9 +1128,10 @@ int free_port() {
     if (fd >= 0) close(fd);
     return ok;
   };
-  const int first = 20000 + int(getpid() % 6000) * 2;
+  // Even ports from 20000 to 31998, starting at one this process picks (parallel tests start apart).
+  const int start = int(getpid() % 6000);
   for (int i = 0; i < 6000; ++i) {
-    const int port = 20000 + (first - 20000 + 2 * i) % 12000;
+    const int port = 20000 + 2 * ((start + i) % 6000);
     if (is_free(port) && is_free(port + 1)) return port;
   }
   return 0;
