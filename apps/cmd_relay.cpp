@@ -22,6 +22,7 @@ void on_relay_signal(int) {
 struct RelayFlags {
   std::string listen = "tcp://0.0.0.0:5556";
   SecretFlags secret;
+  std::string relay_key_file;
   double stats_every_s = 60;
 };
 
@@ -31,6 +32,8 @@ void run_relay(const RelayFlags& f) {
   o.listen = f.listen;
   o.token = secret.join_proof();
   o.curve = secret.server_curve();
+  o.rank_key = f.relay_key_file.empty() ? secret.relay_rank_key()
+                                        : load_secret_file(f.relay_key_file, "--relay-key-file").relay_rank_key();
   set_log_role("relay");
   auto relay = Relay::start(o);
   if (!relay.ok()) fail("--listen " + f.listen + ": " + relay.status().message(), 2);
@@ -68,6 +71,9 @@ RegisterCommand reg("", 45, [](CLI::App& app) {
                                  "(start the coordinator with --relay tcp://HOST:PORT)");
   cmd->add_option("--listen", f->listen, "tcp://HOST:PORT to bind")->capture_default_str();
   add_secret_flags(cmd, f->secret);
+  cmd->add_option("--relay-key-file", f->relay_key_file,
+                  "a key file (`longhaul keygen`) given to the coordinator's --relay-key-file too and to no worker: a "
+                  "member of the job then cannot bind another member's rank here (without it, a member could)");
   cmd->add_option("--stats-every", f->stats_every_s, "seconds between lines of counts (0: only at exit)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 86400.0));

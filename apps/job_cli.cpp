@@ -158,6 +158,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "tcp://HOST:PORT of a relay run elsewhere (`longhaul relay` on a machine every worker reaches) for "
                   "the pairs that cannot connect directly; the coordinator then runs none")
       ->group(g);
+  cmd->add_option("--relay-key-file", f.relay_key_file,
+                  "with --relay: a key file (`longhaul keygen`) given to that relay too and to no worker; each "
+                  "worker's hello then binds only its own rank even against a member of the job (without it, "
+                  "against strangers only)")
+      ->group(g);
 
   const char* r = "Checkpoints and recovery";
   cmd->add_option("--checkpoint-dir", f.checkpoint_dir,
@@ -288,6 +293,12 @@ void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group) {
     for (auto* o : {key, file, text}) o->group(group);
 }
 
+JobSecret load_secret_file(const std::string& path, const std::string& flag) {
+  auto s = JobSecret::load(path, flag, nullptr);
+  if (!s.ok()) fail(s.status().message(), 2);
+  return *s;
+}
+
 std::optional<JobSecret> resolve_secret(const SecretFlags& f) {
   bool weak = false;
   std::optional<JobSecret> secret;
@@ -296,10 +307,6 @@ std::optional<JobSecret> resolve_secret(const SecretFlags& f) {
     auto s = JobSecret::load(key ? f.key_file : f.token_file, key ? "--key-file" : "--token-file", &weak);
     if (!s.ok()) fail(s.status().message(), 2);
     secret = *s;
-    struct stat st {};
-    if (::stat((key ? f.key_file : f.token_file).c_str(), &st) == 0 && (st.st_mode & 077))
-      LH_LOG_WARN("{} '{}' can be read by other users of this machine (mode {:o}); chmod 600 it",
-                  key ? "--key-file" : "--token-file", key ? f.key_file : f.token_file, st.st_mode & 0777);
   } else if (!f.token.empty()) {
     LH_LOG_WARN(
         "--token puts the job secret on the command line, where `ps` shows it to every user of this machine; use "
@@ -359,6 +366,7 @@ CoordinatorOptions control_options(const std::string& listen, const JobSecret& s
   o.listen = listen;
   o.token = secret.join_proof();
   o.curve = secret.server_curve();
+  o.relay_rank_key = secret.relay_rank_key();  // what `longhaul relay` derives from the same secret
   o.heartbeat_timeout = std::chrono::milliseconds(int64_t(heartbeat_timeout_s * 1000));
   o.heartbeat_interval = std::max(std::chrono::milliseconds(20), o.heartbeat_timeout / 10);
   return o;
@@ -376,6 +384,12 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
     auto at = parse_tcp_endpoint(f.relay_at);
     if (!at.ok()) fail("--relay '" + f.relay_at + "': " + at.status().message(), 2);
     o.control.relay_at = f.relay_at;
+    if (!f.relay_key_file.empty())
+      o.control.relay_rank_key = load_secret_file(f.relay_key_file, "--relay-key-file").relay_rank_key();
+  } else if (!f.relay_key_file.empty()) {
+    fail("--relay-key-file is for a relay run elsewhere (--relay tcp://HOST:PORT); the coordinator's own relay keys "
+         "each rank's hello by itself",
+         2);
   }
   if (f.relay_port > 0) {
     auto at = parse_tcp_endpoint(listen, /*any_port=*/true);

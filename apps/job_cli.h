@@ -34,6 +34,7 @@ struct JobFlags {
   bool no_relay = false;
   int relay_port = 0;  // 0: the control port + 1 (any free port when that is '*')
   std::string relay_at;  // --relay tcp://HOST:PORT: a relay run elsewhere (`longhaul relay`)
+  std::string relay_key_file;  // --relay-key-file: the key that relay checks each rank's hello with
   // Job checkpoints and recovery.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;
@@ -53,6 +54,8 @@ PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd);
 
 void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group = "");
 // The secret, or nullopt when none is given. A bad key file ends the command; --token warns (`ps` shows it).
+// A key file's secret (`flag` names it in the error that exits 2).
+JobSecret load_secret_file(const std::string& path, const std::string& flag);
 std::optional<JobSecret> resolve_secret(const SecretFlags& f);
 // A worker's or ctl's secret: required (the error says where to find it).
 JobSecret required_secret(const SecretFlags& f, const std::string& command);

@@ -80,11 +80,18 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   return write_file_atomically(path, bytes);
 }
 
-Status write_file_atomically(const std::string& path, const std::string& bytes) {
+Status write_file_atomically(const std::string& path, const std::string& bytes, unsigned mode) {
   // The temp file lives beside the target so rename() stays within one filesystem and is atomic.
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode_t(mode));
   if (fd < 0) return io_error("cannot create temp file '" + tmp + "': " + errno_text());
+  // O_CREAT's mode is for a new file only (a crashed writer's leftover keeps its own) and passes through the umask.
+  if (::fchmod(fd, mode_t(mode)) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return io_error("cannot set the mode of '" + tmp + "': " + why);
+  }
   Status s = write_all(fd, bytes.data(), bytes.size(), tmp);
   if (s.ok() && ::fsync(fd) != 0) s = io_error("fsync of '" + tmp + "': " + errno_text());
   if (::close(fd) != 0 && s.ok()) s = io_error("closing '" + tmp + "': " + errno_text());

@@ -75,8 +75,9 @@ Status save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 Result<Checkpoint> load_checkpoint(const std::string& path);
 
 // Writes `bytes` to `path` atomically (a temp file beside it, fsync, rename, fsync of the directory): a crash
-// leaves the old file or the new one, never a torn one.
-Status write_file_atomically(const std::string& path, const std::string& bytes);
+// leaves the old file or the new one, never a torn one. The file gets `mode` (0600 by default: checkpoints hold a
+// model's weights and the job's configuration, for the owner only).
+Status write_file_atomically(const std::string& path, const std::string& bytes, unsigned mode = 0600);
 // The whole file; more than `max_bytes` is a kCorrupt error (nothing larger is allocated).
 Result<std::string> read_whole_file(const std::string& path, uint64_t max_bytes);
 

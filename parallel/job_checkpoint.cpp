@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "core/checkpoint.h"
+#include "core/json_limits.h"
 #include "core/log.h"
 
 namespace lh {
@@ -46,7 +47,7 @@ Result<std::unique_ptr<JobCheckpointStore>> JobCheckpointStore::open(const std::
   if (keep < 1) return invalid_argument("--keep-checkpoints " + std::to_string(keep) + ": keep at least 1");
   if (workers < 1) return invalid_argument("job checkpoints: no workers");
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  if (std::filesystem::create_directories(dir, ec)) std::filesystem::permissions(dir, std::filesystem::perms::owner_all, ec);
   if (!std::filesystem::is_directory(dir, ec))
     return io_error("--checkpoint-dir '" + dir + "' is not a directory and cannot be created");
   std::unique_ptr<JobCheckpointStore> s(new JobCheckpointStore());
@@ -86,12 +87,21 @@ Result<bool> JobCheckpointStore::add_shard(int64_t step, int rank, const std::st
   if (step <= committed_)
     return invalid_argument("a checkpoint shard for step " + std::to_string(step) + " from rank " +
                             std::to_string(rank) + ", at or before the committed step " + std::to_string(committed_));
+  if (!pending_.count(step)) {
+    int open = 0;  // unfinished steps this rank has a shard in
+    for (const auto& [other, ranks] : pending_) open += int(ranks.count(rank));
+    if (open >= kMaxPendingStepsPerRank)
+      return invalid_argument("a checkpoint shard for step " + std::to_string(step) + " from rank " +
+                              std::to_string(rank) + ", which already has shards in " + std::to_string(open) +
+                              " unfinished checkpoints");
+  }
   auto& have = pending_[step];
   if (have.count(rank))
     return invalid_argument("a second checkpoint shard for step " + std::to_string(step) + " from rank " +
                             std::to_string(rank));
   std::error_code ec;
-  std::filesystem::create_directories(step_dir(step), ec);
+  if (std::filesystem::create_directories(step_dir(step), ec))  // its files are the owner's only, and so is it
+    std::filesystem::permissions(step_dir(step), std::filesystem::perms::owner_all, ec);
   if (ec) return io_error("cannot create '" + step_dir(step) + "': " + ec.message());
   LH_RETURN_IF_ERROR(write_file_atomically(step_dir(step) + "/" + shard_name(rank), bytes));
   have[rank] = {uint64_t(bytes.size()), XXH64(bytes.data(), bytes.size(), 0)};
@@ -149,6 +159,8 @@ void JobCheckpointStore::set_workers(int workers) {
 Result<JobCheckpoint> JobCheckpointStore::load(int64_t step, const GridCheck& fits) const {
   const std::string where = step_dir(step) + ": ";
   LH_ASSIGN_OR_RETURN(std::string text, read_whole_file(step_dir(step) + "/manifest.json", kMaxManifestBytes));
+  Status bounded = check_json_limits(text, JsonLimits{kMaxManifestBytes}, where + "manifest.json");
+  if (!bounded.ok()) return corrupt(bounded.message());
   nlohmann::json m = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (m.is_discarded() || !m.is_object()) return corrupt(where + "manifest.json is not a JSON object");
   try {

@@ -36,7 +36,10 @@ class JobCheckpointStore {
   // Worker `rank`'s shard of `step`, written durably. Returns true when it completed the step's set (the caller
   // then commits). A step at or before the last committed one, a rank out of range or a second shard of a rank
   // is refused.
+  // A rank with shards in kMaxPendingStepsPerRank unfinished steps is refused one for another (replicas of a DiLoCo
+  // round may run a few checkpoints apart; a member parking shards may not fill the disk).
   Result<bool> add_shard(int64_t step, int rank, const std::string& bytes);
+  static constexpr int kMaxPendingStepsPerRank = 8;
   // Writes the manifest of `step` (every shard present) with `extra` fields merged in, then prunes: committed
   // steps beyond the newest `keep`, and unfinished steps older than the newest committed one.
   Status commit(int64_t step, const nlohmann::json& extra);

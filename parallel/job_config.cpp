@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 
+#include "core/json_limits.h"
 #include "parallel/auto_codec.h"
 #include "parallel/dp_reducer.h"
 #include "parallel/link_name.h"
@@ -517,14 +518,8 @@ std::string PipelineJobConfig::resume_hash() const {
 }
 
 Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    return invalid_argument("job config: not valid JSON (at byte " + std::to_string(e.byte) + ")");
-  } catch (const nlohmann::json::exception& e) {  // out_of_range on a number such as 1e999
-    return invalid_argument(std::string("job config: not valid JSON (") + e.what() + ")");
-  }
+  // A plan's configuration holds the job's link rules (up to 4096) and dp split: well under 4 MiB.
+  LH_ASSIGN_OR_RETURN(nlohmann::json j, parse_json_bounded(text, JsonLimits{size_t(4) << 20}, "job config"));
   if (!j.is_object()) return invalid_argument("job config: expected a JSON object");
   PipelineJobConfig c;
   JobFieldReader r(j);

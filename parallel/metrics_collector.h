@@ -3,6 +3,7 @@
 // Used by the coordinator (launch / `longhaul coordinator`).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,7 +32,13 @@ class MetricsCollector {
   // One line from worker `rank` for `step` (as the WorkerStepMetrics control message carries them). A line
   // that does not parse, or whose worker or step differ from the message's, is refused with the
   // reason and not written; so is a second line for the same worker and step. Thread-safe.
+  // A worker's lines are kept in memory for the summary: at most kMaxKeptBytesPerRank of one rank's, and a line past
+  // that is refused naming the cap.
   Status add(int rank, int64_t step, const std::string& json_line);
+  static constexpr size_t kMaxKeptBytesPerRank = size_t(256) << 20;
+  void set_kept_bytes_per_rank(size_t bytes) { kept_limit_ = bytes; }  // kMaxKeptBytesPerRank unless set
+  // Whether worker `rank`'s line for `step` was taken (a checkpoint shard follows its step's metrics).
+  bool has(int rank, int64_t step) const;
 
   int64_t newest_step() const;  // −1 before the first record
   size_t records() const;
@@ -46,6 +53,8 @@ class MetricsCollector {
   std::vector<WorkerStepMetrics> records_;
   std::vector<std::string> lines_;          // records_' lines as written
   std::set<std::pair<int, int64_t>> seen_;  // (worker, step)
+  std::map<int, size_t> kept_bytes_;         // worker → bytes of its lines in lines_
+  size_t kept_limit_ = kMaxKeptBytesPerRank;
   int64_t newest_ = -1;
 };
 

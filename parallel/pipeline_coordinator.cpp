@@ -283,6 +283,20 @@ void PipelineCoordinator::on_shard(const ShardSaved& sh) {
     LH_LOG_WARN("coordinator: rank {} sent a checkpoint shard, but the job has no --checkpoint-dir", sh.rank);
     return;
   }
+  // Only for a step the job checkpoints, and only after the rank's own metrics for it (a worker sends them first, on
+  // the same socket): a member cannot park shards for steps it has not reached.
+  const int64_t every = job_.checkpoint_every;
+  if (sh.step < 1 || sh.step > job_.train.steps || every <= 0 ||
+      (sh.step % every != 0 && sh.step != job_.train.steps)) {
+    LH_LOG_WARN("coordinator: checkpoint shard of rank {} for step {} refused: the job checkpoints every {} steps of {}",
+                sh.rank, sh.step, every, job_.train.steps);
+    return;
+  }
+  if (!collector_->has(sh.rank, sh.step)) {
+    LH_LOG_WARN("coordinator: checkpoint shard of rank {} for step {} refused: it has not reported that step", sh.rank,
+                sh.step);
+    return;
+  }
   auto complete = store_->add_shard(sh.step, sh.rank, std::string(sh.bytes.begin(), sh.bytes.end()));
   if (!complete.ok()) {
     LH_LOG_WARN("coordinator: checkpoint shard of rank {} for step {} not saved: {}", sh.rank, sh.step,

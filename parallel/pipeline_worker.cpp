@@ -339,7 +339,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
       host = coordinator->host;
     }
     rc.endpoint = TcpEndpoint{host, 0}.with_port(int(relays.port));
-    rc.token = options.token;
+    rc.token = plan.relay_token.empty() ? options.token : plan.relay_token;  // binds this rank only
     rc.curve = options.curve;
     LH_RETURN_IF_ERROR(ucx_plane->use_relay(rc, relayed));
     meter->set_relayed(relayed);

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <istream>
 
+#include "core/json_limits.h"
+
 namespace lh {
 
 const std::vector<std::string>& metrics_role_names() {
@@ -161,14 +163,7 @@ Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& li
 
 Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source) {
   const std::string where = source + " line " + std::to_string(line_number);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    return invalid_argument(where + ": not valid JSON (at byte " + std::to_string(e.byte) + ")");
-  } catch (const nlohmann::json::exception& e) {  // out_of_range on a number such as 1e999
-    return invalid_argument(where + ": not valid JSON (" + e.what() + ")");
-  }
+  LH_ASSIGN_OR_RETURN(nlohmann::json j, parse_json_bounded(line, JsonLimits{kMaxMetricsLineBytes}, where));
   if (!j.is_object()) return invalid_argument(where + ": expected a JSON object, got " + FieldReader::shown(j));
   FieldReader r(j, where, "");
   WorkerStepMetrics m;

@@ -61,7 +61,10 @@ struct WorkerStepMetrics {
 nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m);
 std::string step_metrics_to_line(const WorkerStepMetrics& m);  // one line, no newline
 
-// Parses one line. Required: step (integer ≥ 0). Optional: worker, stage (integers ≥ 0, default 0),
+// A line longer than this is refused (a worker's line is a few KB: its links and the coordinator's auto decisions).
+inline constexpr size_t kMaxMetricsLineBytes = size_t(1) << 20;
+
+// Parses one line (at most kMaxMetricsLineBytes, nested at most kMaxJsonDepth). Required: step (integer ≥ 0). Optional: worker, stage (integers ≥ 0, default 0),
 // loss, val_loss, lr (numbers or null), tokens_per_s (number ≥ 0), links (array of objects with
 // src, dst (integers ≥ 0, different), role (a metrics role), dir (send|recv, default send), codec
 // (string), raw_bytes, wire_bytes, messages (integers ≥ 0, default 0), seconds (number ≥ 0)).

@@ -2,10 +2,13 @@
 // metrics and ctl relay, rejection with a logged reason. Used by the app layer and tests.
 #include "transport/coordinator.h"
 
+#include <sodium.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
 
+#include "core/json_limits.h"
 #include "core/log.h"
 #include "transport/job_secret.h"
 #include "transport/ucx_data_plane.h"
@@ -94,9 +97,16 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
   if (!options.relay_at.empty()) {
     auto at = parse_tcp_endpoint(options.relay_at);
     if (!at.ok()) return invalid_argument("relay '" + options.relay_at + "': " + at.status().message());
+    if (!options.relay_rank_key.empty() && options.relay_rank_key.size() != kRelayRankKeyBytes)
+      return invalid_argument("the relay's rank key has " + std::to_string(options.relay_rank_key.size()) +
+                              " bytes, not " + std::to_string(kRelayRankKeyBytes));
+    c->relay_rank_key_ = options.relay_rank_key;
   } else if (options.relay) {
     RelayOptions ro;
     ro.token = options.token;
+    c->relay_rank_key_.resize(kRelayRankKeyBytes);  // only this process and its relay know it
+    randombytes_buf(c->relay_rank_key_.data(), c->relay_rank_key_.size());
+    ro.rank_key = c->relay_rank_key_;
     ro.curve = options.curve;
     ro.listen = options.relay_listen;
     if (ro.listen.empty()) {
@@ -256,10 +266,16 @@ void Coordinator::on_message(Frames&& frames) {
     // A worker told to roll back may still send what its abandoned epoch produced: dropped quietly.
     if (w->state == WorkerInfo::State::kRejoining && type != MsgType::kShutdown && type != MsgType::kHeartbeat) return;
     switch (type) {
-      case MsgType::kHeartbeat:
-        w->progress = std::get<Heartbeat>(std::move(m));
+      case MsgType::kHeartbeat: {
+        Heartbeat& hb = std::get<Heartbeat>(m);
+        if (std::string bad = check_pending_locked(*w, hb.pending); !bad.empty()) {
+          lock.unlock();
+          return reject(id, bad, type);
+        }
+        w->progress = std::move(hb);
         w->progress_at = w->last_seen;
         break;
+      }
       case MsgType::kShardSaved: {
         auto& sh = std::get<ShardSaved>(m);
         if (sh.rank != w->rank || w->state != WorkerInfo::State::kReady) {
@@ -324,7 +340,20 @@ void Coordinator::on_message(Frames&& frames) {
           lock.unlock();
           return reject(id, "Barrier before a plan");
         }
-        barrier_arrivals_[std::get<Barrier>(m).id].insert(w->rank);
+        const uint64_t barrier = std::get<Barrier>(m).id;
+        if (!barrier_arrivals_.count(barrier)) {
+          // Ids are a member's to choose: each may hold a few open at once (a worker waits at one at a time).
+          size_t open = 0;
+          for (const auto& [other, ranks] : barrier_arrivals_) open += ranks.count(w->rank);
+          if (open >= kMaxOpenBarriersPerMember) {
+            std::string why = "Barrier " + std::to_string(barrier) + " from rank " + std::to_string(w->rank) +
+                              ", which already waits at " + std::to_string(open) + " open barriers (at most " +
+                              std::to_string(kMaxOpenBarriersPerMember) + ")";
+            lock.unlock();
+            return reject(id, why, type);
+          }
+        }
+        barrier_arrivals_[barrier].insert(w->rank);
         lock.unlock();
         check_barriers();
         return;
@@ -564,6 +593,7 @@ void Coordinator::send_plans() {
     if (p.peers.empty()) p.peers = peers;
     p.heartbeat_interval_ms = int32_t(options_.heartbeat_interval.count());
     p.heartbeat_timeout_ms = int32_t(options_.heartbeat_timeout.count());
+    if (!relay_rank_key_.empty()) p.relay_token = relay_rank_token(relay_rank_key_, p.rank);
     send_raw(ws[i].identity, p);
   }
   LH_LOG_INFO("coordinator: plans sent to {} workers (epoch {})", ws.size(), epoch);
@@ -800,6 +830,28 @@ void Coordinator::begin_rollback_locked(const std::string& reason, std::vector<s
   if (hooks_.on_rollback) later.push_back([this, e = epoch_, reason] { hooks_.on_rollback(e, reason); });
 }
 
+std::string Coordinator::check_pending_locked(const WorkerInfo& w, const std::vector<PendingLink>& pending) const {
+  // Each peer and way at most once, from a planned rank to a rank of the job: the list is bounded by the job. (An
+  // entry for the sender itself is no wait on another rank: the stall and deadlock checks pass over it.)
+  const size_t most = 2 * size_t(std::max(options_.expected_workers, int(workers_.size())));
+  auto named = [&](const std::string& what) {
+    return "Heartbeat from rank " + std::to_string(w.rank) + " lists " + what;
+  };
+  if (pending.empty()) return "";
+  if (w.rank < 0) return named("pending links before a plan");
+  if (pending.size() > most)
+    return named(std::to_string(pending.size()) + " pending links; a job of " +
+                 std::to_string(most / 2) + " workers has at most " + std::to_string(most));
+  std::set<std::pair<int, bool>> seen;
+  for (const PendingLink& p : pending) {
+    if (p.peer < 0 || size_t(p.peer) >= most / 2)
+      return named("a pending link with rank " + std::to_string(p.peer));
+    if (!seen.insert({p.peer, p.send}).second)
+      return named("rank " + std::to_string(p.peer) + (p.send ? " (send)" : " (receive)") + " twice");
+  }
+  return "";
+}
+
 std::map<std::pair<int, int>, std::string> Coordinator::find_stalls_locked(
     std::chrono::steady_clock::time_point now) const {
   std::map<std::pair<int, int>, std::string> out;
@@ -811,7 +863,7 @@ std::map<std::pair<int, int>, std::string> Coordinator::find_stalls_locked(
   auto seconds = [](uint32_t ms) { return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s"; };
   for (const auto& [rank, w] : by_rank)
     for (const PendingLink& p : w->progress.pending) {
-      if (p.send || p.since_progress_ms < limit) continue;
+      if (p.send || p.since_progress_ms < limit || p.peer == rank) continue;
       const int src = p.peer, dst = rank;
       std::string name = hooks_.link_name ? hooks_.link_name(src, dst) : std::string();
       name = (name.empty() ? "" : name + " ") + "(rank " + std::to_string(src) + " → rank " + std::to_string(dst) + ")";
@@ -855,7 +907,7 @@ std::string Coordinator::find_deadlock_locked(std::chrono::steady_clock::time_po
   for (const auto& [rank, w] : by_rank)
     for (const PendingLink& p : w->progress.pending) {
       if (w->progress.blocked_ms < limit) break;
-      if (p.send || p.since_progress_ms < limit) continue;
+      if (p.send || p.since_progress_ms < limit || p.peer == rank) continue;  // a cycle needs two ranks
       auto sender = by_rank.find(p.peer);
       if (sender == by_rank.end()) continue;  // its progress is unknown
       bool sending = false;
@@ -976,6 +1028,13 @@ void Coordinator::on_tick() {
 
 void Coordinator::handle_ctl(const std::string& id, const CtlRequest& req) {
   if (!constant_time_equal(req.token, options_.token)) return reject(id, "wrong token on a ctl request");
+  // A member's arguments are JSON the handlers parse and copy: bounded before any of them sees it.
+  if (Status bounded = check_json_limits(req.args, JsonLimits{kMaxCtlArgsBytes}, "a ctl request's arguments");
+      !bounded.ok()) {
+    LH_LOG_WARN("coordinator: {}", bounded.message());
+    send_raw(id, CtlReply{false, bounded.message()});
+    return;
+  }
   if (hooks_.on_ctl_async) {
     hooks_.on_ctl_async(req, [this, id, command = req.command](Result<std::string> r) {
       if (!r.ok()) LH_LOG_WARN("coordinator: ctl '{}' failed: {}", command, r.status().message());

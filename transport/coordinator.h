@@ -47,6 +47,10 @@ struct CoordinatorOptions {
   // "tcp://HOST:PORT": a relay run elsewhere (`longhaul relay`, e.g. on a well-connected machine) that the workers
   // use instead; the coordinator then starts none. Empty: its own (when `relay`).
   std::string relay_at;
+  // The key the relay at relay_at checks each rank's hello with (RelayOptions::rank_key; `longhaul relay` derives
+  // the same one from the job secret, or takes --relay-key-file): each Plan carries its rank's token. The relay the
+  // coordinator starts itself uses a random key of its own instead.
+  std::string relay_rank_key;
 };
 
 struct WorkerInfo {
@@ -126,6 +130,8 @@ class Coordinator {
   // The pre-flight of the current epoch, one entry per directed pair measured (prober → peer): {"src","dst","link",
   // "ok","error","rtt_ms","mbps","probe_bytes"}; also in status_json() as "preflight".
   nlohmann::json preflight_json() const;
+  // Barrier ids one member may wait at before the others arrive (a worker waits at one at a time): one more is refused.
+  static constexpr size_t kMaxOpenBarriersPerMember = 8;
   // Messages refused so far (bad token, garbage, wrong version, unknown type, not joined …).
   uint64_t rejected() const;
   // Connections refused by CURVE (handshakes that failed, clients the ZAP handler turned away).
@@ -187,6 +193,7 @@ class Coordinator {
   CoordinatorHooks hooks_;
   std::unique_ptr<ZmqLoop> loop_;
   std::unique_ptr<Relay> relay_;
+  std::string relay_rank_key_;  // what the job's relay checks hellos with (empty: the join token, as before)
   std::chrono::steady_clock::time_point preflight_t0_{};  // the start barrier's release
 
   mutable std::mutex mu_;  // guards everything below (hooks run with it released)
@@ -206,6 +213,9 @@ class Coordinator {
   void promote_standbys_locked();
   std::chrono::steady_clock::time_point last_beat_{};  // loop thread only
 
+  // Why a heartbeat's pending list is refused ("" when it is fine): more entries than two per rank of the job, a
+  // peer outside the job, a peer and way twice, any entry before a plan.
+  std::string check_pending_locked(const WorkerInfo& w, const std::vector<PendingLink>& pending) const;
   // With mu_ held: the links that have stalled now, (src, dst) → what is known about it.
   std::map<std::pair<int, int>, std::string> find_stalls_locked(std::chrono::steady_clock::time_point now) const;
   std::map<std::pair<int, int>, std::string> stalls_;  // as last found (mu_)

@@ -7,14 +7,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
-#include <fstream>
 
 namespace lh {
 namespace {
 
 constexpr char kKdfContext[crypto_kdf_CONTEXTBYTES + 1] = "lhctrl01";
-enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3 };
+enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3, kRelayRanks = 4 };
 
 void init_sodium() {
   static const int rc = sodium_init();  // thread-safe, idempotent; −1 only if no randomness is available
@@ -40,6 +40,19 @@ ZmqLoop::Curve keypair(const std::array<uint8_t, 32>& master, uint64_t id) {
   return c;
 }
 
+// BLAKE2b-256 of secrets known to be public: launch_metrics.key, committed to the repository from beb0e44 until it
+// was removed. Every checkout of those commits holds it, so a job keyed with it is open to anyone.
+bool is_public(const std::array<uint8_t, 32>& key) {
+  static constexpr char kPublic[][65] = {"12339c6bddd4522c5aaa258b501474998b41f3a71f52edff27c4654e8e22962e"};
+  uint8_t h[32];
+  crypto_generichash(h, sizeof(h), key.data(), key.size(), nullptr, 0);
+  char hex[65];
+  sodium_bin2hex(hex, sizeof(hex), h, sizeof(h));
+  for (const char* p : kPublic)
+    if (std::strcmp(hex, p) == 0) return true;
+  return false;
+}
+
 }  // namespace
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
@@ -63,21 +76,51 @@ Result<JobSecret> JobSecret::parse(const std::string& text_in, bool* weak) {
   size_t used = 0;
   if (text.size() == 2 * kBytes &&
       sodium_hex2bin(s.key_.data(), kBytes, text.data(), text.size(), nullptr, &used, nullptr) == 0 && used == kBytes) {
+    if (is_public(s.key_))
+      return invalid_argument(
+          "this job secret is public: it was committed to longhaul's repository as launch_metrics.key; delete that "
+          "file (a coordinator or launch without --key-file then makes a new one) or make one with `longhaul keygen`");
     if (weak) *weak = false;
     return s;
   }
-  crypto_generichash(s.key_.data(), kBytes, reinterpret_cast<const uint8_t*>(text.data()), text.size(), nullptr, 0);
+  // Text (an old --token): Argon2id, so that a guess costs what kTokenOps and kTokenMemory say, offline too (a
+  // captured CURVE hello lets anyone test guesses). Every member must derive the same key with nothing exchanged,
+  // so the salt is longhaul's own, not the job's: it rules out tables made for other programs, not for longhaul.
+  static constexpr char kSalt[crypto_pwhash_SALTBYTES + 1] = "longhaul-token01";
+  if (crypto_pwhash(s.key_.data(), kBytes, text.data(), text.size(), reinterpret_cast<const uint8_t*>(kSalt),
+                    kTokenOps, kTokenMemory, crypto_pwhash_ALG_ARGON2ID13) != 0)
+    return internal_error("deriving the job secret from its text: out of memory (Argon2id needs " +
+                          std::to_string(kTokenMemory >> 20) + " MiB)");
   if (weak) *weak = true;
   return s;
 }
 
 Result<JobSecret> JobSecret::load(const std::string& path, const std::string& flag, bool* weak) {
-  std::ifstream in(path);
-  std::string line;
-  if (!in) return invalid_argument(flag + " '" + path + "': cannot open it (" + std::strerror(errno) + ")");
-  if (!std::getline(in, line)) return invalid_argument(flag + " '" + path + "': it is empty");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return invalid_argument(flag + " '" + path + "': cannot open it (" + std::strerror(errno) + ")");
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && !(st.st_mode & 077) && st.st_size <= kMaxKeyFileBytes) {
+    text.resize(size_t(st.st_size));
+    const ssize_t n = text.empty() ? 0 : ::read(fd, text.data(), text.size());
+    text.resize(n > 0 ? size_t(n) : 0);
+  }
+  ::close(fd);
+  if (!S_ISREG(st.st_mode)) return invalid_argument(flag + " '" + path + "': not a regular file");
+  if (st.st_mode & 077) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%03o", unsigned(st.st_mode & 0777));
+    return invalid_argument(flag + " '" + path + "': other users of this machine can read or change the job secret (mode " +
+                            mode + "); chmod 600 '" + path +
+                            "' (a Kubernetes Secret mounted with defaultMode: 0400 is accepted)");
+  }
+  if (st.st_size > kMaxKeyFileBytes)
+    return invalid_argument(flag + " '" + path + "': " + std::to_string(st.st_size) +
+                            " bytes; a key file is one line of 64 hex digits");
+  const std::string line = text.substr(0, text.find('\n'));
+  if (line.find_first_not_of(" \r") == std::string::npos) return invalid_argument(flag + " '" + path + "': it is empty");
   auto s = parse(line, weak);
-  if (!s.ok()) return invalid_argument(flag + " '" + path + "': the first line is empty");
+  if (!s.ok()) return Status(s.status()).prepend(flag + " '" + path + "'");
   return s;
 }
 
@@ -121,6 +164,14 @@ std::string JobSecret::join_proof() const {
   char hex[65];
   sodium_bin2hex(hex, sizeof(hex), proof, sizeof(proof));
   return hex;
+}
+
+std::string JobSecret::relay_rank_key() const {
+  init_sodium();
+  std::string key(32, '\0');
+  crypto_kdf_derive_from_key(reinterpret_cast<uint8_t*>(key.data()), key.size(), kRelayRanks, kKdfContext,
+                             key_.data());
+  return key;
 }
 
 }  // namespace lh

@@ -18,10 +18,15 @@ class JobSecret {
   static constexpr size_t kBytes = 32;
   // 32 random bytes.
   static JobSecret generate();
-  // A key file's first line: 64 hex digits. Any other non-empty text (a token from before key files) is hashed
-  // into a secret, and *weak says so (such a secret is only as strong as the text).
+  // A key file's first line: 64 hex digits. Any other non-empty text (a token from before key files) is stretched
+  // into a secret with Argon2id (crypto_pwhash: kTokenOps passes over kTokenMemory, about 0.3 s here), and *weak
+  // says so (such a secret is only as strong as the text).
   static Result<JobSecret> parse(const std::string& text, bool* weak = nullptr);
-  // Reads a key file; `flag` names where it came from in errors ("--key-file").
+  static constexpr unsigned long long kTokenOps = 3;
+  static constexpr size_t kTokenMemory = size_t(64) << 20;
+  // Reads a key file; `flag` names where it came from in errors ("--key-file"). A file that group or others may
+  // read is refused, naming `chmod 600`: the secret is the job.
+  static constexpr int64_t kMaxKeyFileBytes = 4096;
   static Result<JobSecret> load(const std::string& path, const std::string& flag, bool* weak = nullptr);
   // Writes a new key file readable by its owner only (0600); refuses to replace an existing file.
   Status save_new(const std::string& path) const;
@@ -32,6 +37,8 @@ class JobSecret {
   ZmqLoop::Curve client_curve() const;
   // What Join and CtlRequest carry as their token (hex of a derived key; it never leaves a CURVE channel).
   std::string join_proof() const;
+  // The key a relay checks each rank's hello with (RelayOptions::rank_key; 32 bytes), derived apart from the others.
+  std::string relay_rank_key() const;
 
  private:
   std::array<uint8_t, kBytes> key_{};

@@ -14,7 +14,7 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 6;
+constexpr uint16_t kProtocolVersion = 7;  // 7: Plan::relay_token
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
@@ -170,11 +170,14 @@ struct Plan {
   std::vector<uint8_t> shard;
   // Every live codec change of the job so far (set-codec), to apply on top of `codecs` before the first step.
   std::vector<SetCodec> changes;
+  // What this rank's hello to the job's relay carries (transport/relay.h relay_rank_token): it binds this rank only.
+  // Empty: the join token (a relay without a rank key).
+  std::string relay_token;
   template <class A>
   void serialize(A& ar) {
     ar(rank, world_size, stage, tp_index, dp_index, pp, tp, dp, bounded(peers, 4096, "plan peers"),
        bounded(codecs, kMaxPlanCodecs, "plan codecs"), config, heartbeat_interval_ms, heartbeat_timeout_ms, epoch,
-       resume_step, shard, bounded(changes, kMaxPlanCodecs, "plan codec changes"));
+       resume_step, shard, bounded(changes, kMaxPlanCodecs, "plan codec changes"), relay_token);
   }
 };
 
@@ -317,6 +320,9 @@ struct PeerLost {  // coordinator → survivors: a worker stopped heartbeating
 };
 
 // A one-shot request from a tool (`longhaul ctl`) that has not joined: "status", "set-codec" …
+// The largest JSON argument text of a ctl request the coordinator reads (a set-codec or set-link is under 1 KB).
+inline constexpr size_t kMaxCtlArgsBytes = size_t(64) << 10;
+
 struct CtlRequest {
   std::string token;
   std::string command;

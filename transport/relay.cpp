@@ -36,6 +36,19 @@ bool relay_frame_is(const std::vector<uint8_t>& f, const char* word) {
   return f.size() == n && std::memcmp(f.data(), word, n) == 0;
 }
 
+std::string relay_rank_token(const std::string& rank_key, int rank) {
+  static constexpr char kContext[] = "longhaul relay rank v1";
+  std::vector<uint8_t> in(kContext, kContext + sizeof(kContext));
+  const std::vector<uint8_t> r = relay_u32(uint32_t(rank));
+  in.insert(in.end(), r.begin(), r.end());
+  uint8_t out[32];
+  crypto_generichash(out, sizeof(out), in.data(), in.size(), reinterpret_cast<const uint8_t*>(rank_key.data()),
+                     rank_key.size());
+  char hex[65];
+  sodium_bin2hex(hex, sizeof(hex), out, sizeof(out));
+  return hex;
+}
+
 namespace {
 std::vector<uint8_t> text(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
@@ -43,6 +56,10 @@ std::vector<uint8_t> text(const std::string& s) {
 }  // namespace
 
 Result<std::unique_ptr<Relay>> Relay::start(const RelayOptions& options) {
+  if (!options.rank_key.empty() && options.rank_key.size() != kRelayRankKeyBytes)
+    return invalid_argument("the relay's rank key has " + std::to_string(options.rank_key.size()) + " bytes, not " +
+                            std::to_string(kRelayRankKeyBytes));
+  if (sodium_init() < 0) return internal_error("libsodium cannot start");
   std::unique_ptr<Relay> r(new Relay());
   r->options_ = options;
   ZmqLoop::Options lo;
@@ -100,12 +117,15 @@ void Relay::on_message(Frames&& f) {
   if (relay_frame_is(f[1], kRelayHello)) {
     auto rank = f.size() == 4 ? relay_read_u32(f[2]) : std::nullopt;
     std::string refused;
-    if (!rank || *rank > 4095)
+    if (!rank || *rank > 4095) {
       refused = "a hello needs a rank in [0, 4095] and a token";
-    else if (!options_.token.empty() &&
-             (f[3].size() != options_.token.size() ||
-              sodium_memcmp(f[3].data(), options_.token.data(), options_.token.size()) != 0))
-      refused = "wrong token";
+    } else {
+      const std::string want = options_.rank_key.empty() ? options_.token : relay_rank_token(options_.rank_key, int(*rank));
+      if (!want.empty() && (f[3].size() != want.size() || sodium_memcmp(f[3].data(), want.data(), want.size()) != 0))
+        refused = options_.rank_key.empty() ? "wrong token"
+                                            : "wrong token for rank " + std::to_string(*rank) +
+                                                  " (each rank's is in its plan: a hello binds only its own rank)";
+    }
     if (!refused.empty()) {
       drop("a hello refused: " + refused);
       loop_->send({f[0], text(kRelayRefused), text(refused)});

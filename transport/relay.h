@@ -2,7 +2,10 @@
 // forwards packets between two workers that cannot connect to each other directly (one or both behind NAT or a
 // firewall), over connections both opened outbound. It never decodes a packet: a sealed one (--data-protection)
 // stays sealed end to end. The wire protocol, also spoken by UcxDataPlane's relay client (ucx_data_plane.h):
-//   client → relay  ["hello", rank:u32, token]          bind this connection to `rank` (a newer hello replaces it)
+//   client → relay  ["hello", rank:u32, token]          bind this connection to `rank` (a newer hello replaces it);
+//                                                        token: relay_rank_token(rank key, rank), which the
+//                                                        coordinator hands each rank in its Plan (or the job's
+//                                                        join proof, for a relay without a rank key)
 //   relay → client  ["welcome"] | ["refused", reason]
 //   client → relay  ["data", dst:u32, tag:u64, packet]  forwarded to dst's connection as …
 //   relay → client  ["data", src:u32, tag:u64, packet]  … with the sender's rank, as bound by its hello
@@ -30,6 +33,9 @@ namespace lh {
 struct RelayOptions {
   std::string listen = "tcp://127.0.0.1:*";  // '*' port: any free one (see endpoint())
   std::string token;                         // hellos must carry it (compared in constant time); empty: any
+  // When set (kRelayRankKeyBytes): a hello for rank r must carry relay_rank_token(rank_key, r) instead of `token`, so
+  // a member of the job (which holds the job secret, and so the join proof) cannot bind another member's rank.
+  std::string rank_key;
   std::optional<ZmqLoop::Curve> curve;       // as the control socket's (the job's keys), or unset: plain ZMTP
   // The largest message forwarded (a larger one drops its connection: ZMQ_MAXMSGSIZE). Clients send parts of
   // kRelayFragmentBytes.
@@ -43,6 +49,9 @@ inline constexpr const char* kRelayRefused = "refused";
 inline constexpr const char* kRelayData = "data";
 inline constexpr const char* kRelayFragment = "frag";
 inline constexpr uint64_t kRelayFragmentBytes = uint64_t(256) << 10;
+inline constexpr size_t kRelayRankKeyBytes = 32;
+// The token a hello for `rank` carries under `rank_key` (64 hex digits: a keyed BLAKE2b of the rank).
+std::string relay_rank_token(const std::string& rank_key, int rank);
 std::vector<uint8_t> relay_u32(uint32_t v);
 std::vector<uint8_t> relay_u64(uint64_t v);
 // The integer in `f`, or nothing when it has the wrong size.

@@ -1114,12 +1114,22 @@ Status UcxDataPlane::use_relay(const RelayClientOptions& options, const std::set
     const std::string& t = options.token;
     relay_->send({Bytes(kRelayHello, kRelayHello + std::strlen(kRelayHello)), relay_u32(uint32_t(rank_.load())),
                   Bytes(t.begin(), t.end())});
-    std::unique_lock<std::mutex> lock(relay_mu_);
-    if (!relay_cv_.wait_for(lock, options.timeout, [&] { return relay_answer_.has_value(); }))
-      return unavailable("the relay at " + options.endpoint + " did not answer within " +
-                         std::to_string(options.timeout.count()) + " ms (is its port open to this worker?)");
-    if (!relay_answer_->empty()) return unavailable("the relay at " + options.endpoint + " refused this worker: " +
-                                                    *relay_answer_);
+    Status welcomed = Status::Ok();
+    {
+      std::unique_lock<std::mutex> lock(relay_mu_);
+      if (!relay_cv_.wait_for(lock, options.timeout, [&] { return relay_answer_.has_value(); }))
+        welcomed = unavailable("the relay at " + options.endpoint + " did not answer within " +
+                               std::to_string(options.timeout.count()) + " ms (is its port open to this worker?)");
+      else if (!relay_answer_->empty())
+        welcomed = unavailable("the relay at " + options.endpoint + " refused this worker: " + *relay_answer_);
+    }
+    if (!welcomed.ok()) {
+      // Not connected: a later call says hello again (it used to find the refused connection and take it as bound).
+      relay_.reset();  // its loop thread is joined: no answer arrives after this
+      std::lock_guard<std::mutex> lock(relay_mu_);
+      relay_answer_.reset();
+      return welcomed;
+    }
   }
   LH_RETURN_IF_ERROR(run_on_progress([&]() -> Status {
     for (int r : peers)
@@ -1199,7 +1209,7 @@ void UcxDataPlane::relay_inbound(int src, uint64_t tag_bits, Bytes&& payload) {
   in->peer = src;
   in->tag = tag_bits & kTagMask;
   in->length = payload.size();
-  // Taken from any rank of the plan: the relay vouches for the sender's rank (its hello carried the job's token), and
+  // Taken from any rank of the plan: the relay vouches for the sender's rank (its hello carried that rank's token), and
   // a peer may switch to the relay a moment before this plane does.
   admit_inbound(in);
   if (in->discard) return;

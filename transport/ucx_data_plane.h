@@ -115,7 +115,7 @@ struct DataPlaneSecurity {
 // Where a plane finds the job's relay (transport/relay.h) for the peers it cannot reach directly.
 struct RelayClientOptions {
   std::string endpoint;                 // "tcp://HOST:PORT"
-  std::string token;                    // the job's join token (the relay's hello checks it)
+  std::string token;                    // this rank's relay token (Plan::relay_token), or the join token
   std::optional<ZmqLoop::Curve> curve;  // the job's client keys, when the relay (like the control socket) uses CURVE
   std::chrono::milliseconds timeout{10000};  // how long to wait for the relay's welcome
 };

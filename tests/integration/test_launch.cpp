@@ -397,6 +397,42 @@ TEST_F(Launch, ReplicaLinkOverrideSetsOneGroupsCodec) {
   EXPECT_EQ(rows, 4) << r.output;
 }
 
+// `launch` without --key-file (as the README runs it in a checkout) makes a fresh secret next to its metrics, 0600,
+// and another launch elsewhere makes another: no secret comes with the repository (it ignores *.key). A key file
+// others can read is refused, naming chmod 600, whether given or found next to the metrics.
+TEST_F(Launch, WithoutAKeyFileLaunchMakesAFreshSecretAndRefusesAReadableOne) {
+  const std::string a = temp_path("fresh_a.jsonl"), b = temp_path("fresh_b.jsonl");
+  const std::string key_a = a.substr(0, a.size() - 6) + ".key", key_b = b.substr(0, b.size() - 6) + ".key";
+  ::unlink(key_a.c_str());
+  ::unlink(key_b.c_str());
+  BinRun first = run(launch_args(1, 2, a));
+  ASSERT_EQ(first.code, 0) << first.output;
+  BinRun second = run(launch_args(1, 2, b));
+  ASSERT_EQ(second.code, 0) << second.output;
+  struct stat st {};
+  ASSERT_EQ(::stat(key_a.c_str(), &st), 0) << first.output;
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const std::string secret_a = slurp(key_a).substr(0, 64), secret_b = slurp(key_b).substr(0, 64);
+  EXPECT_EQ(secret_a.find_first_not_of("0123456789abcdef"), std::string::npos) << secret_a;
+  EXPECT_EQ(secret_a.size(), 64u);
+  EXPECT_NE(secret_a, secret_b);
+  EXPECT_EQ(first.output.find(secret_a), std::string::npos) << "launch printed the secret";
+  ASSERT_EQ(::chmod(key_a.c_str(), 0644), 0);
+  BinRun found = run(launch_args(1, 2, a));
+  EXPECT_EQ(found.code, 2) << found.output;
+  EXPECT_NE(found.output.find("other users of this machine can read or change the job secret (mode 644); chmod 600 '" +
+                              key_a + "'"),
+            std::string::npos)
+      << found.output;
+  BinRun given = run(launch_args(1, 2, b, {"--key-file", key_a}));
+  EXPECT_EQ(given.code, 2) << given.output;
+  EXPECT_NE(given.output.find("--key-file '" + key_a + "': other users"), std::string::npos) << given.output;
+  ASSERT_EQ(::chmod(key_a.c_str(), 0400), 0);  // as a Kubernetes Secret with defaultMode: 0400
+  BinRun readonly = run(launch_args(1, 2, a));
+  EXPECT_EQ(readonly.code, 0) << readonly.output;
+  EXPECT_EQ(slurp(key_a).substr(0, 64), secret_a) << "the key next to the metrics is reused";
+}
+
 // `longhaul coordinator` and two `longhaul worker` processes, as on two machines (here both on loopback), sharing a
 // job secret made by `longhaul keygen`. A worker and a ctl with another secret are refused (their CURVE handshake
 // fails, and the coordinator logs it), one without any secret is told where to find it, and the job runs on. The
@@ -1480,19 +1516,22 @@ TEST_F(Launch, APairThatCannotConnectDirectlyGoesThroughTheRelay) {
 
 // A relay on a machine of its own (`longhaul relay`, here on loopback) instead of the coordinator's: the coordinator
 // started with --relay sends the cut pair there, the job completes with the direct job's losses, and the relay
-// counts what it forwarded; a bad --relay is named.
+// counts what it forwarded; a bad --relay is named. Relay and coordinator share a --relay-key-file (the workers do
+// not get it): each worker's hello carries its own rank's token from its plan.
 TEST_F(Launch, AStandaloneRelayCarriesTheCutPair) {
   const int steps = 3;
   const auto want = direct_losses(steps);
-  const std::string key = make_key("relay");
+  const std::string key = make_key("relay"), relay_key = make_key("relay_ranks");
   const std::string relay_out = temp_path("relay.txt");
-  pid_t relay = spawn({"relay", "--listen", "tcp://127.0.0.1:*", "--key-file", key, "--stats-every", "0"}, relay_out);
+  pid_t relay = spawn({"relay", "--listen", "tcp://127.0.0.1:*", "--key-file", key, "--relay-key-file", relay_key,
+                       "--stats-every", "0"},
+                      relay_out);
   std::string ep = wait_for_line(relay_out, "longhaul relay: listening on ", 30s);
   ep = ep.substr(0, ep.find(';'));
   ASSERT_FALSE(ep.empty()) << slurp(relay_out);
   setenv("LH_FAULT_NO_DIRECT", "1-2", 1);
   const std::string metrics = temp_path("standalone.jsonl");
-  BinRun r = run(launch_args(4, steps, metrics, {"--key-file", key, "--relay", ep}), 180s);
+  BinRun r = run(launch_args(4, steps, metrics, {"--key-file", key, "--relay", ep, "--relay-key-file", relay_key}), 180s);
   unsetenv("LH_FAULT_NO_DIRECT");
   kill(relay, SIGTERM);
   EXPECT_EQ(wait_exit(relay, 30s), 0);
@@ -1652,6 +1691,10 @@ TEST_F(Launch, BadFlagsAreNamed) {
       {{"launch", "--workers", "2", "--nat-sites", "1", "--netns", "1M"}, "--nat-sites and --netns exclude"},
       {{"launch", "--workers", "2", "--relay-port", "70000"}, "--relay-port"},
       {{"launch", "--workers", "2", "--relay", "tcp://h:1", "--no-relay"}, "--relay excludes --no-relay"},
+      {{"launch", "--workers", "2", "--relay-key-file", "/nonexistent/r.key"},
+       "--relay-key-file is for a relay run elsewhere"},
+      {{"launch", "--workers", "2", "--relay", "tcp://127.0.0.1:9", "--relay-key-file", "/nonexistent/r.key"},
+       "--relay-key-file '/nonexistent/r.key': cannot open it"},
       {{"worker", "--coordinator", "tcp://127.0.0.1:9", "--data-ports", "9-1"},
        "--data-ports '9-1': the range is empty"},
       {{"worker", "--coordinator", "tcp://127.0.0.1:9", "--data-ports", "40000"},

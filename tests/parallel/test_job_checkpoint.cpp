@@ -100,6 +100,11 @@ TEST(JobCheckpointTest, ADamagedNewestCheckpointFallsBackToTheOneBefore) {
       {"a missing shard", "rank 1's shard", [](const std::string& d) { fs::remove(d + "/rank_0001.shard"); }},
       {"a torn manifest", "not a JSON object",
        [](const std::string& d) { std::ofstream(d + "/manifest.json") << "{\"step\": 6, \"shar"; }},
+      {"a manifest nested 100,000 deep", "manifest.json: JSON nested more than 64 levels deep",
+       [](const std::string& d) {
+         std::ofstream(d + "/manifest.json") << "{\"step\":6,\"job\":" << std::string(100000, '[')
+                                             << std::string(100000, ']') << "}";
+       }},
       {"a manifest without shards", "lacks a field",
        [](const std::string& d) {
          std::ofstream(d + "/manifest.json") << R"({"step":6,"workers":2,"resume_hash":"h1"})";
@@ -126,6 +131,28 @@ TEST(JobCheckpointTest, ADamagedNewestCheckpointFallsBackToTheOneBefore) {
     EXPECT_EQ(store->last_committed(), 4);
     save_step(*store, 6, 2);
   }
+}
+
+// Checkpoints hold the model and the job: their files are the owner's only (0600, in 0700 step directories), and a
+// rank may hold shards in only a few unfinished steps (a member parking shards for future steps fills no disk).
+TEST(JobCheckpointTest, FilesAreTheOwnersAndARanksUnfinishedStepsAreBounded) {
+  const std::string dir = fresh_dir("modes");
+  auto store = value_of(JobCheckpointStore::open(dir, 2, "h1", 3));
+  save_step(*store, 2, 2);
+  for (const char* f : {"/step_00000002/manifest.json", "/step_00000002/rank_0000.shard"})
+    EXPECT_EQ(fs::status(dir + f).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write) << f;
+  EXPECT_EQ(fs::status(dir + "/step_00000002").permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all);
+  for (int i = 0; i < JobCheckpointStore::kMaxPendingStepsPerRank; ++i)
+    EXPECT_FALSE(value_of(store->add_shard(10 * (i + 1), 1, shard_bytes(10 * (i + 1), 1))));
+  Status more = store->add_shard(1000, 1, shard_bytes(1000, 1)).status();
+  EXPECT_NE(more.message().find("from rank 1, which already has shards in 8 unfinished checkpoints"), std::string::npos)
+      << more.message();
+  EXPECT_FALSE(fs::exists(dir + "/step_00001000"));
+  // The other rank completes a parked step, which then commits; rank 1 may park another.
+  EXPECT_TRUE(value_of(store->add_shard(10, 0, shard_bytes(10, 0))));
+  ASSERT_TRUE(store->commit(10, {}).ok());
+  EXPECT_FALSE(value_of(store->add_shard(1000, 1, shard_bytes(1000, 1))));
 }
 
 TEST(JobCheckpointTest, AnotherJobsCheckpointIsRefusedNamingIt) {

@@ -42,6 +42,45 @@ TEST(MetricsCollector, WritesValidLinesAndRefusesTheRest) {
   std::remove(path.c_str());
 }
 
+// A member holds the secret but may not crash or grow the coordinator: a line nested 100,000 deep (it overflowed the
+// stack where the coordinator copied its "auto" field) and one over the size limit are refused, named, before they
+// are parsed; one rank's kept lines are capped, and the other ranks are not held to it.
+TEST(MetricsCollector, NestedOversizedAndTooManyLinesAreRefusedNamed) {
+  auto c = value_of(MetricsCollector::open(""));
+  std::string deep = "{\"step\":1,\"worker\":0,\"auto\":";
+  for (int i = 0; i < 100000; ++i) deep += '[';
+  for (int i = 0; i < 100000; ++i) deep += ']';
+  deep += '}';
+  Status s = c->add(0, 1, deep);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("metrics from rank 0 for step 1 line 1: JSON nested more than 64 levels deep"),
+            std::string::npos)
+      << s.message();
+  std::string big = line(0, 1, ",\"pad\":\"" + std::string(kMaxMetricsLineBytes, 'x') + "\"");
+  s = c->add(0, 1, big);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(std::to_string(big.size()) + " bytes of JSON, more than the " +
+                             std::to_string(kMaxMetricsLineBytes) + " allowed"),
+            std::string::npos)
+      << s.message();
+  // Brackets inside strings are no nesting: a legitimate line with them is taken.
+  const std::string first = line(0, 1, ",\"note\":\"" + std::string(200, '[') + "\\\"{\"");
+  ASSERT_TRUE(c->add(0, 1, first).ok());
+  c->set_kept_bytes_per_rank(first.size() + line(0, 2).size());
+  ASSERT_TRUE(c->add(0, 2, line(0, 2)).ok());
+  s = c->add(0, 3, line(0, 3));  // one line past rank 0's share
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("refused: the coordinator keeps at most"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("of one worker's metrics, and rank 0's lines so far take"), std::string::npos);
+  ASSERT_TRUE(c->add(1, 3, line(1, 3)).ok());
+  EXPECT_TRUE(c->has(0, 2));
+  EXPECT_FALSE(c->has(0, 3));
+  // A rollback drops the later steps and what they took.
+  ASSERT_TRUE(c->truncate_after(0).ok());
+  ASSERT_TRUE(c->add(0, 1, line(0, 1)).ok());
+  EXPECT_EQ(c->records(), 1u);
+}
+
 TEST(MetricsCollector, SummarisesTheJob) {
   auto c = value_of(MetricsCollector::open(""));
   for (int step = 1; step <= 3; ++step) {

@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <zmq.h>
+
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -128,6 +131,80 @@ TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
   EXPECT_FALSE(coord->handle_ctl("set-codec", R"({"link":"0-2","dir":"fwd","spec":"int8"})").ok());
   EXPECT_FALSE(coord->handle_ctl("set-codec", R"({"link":"0-1","dir":"fwd","spec":"int9"})").ok());
   EXPECT_FALSE(coord->handle_ctl("reboot", "{}").ok());
+}
+
+// A bare DEALER speaking the control protocol as a (misbehaving) member would.
+struct RawMember {
+  void* ctx = zmq_ctx_new();
+  void* sock = zmq_socket(ctx, ZMQ_DEALER);
+  uint32_t seq = 0;
+  explicit RawMember(const std::string& ep) {
+    int linger = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger));
+    zmq_connect(sock, ep.c_str());
+  }
+  ~RawMember() {
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+  }
+  void send(const ControlMessage& m) {
+    const std::vector<uint8_t> b = encode_message(m, seq++);
+    zmq_send(sock, b.data(), b.size(), 0);
+  }
+  template <class T>
+  std::optional<T> next() {
+    for (int i = 0; i < 200; ++i) {
+      zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 5000) <= 0) return std::nullopt;
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      zmq_msg_recv(&msg, sock, 0);
+      auto* p = static_cast<uint8_t*>(zmq_msg_data(&msg));
+      auto d = decode_message(std::vector<uint8_t>(p, p + zmq_msg_size(&msg)));
+      zmq_msg_close(&msg);
+      if (d.ok())
+        if (auto* t = std::get_if<T>(&*d)) return *t;
+    }
+    return std::nullopt;
+  }
+};
+
+// A member may park a checkpoint shard only for a step the job checkpoints and only once it has reported that step:
+// shards for future steps (written to disk and fsync'd for nothing before) and for other steps are refused, and the
+// honest shard still commits.
+TEST_F(PipelineJob, ShardsForStepsNotReachedOrNotCheckpointedAreRefused) {
+  const std::string dir = ::testing::TempDir() + "lh_pipeline_job_shards_" + std::to_string(getpid());
+  std::filesystem::remove_all(dir);
+  PipelineJobConfig cfg = job(1, 10);
+  cfg.checkpoint_every = 4;
+  PipelineCoordinatorOptions o = coordinator_options();
+  o.control.heartbeat_timeout = 10s;
+  o.checkpoint_dir = dir;
+  auto coord = value_of(PipelineCoordinator::start(cfg, o));
+  RawMember m(coord->endpoint());
+  m.send(Join{"test-token", "raw", "cpu", 1, std::vector<uint8_t>(16, 1), -1});
+  auto plan = m.next<Plan>();
+  ASSERT_TRUE(plan.has_value());
+  m.send(Ready{plan->rank});
+  ASSERT_TRUE(m.next<Barrier>().has_value());
+  const std::vector<uint8_t> bytes(1000, 7);
+  auto metrics = [&](int64_t step) {
+    m.send(StepMetrics{0, step, "{\"step\":" + std::to_string(step) + ",\"worker\":0}"});
+  };
+  m.send(ShardSaved{0, 8, bytes});  // a future checkpoint step it has not reported
+  metrics(1);
+  metrics(2);
+  metrics(3);
+  m.send(ShardSaved{0, 3, bytes});  // reported, but the job checkpoints every 4 steps
+  metrics(4);
+  m.send(ShardSaved{0, 4, bytes});  // the honest one
+  for (int i = 0; i < 500 && coord->last_checkpoint() < 4; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(coord->last_checkpoint(), 4);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step_00000004/manifest.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_00000008"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step_00000003"));
+  coord.reset();
+  std::filesystem::remove_all(dir);
 }
 
 // --tp-split speed: the coordinator gives the faster worker's shard index more heads (speeds as reported by

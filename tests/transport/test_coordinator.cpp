@@ -4,11 +4,15 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sodium.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -574,6 +578,61 @@ TEST(Coordinator, CodecAcknowledgementsReachTheHookFromTheirOwnRankOnly) {
   EXPECT_EQ(acks[0].from_step, 12);
 }
 
+// A member holds the secret but not the job's trust: its heartbeats' pending lists are bounded by the job (two per
+// rank, ranks of the job, each peer and way once), it may hold at most a few barriers open, and a rank "waiting on
+// itself" is no deadlock (it would force a rollback).
+TEST(Coordinator, AMembersHeartbeatsAndBarriersAreBoundedAndASelfWaitIsNoDeadlock) {
+  CoordinatorOptions o = opts(2);
+  o.heartbeat_timeout = 5s;
+  o.stall_timeout = 200ms;
+  std::atomic<int> rollbacks{0};
+  CoordinatorHooks hooks;
+  hooks.on_rollback = [&](int64_t, const std::string&) { ++rollbacks; };
+  auto c = Coordinator::start(o, hooks);
+  ASSERT_TRUE(c.ok());
+  RawWorker w((*c)->endpoint()), other((*c)->endpoint());
+  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
+  other.send_next(Join{"secret", "raw", "cpu", 1, fake_address(1), -1});
+  auto plan = w.next<Plan>(), other_plan = other.next<Plan>();
+  ASSERT_TRUE(plan.has_value() && other_plan.has_value());
+  const int me = plan->rank;
+  w.send_next(Ready{me});
+  other.send_next(Ready{other_plan->rank});
+  ASSERT_TRUE(w.next<Barrier>().has_value());
+  // Heartbeats carry the number of the sender's next message; they take none themselves.
+  const PendingLink wait_me{me, false, 60000, 60000}, send_me{me, true, 60000, 60000};
+  const PendingLink wait_other{other_plan->rank, false, 1, 1}, send_other{other_plan->rank, true, 1, 1};
+  // Five entries for a two-worker job (at most four), a rank outside it, a peer and way twice.
+  w.send_numbered(Heartbeat{1, 1, {wait_me, send_me, wait_other, send_other, PendingLink{me, false, 2, 2}}, 0, 60000}, w.seq);
+  EXPECT_NE(w.reject_reason().find("lists 5 pending links; a job of 2 workers has at most 4"), std::string::npos);
+  w.send_numbered(Heartbeat{1, 1, {PendingLink{7, false, 1, 1}}, 0, 60000}, w.seq);
+  EXPECT_NE(w.reject_reason().find("a pending link with rank 7"), std::string::npos);
+  w.send_numbered(Heartbeat{1, 1, {wait_other, wait_other}, 0, 60000}, w.seq);
+  EXPECT_NE(w.reject_reason().find("(receive) twice"), std::string::npos);
+  EXPECT_EQ((*c)->rejected(), 3u);
+  // Blocked for a minute waiting on itself, nothing on its way: before, a one-rank "cycle" rolled the job back.
+  w.send_numbered(Heartbeat{1, 1, {wait_me}, 0, 60000}, w.seq);
+  for (int i = 0; i < 12; ++i) {  // several ticks past the stall timeout; the other worker's heartbeats keep it in
+    other.send_numbered(Heartbeat{1, 1, {}, 0, 0}, other.seq);
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(rollbacks.load(), 0);
+  EXPECT_EQ((*c)->epoch(), 1);
+  EXPECT_FALSE((*c)->done());
+  EXPECT_EQ((*c)->rejected(), 3u);
+  // Barriers the other rank never reaches stay open: a member may wait at kMaxOpenBarriersPerMember at once, and
+  // one more is refused, named. Its own earlier ids still count it in.
+  for (uint64_t id = 100; id < 100 + Coordinator::kMaxOpenBarriersPerMember; ++id) w.send_next(Barrier{id});
+  w.send_next(Barrier{999});
+  EXPECT_NE(w.reject_reason().find("Barrier 999 from rank " + std::to_string(me) +
+                                   ", which already waits at 8 open barriers (at most 8)"),
+            std::string::npos);
+  w.send_next(Barrier{100});  // an id it already waits at is no new one
+  other.send_next(Barrier{100});
+  ASSERT_TRUE(other.next<Barrier>().has_value());
+  EXPECT_EQ((*c)->rejected(), 4u);
+}
+
 // A worker of the running epoch that joins again as itself (it noticed lost messages and left its epoch) rolls the
 // job back and is planned again at once; it gets no Rollback of its own.
 TEST(Coordinator, ARunningWorkerJoiningAgainAsItselfRollsTheJobBack) {
@@ -725,6 +784,67 @@ TEST(ControlClient, AJoinOrItsAnswerLostOnTheWayIsSentAgain) {
   EXPECT_EQ(joins[1], std::make_pair(1u, 0u));  // sent again, the same attempt
   EXPECT_EQ(joins[2], std::make_pair(2u, 0u));  // a new attempt
   c->reset();
+}
+
+// A key file that group or others may read is refused, naming chmod 600 (a committed or shared secret is no secret);
+// 0600 and 0400 (a Kubernetes Secret mounted with defaultMode: 0400) are read. Text that is not a key is stretched
+// with Argon2id: the same text gives the same secret, and not the unsalted BLAKE2b of before.
+TEST(JobSecret, AKeyFileOthersCanReadIsRefusedAndTextIsStretched) {
+  std::string dir = ::testing::TempDir() + "lh_key_XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/job.key";
+  const JobSecret secret = JobSecret::generate();
+  ASSERT_TRUE(secret.save_new(path).ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  for (unsigned mode : {0600u, 0400u}) {
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+    auto loaded = JobSecret::load(path, "--key-file");
+    ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+    EXPECT_EQ(loaded->join_proof(), secret.join_proof());
+  }
+  for (unsigned mode : {0644u, 0640u, 0604u, 0620u}) {
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+    auto loaded = JobSecret::load(path, "--key-file");
+    ASSERT_FALSE(loaded.ok()) << std::oct << mode;
+    char shown[8];
+    std::snprintf(shown, sizeof(shown), "%03o", mode);
+    EXPECT_NE(loaded.status().message().find("--key-file '" + path +
+                                             "': other users of this machine can read or change the job secret (mode " +
+                                             shown + "); chmod 600 '" + path + "'"),
+              std::string::npos)
+        << loaded.status().message();
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  {
+    std::ofstream big(path, std::ios::app);
+    big << std::string(5000, 'x');
+  }
+  EXPECT_NE(JobSecret::load(path, "--key-file").status().message().find("a key file is one line of 64 hex digits"),
+            std::string::npos);
+  EXPECT_NE(JobSecret::load(dir, "--key-file").status().message().find("not a regular file"), std::string::npos);
+  bool weak = false;
+  auto a = JobSecret::parse("correct horse battery", &weak), b = JobSecret::parse("correct horse battery");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(weak);
+  EXPECT_EQ(a->to_hex(), b->to_hex());
+  EXPECT_NE(a->to_hex(), JobSecret::parse("correct horse batterz")->to_hex());
+  uint8_t fast[32];
+  const std::string text = "correct horse battery";
+  crypto_generichash(fast, sizeof(fast), reinterpret_cast<const uint8_t*>(text.data()), text.size(), nullptr, 0);
+  char fast_hex[65];
+  sodium_bin2hex(fast_hex, sizeof(fast_hex), fast, sizeof(fast));
+  EXPECT_NE(a->to_hex(), std::string(fast_hex)) << "the text's plain hash is not the secret";
+  // The secret once committed to the repository (launch_metrics.key) is public: refused, naming it.
+  EXPECT_NE(JobSecret::parse("b03fd4eacdce9a6c3d20999f4750a2617d07894793aa0ddc3024964d58167159")
+                .status()
+                .message()
+                .find("this job secret is public: it was committed to longhaul's repository as launch_metrics.key"),
+            std::string::npos);
+  EXPECT_EQ(secret.relay_rank_key().size(), 32u);
+  EXPECT_NE(secret.relay_rank_key(), JobSecret::generate().relay_rank_key());
+  std::filesystem::remove_all(dir);
 }
 
 // The control plane as the apps run it: CURVE keys derived from the job secret, a ZAP handler admitting the members'

@@ -95,10 +95,11 @@ TEST(Messages, HeaderErrorsNameTheProblem) {
   bad_magic[0] ^= 1;
   EXPECT_NE(decode_message(bad_magic).status().message().find("magic"), std::string::npos);
   auto bad_version = b;
-  bad_version[4] = 7;
+  bad_version[4] = uint8_t(kProtocolVersion + 1);
   auto s = decode_message(bad_version).status();
   EXPECT_EQ(s.code(), StatusCode::kCorrupt);
-  EXPECT_NE(s.message().find("protocol version 7"), std::string::npos) << s.to_string();
+  EXPECT_NE(s.message().find("protocol version " + std::to_string(kProtocolVersion + 1)), std::string::npos)
+      << s.to_string();
   auto bad_type = b;
   bad_type[6] = 99;
   EXPECT_NE(decode_message(bad_type).status().message().find("unknown message type 99"), std::string::npos);

@@ -202,6 +202,42 @@ TEST(Relay, AWrongTokenOrNoRelayIsAClearError) {
   EXPECT_FALSE(b->use_relay(client(*relay, "right"), {7}).ok()) << "rank 7 is not in the plan";
 }
 
+// With a rank key, a hello binds only the rank whose token it carries (each worker's is in its plan): a member of
+// the job, which holds the join token, cannot bind another member's rank and receive its packets. The victim stays
+// bound and its packets still arrive.
+TEST(Relay, AHelloBindsOnlyTheRankItsTokenIsFor) {
+  RelayOptions o;
+  o.token = "job-token";
+  o.rank_key = std::string(kRelayRankKeyBytes, '\x5a');
+  auto r = Relay::start(o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  Relay& relay = **r;
+  EXPECT_NE(relay_rank_token(o.rank_key, 0), relay_rank_token(o.rank_key, 1));
+  EXPECT_NE(relay_rank_token(o.rank_key, 0), relay_rank_token(std::string(kRelayRankKeyBytes, '\x5b'), 0));
+  auto a = make_plane(), b = make_plane(), thief = make_plane();
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}).ok());
+  ASSERT_TRUE(a->use_relay(client(relay, relay_rank_token(o.rank_key, 0)), {1}).ok());
+  ASSERT_TRUE(b->use_relay(client(relay, relay_rank_token(o.rank_key, 1)), {0}).ok());
+  EXPECT_EQ(relay.connected(), 2);
+  // Another process claiming rank 1: with the job's join token, with rank 0's own token, with nothing.
+  ASSERT_TRUE(thief->connect(1, {{0, a->address()}}).ok());
+  for (const std::string& token : {std::string("job-token"), relay_rank_token(o.rank_key, 0), std::string()}) {
+    Status s = thief->use_relay(client(relay, token), {0});
+    EXPECT_NE(s.message().find("wrong token for rank 1 (each rank's is in its plan"), std::string::npos)
+        << "token '" << token << "': " << s.message();
+  }
+  EXPECT_EQ(relay.dropped(), 3u);
+  const Tag t = make_tag(3, 1, Role::kActivation);
+  Transfer got = b->recv(0, t);
+  ASSERT_TRUE(a->send(1, t, pattern(5000, 3)).wait(30s).ok());
+  ASSERT_TRUE(got.wait(30s).ok()) << got.status().to_string();
+  EXPECT_TRUE(got.take() == pattern(5000, 3));
+  // A bad key length is refused at start.
+  o.rank_key = "short";
+  EXPECT_NE(Relay::start(o).status().message().find("rank key has 5 bytes, not 32"), std::string::npos);
+}
+
 // What the relay cannot place is dropped and counted, never forwarded: data from a connection that sent no hello, to
 // a rank not connected, or with bad frames.
 TEST(Relay, DropsWhatItCannotPlace) {
