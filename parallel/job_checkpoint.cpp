@@ -136,6 +136,20 @@ Status JobCheckpointStore::commit(int64_t step, const nlohmann::json& extra) {
   return Status::Ok();
 }
 
+Status JobCheckpointStore::set_aside(int64_t step, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string aside = step_dir(step) + ".unusable";
+  std::error_code ec;
+  std::filesystem::remove_all(aside, ec);
+  std::filesystem::rename(step_dir(step), aside, ec);
+  if (ec) return io_error("cannot move '" + step_dir(step) + "' aside: " + ec.message());
+  (void)write_file_atomically(aside + "/why.txt", why + "\n");
+  const std::vector<int64_t> committed = steps_on_disk(true);
+  committed_ = committed.empty() ? 0 : committed.back();
+  pending_.clear();
+  return Status::Ok();
+}
+
 void JobCheckpointStore::discard_uncommitted_after(int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   std::error_code ec;

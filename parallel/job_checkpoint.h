@@ -43,6 +43,9 @@ class JobCheckpointStore {
   // Writes the manifest of `step` (every shard present) with `extra` fields merged in, then prunes: committed
   // steps beyond the newest `keep`, and unfinished steps older than the newest committed one.
   Status commit(int64_t step, const nlohmann::json& extra);
+  // A committed checkpoint a worker could not load (its shard verifies but does not parse there): moved aside as
+  // DIR/step_N.unusable with `why` in its why.txt, so the next load_latest takes an older one.
+  Status set_aside(int64_t step, const std::string& why);
   // Forgets (and deletes) shards of steps after `step` that were never committed (a rollback abandons them).
   void discard_uncommitted_after(int64_t step);
   int64_t last_committed() const;  // 0 when none

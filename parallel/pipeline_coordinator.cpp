@@ -120,6 +120,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   };
   hooks.on_codec_applied = [self](const CodecApplied& a) { self->on_codec_applied(a); };
   hooks.on_shard = [self](const ShardSaved& sh) { self->on_shard(sh); };
+  hooks.on_resume_failed = [self](const ResumeFailed& rf) { return self->on_resume_failed(rf); };
   hooks.on_rollback = [self](int64_t epoch, const std::string& reason) { self->on_rollback(epoch, reason); };
   hooks.link_name = [self](int src, int dst) {
     return src >= 0 && dst >= 0 && src != dst && src < self->topology_.workers() && dst < self->topology_.workers()
@@ -297,6 +298,10 @@ void PipelineCoordinator::on_shard(const ShardSaved& sh) {
                 sh.step);
     return;
   }
+  enqueue_write([this, sh] { save_shard(sh); });
+}
+
+void PipelineCoordinator::save_shard(const ShardSaved& sh) {
   auto complete = store_->add_shard(sh.step, sh.rank, std::string(sh.bytes.begin(), sh.bytes.end()));
   if (!complete.ok()) {
     LH_LOG_WARN("coordinator: checkpoint shard of rank {} for step {} not saved: {}", sh.rank, sh.step,
@@ -322,7 +327,53 @@ void PipelineCoordinator::on_shard(const ShardSaved& sh) {
     LH_LOG_INFO("coordinator: checkpoint of step {} committed in '{}'", sh.step, store_->dir());
 }
 
+bool PipelineCoordinator::on_resume_failed(const ResumeFailed& rf) {
+  drain_writes();
+  int64_t resuming = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    resuming = resume_ ? resume_->step : 0;
+  }
+  if (!store_ || resuming != rf.step) return false;
+  Status s = store_->set_aside(rf.step, "rank " + std::to_string(rf.rank) + " could not load its shard: " + rf.reason);
+  if (!s.ok()) {
+    LH_LOG_ERROR("coordinator: the checkpoint of step {} cannot be set aside: {}", rf.step, s.message());
+    return false;
+  }
+  LH_LOG_WARN("coordinator: the checkpoint of step {} is set aside as '{}.unusable'", rf.step,
+              store_->dir() + "/" + JobCheckpointStore::step_dir_name(rf.step));
+  return true;
+}
+
+void PipelineCoordinator::enqueue_write(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(writer_mu_);
+  if (!writer_.joinable())
+    writer_ = std::thread([this] {
+      std::unique_lock<std::mutex> lock(writer_mu_);
+      for (;;) {
+        writer_cv_.wait(lock, [&] { return writer_stop_ || !writes_.empty(); });
+        if (writes_.empty()) return;  // stopping, nothing left
+        std::function<void()> next = std::move(writes_.front());
+        writes_.pop_front();
+        writer_busy_ = true;
+        lock.unlock();
+        next();
+        lock.lock();
+        writer_busy_ = false;
+        writer_cv_.notify_all();
+      }
+    });
+  writes_.push_back(std::move(fn));
+  writer_cv_.notify_all();
+}
+
+void PipelineCoordinator::drain_writes() {
+  std::unique_lock<std::mutex> lock(writer_mu_);
+  writer_cv_.wait(lock, [&] { return writes_.empty() && !writer_busy_; });
+}
+
 void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) {
+  drain_writes();  // a shard of the abandoned epoch is on disk (or refused) before the rollback looks
   std::optional<JobCheckpoint> from;
   int64_t step = 0;
   if (store_) {
@@ -473,6 +524,7 @@ void PipelineCoordinator::drop_replicas(const std::set<int>& vacant) {
 
 Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
   if (!coordinator_->wait_done(timeout)) return unavailable("the job did not finish within the timeout");
+  drain_writes();  // the last checkpoint is committed before the job is reported done
   settle_pending_acks(false, "the job ended before every worker reached the step boundary where it applies");
   std::lock_guard<std::mutex> lock(mu_);
   return failure_.value_or(Status::Ok());
@@ -894,6 +946,12 @@ Result<std::string> PipelineCoordinator::set_link(const std::string& args) {
 
 PipelineCoordinator::~PipelineCoordinator() {
   coordinator_.reset();  // no hook runs after this
+  {
+    std::lock_guard<std::mutex> lock(writer_mu_);
+    writer_stop_ = true;  // what is queued is still written
+    writer_cv_.notify_all();
+  }
+  if (writer_.joinable()) writer_.join();
   std::lock_guard<std::mutex> lock(acks_mu_);
   pending_acks_.clear();  // the replies' sockets are gone
 }

@@ -5,12 +5,16 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "parallel/auto_codec.h"
 #include "parallel/codec_plan.h"
@@ -89,7 +93,16 @@ class PipelineCoordinator {
   // Records `why` as the job's failure unless one is recorded already (the first is the cause; the rest follow from
   // it). True when this call recorded it: the caller then shuts the job down.
   bool claim_failure(const std::string& why);
+  // A whole shard from the control thread: checked there, written and committed on the writer thread.
   void on_shard(const ShardSaved& shard);
+  void save_shard(const ShardSaved& shard);
+  // A worker could not load this epoch's checkpoint: it is set aside (true), so the rollback takes an older one.
+  bool on_resume_failed(const ResumeFailed& rf);
+  // Checkpoint writes (shards, manifests and their fsyncs) run on writer_, off the control thread, in order: a large
+  // shard on a slow disk must not hold up the heartbeats. drain_writes() waits until every queued write is done
+  // (a rollback, the end of the job).
+  void enqueue_write(std::function<void()> fn);
+  void drain_writes();
   void on_rollback(int64_t epoch, const std::string& reason);
   // Every live codec change so far, as the Plan's `changes` list (the manifest stores the same).
   std::vector<SetCodec> changes_locked() const;
@@ -125,6 +138,11 @@ class PipelineCoordinator {
   std::optional<Status> failure_;
   std::unique_ptr<MetricsCollector> collector_;
   std::unique_ptr<JobCheckpointStore> store_;
+  std::thread writer_;
+  std::mutex writer_mu_;
+  std::condition_variable writer_cv_;
+  std::deque<std::function<void()>> writes_;
+  bool writer_busy_ = false, writer_stop_ = false;
   std::optional<JobCheckpoint> resume_;  // what the next plans start from (guarded by mu_)
   bool elastic_ = false;
   int64_t resumed_from_ = 0;

@@ -286,8 +286,14 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
               runner->span().has_head ? " + head" : "");
   if (plan.resume_step > 0) {
     auto pos = runner->load_state(std::string(plan.shard.begin(), plan.shard.end()));
-    if (!pos.ok()) return Status(pos.status()).prepend("the checkpoint of step " + std::to_string(plan.resume_step));
-    LH_RETURN_IF_ERROR(sampler.restore(*pos));
+    Status loaded = pos.ok() ? sampler.restore(*pos) : pos.status();
+    if (!loaded.ok()) {
+      // Said, not just exited on: the coordinator sets this checkpoint aside and goes back to an older one (it would
+      // otherwise see only a silent worker, and plan the same checkpoint again).
+      loaded.prepend("the checkpoint of step " + std::to_string(plan.resume_step));
+      LH_LOG_ERROR("rank {}: {}", plan.rank, loaded.message());
+      return cc.report_resume_failed(plan.resume_step, loaded, std::chrono::milliseconds(60000));
+    }
     LH_LOG_INFO("rank {}: resumed after step {} (epoch {})", plan.rank, plan.resume_step, plan.epoch);
   }
   for (const SetCodec& m : plan.changes)

@@ -146,6 +146,7 @@ void ControlClient::on_message(Frames&& frames) {
     case MsgType::kPeerLost:
     case MsgType::kRollback:
     case MsgType::kRelays:
+    case MsgType::kShardAck:
       break;
     default:
       LH_LOG_WARN("control: ignoring {} from the coordinator (not a message a coordinator sends)",
@@ -158,6 +159,32 @@ void ControlClient::on_message(Frames&& frames) {
     return;
   }
   ControlMessage& m = decoded.value();
+  if (auto* ack = std::get_if<ShardAck>(&m)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      check_seq_locked(*header);
+      last_heard_ = std::chrono::steady_clock::now();
+    }
+    {
+      std::lock_guard<std::mutex> lock(shard_mu_);
+      if (!shards_out_.empty() && shards_out_.front().step == ack->step && ack->received > shards_out_.front().acked &&
+          ack->received <= shards_out_.front().sent) {
+        OutShard& out = shards_out_.front();
+        const auto now = std::chrono::steady_clock::now();
+        const double dt = std::chrono::duration<double>(now - last_ack_).count();
+        if (out.acked > 0 && dt > 0) {  // the rate since the previous ack of this shard, smoothed
+          const double rate = double(ack->received - out.acked) / dt;
+          ack_rate_ = ack_rate_ > 0 ? 0.7 * ack_rate_ + 0.3 * rate : rate;
+        }
+        last_ack_ = now;
+        out.acked = ack->received;
+        if (out.acked == out.bytes.size()) shards_out_.pop_front();
+      }
+    }
+    shard_cv_.notify_all();
+    pump_shards();
+    return;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   check_join_locked(*header, m);
   check_seq_locked(*header);
@@ -276,6 +303,10 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
     // A rejoin after a Rollback: what belonged to the abandoned epoch goes.
     rejoining_ = joined_;
     joined_ = false;
+    {
+      std::lock_guard<std::mutex> shards(shard_mu_);
+      shards_out_.clear();  // the abandoned epoch's checkpoint is never committed
+    }
     join_reply_.reset();
     released_barriers_.clear();
     relays_.reset();
@@ -361,6 +392,8 @@ Status ControlClient::ready(std::chrono::milliseconds timeout) {
 Status ControlClient::barrier(uint64_t id, std::chrono::milliseconds timeout) {
   if (!plan_) return invalid_argument("barrier() before join()");
   if (id == 0) return invalid_argument("barrier 0 is the start barrier; use ready()");
+  // A shard still on its way would arrive after the barrier's release: the job could end before it is saved.
+  LH_RETURN_IF_ERROR(flush_shards(timeout));
   send(Barrier{id});
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return released_barriers_.count(id) || shutdown_ || rollback_; }))
@@ -379,8 +412,67 @@ void ControlClient::send_metrics(int64_t step, std::string json) {
 }
 
 void ControlClient::send_shard(int64_t step, std::vector<uint8_t> bytes) {
+  if (!plan_ || bytes.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(shard_mu_);
+    OutShard out;
+    out.step = step;
+    out.bytes = std::move(bytes);
+    shards_out_.push_back(std::move(out));
+  }
+  pump_shards();
+}
+
+void ControlClient::pump_shards() {
   if (!plan_) return;
-  send(ShardSaved{plan_->rank, step, std::move(bytes)});
+  {
+    // Sent under shard_mu_: pumps on two threads (the training thread's send_shard, the control thread's acks)
+    // must not interleave their parts out of order.
+    std::lock_guard<std::mutex> lock(shard_mu_);
+    if (shards_out_.empty()) return;
+    OutShard& out = shards_out_.front();
+    if (out.sent == 0) last_ack_ = std::chrono::steady_clock::now();
+    // In flight: about one second of the measured rate, at least 4 parts (the rate of a first shard is unknown:
+    // 256 KiB take 2 s at 1 Mbit/s, still under a heartbeat timeout of 5 s).
+    const uint64_t window = std::max<uint64_t>(4 * kShardPartBytes, uint64_t(ack_rate_));
+    while (out.sent < out.bytes.size() && out.sent - out.acked < window) {
+      const uint64_t n = std::min<uint64_t>(kShardPartBytes, out.bytes.size() - out.sent);
+      ShardSaved part{plan_->rank, out.step, {}, out.sent, out.bytes.size()};
+      part.bytes.assign(out.bytes.begin() + int64_t(out.sent), out.bytes.begin() + int64_t(out.sent + n));
+      out.sent += n;
+      send(part);
+    }
+  }
+}
+
+Status ControlClient::flush_shards(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(shard_mu_);
+      auto idle = [&] { return shards_out_.empty(); };
+      if (shard_cv_.wait_for(lock, std::chrono::milliseconds(100), idle)) return Status::Ok();
+      if (std::chrono::steady_clock::now() >= deadline)
+        return unavailable("the checkpoint shard of step " + std::to_string(shards_out_.front().step) +
+                           " did not reach the coordinator within " + std::to_string(timeout.count()) + " ms (" +
+                           std::to_string(shards_out_.front().acked) + " of " +
+                           std::to_string(shards_out_.front().bytes.size()) + " bytes acknowledged)");
+    }
+    // Checked without shard_mu_ (mu_ comes first): a job that ended or rolled back will never take the rest.
+    if (shutdown_requested() || rolled_back()) return Status::Ok();
+  }
+}
+
+Status ControlClient::report_resume_failed(int64_t step, const Status& why, std::chrono::milliseconds timeout) {
+  if (!plan_) return why;
+  std::string reason = why.message();
+  if (reason.size() > 900) reason = reason.substr(0, 900) + "…";
+  send(ResumeFailed{plan_->rank, step, reason});
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [&] { return rollback_ || shutdown_; });
+  if (rollback_) return aborted("the checkpoint of step " + std::to_string(step) + " could not be loaded; the job "
+                                "rolls back to an older one: " + why.message());
+  return why;
 }
 
 bool ControlClient::rolled_back() const {

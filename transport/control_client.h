@@ -72,8 +72,15 @@ class ControlClient {
   void send_metrics(int64_t step, std::string json);
   // What became of a SetCodec with an id (scheduled from a step, or refused), for `ctl set-codec`.
   void acknowledge(const CodecApplied& ack) { send(ack); }
-  // This worker's state after `step` (a job checkpoint's shard), queued like metrics.
+  // This worker's state after `step` (a job checkpoint's shard). It goes in parts of kShardPartBytes, each sent once
+  // the coordinator's ShardAcks say that no more than about a second of the link's measured rate (at least 4 parts)
+  // is in flight: the heartbeats and metrics sent meanwhile pass the rest of the shard, so a slow link does not get
+  // this worker declared dead. Shards go one after another; barrier() waits for them first.
   void send_shard(int64_t step, std::vector<uint8_t> bytes);
+  // Tells the coordinator that this epoch's checkpoint (the plan's resume step) cannot be loaded here, and waits up to
+  // `timeout` for the rollback it answers with (the coordinator sets the checkpoint aside): kAborted then, as for
+  // any rollback (join again); else `why` itself.
+  Status report_resume_failed(int64_t step, const Status& why, std::chrono::milliseconds timeout);
   // Whether a Rollback arrived since the last join (ready() and barrier() then return kAborted).
   bool rolled_back() const;
   // Tells the coordinator this worker is leaving (it then tells the others).
@@ -106,6 +113,10 @@ class ControlClient {
   // our Join. A Join it never got is sent again (same attempt); a first reply it sent that never came makes a new
   // attempt.
   void check_join_locked(const ControlHeader& h, const ControlMessage& m);
+  // Sends the parts of the queued shards that the window allows (shard_mu_ taken inside; any thread).
+  void pump_shards();
+  // Waits until every queued shard is acknowledged whole (or the job ends or rolls back), up to `timeout`.
+  Status flush_shards(std::chrono::milliseconds timeout);
 
   ControlClientOptions options_;
   std::unique_ptr<ZmqLoop> loop_;
@@ -138,6 +149,20 @@ class ControlClient {
   Join join_msg_;         // the Join of the current attempt, sent again if it went missing
   std::chrono::steady_clock::time_point join_last_sent_{};
   std::function<Heartbeat()> progress_;  // guarded by mu_
+  // Shards on their way up (send_shard): the front one is being sent. Guarded by shard_mu_ (taken after mu_, never
+  // before it).
+  struct OutShard {
+    int64_t step = 0;
+    std::vector<uint8_t> bytes;
+    uint64_t sent = 0, acked = 0;
+  };
+  std::mutex shard_mu_;
+  std::condition_variable shard_cv_;
+  std::deque<OutShard> shards_out_;
+  uint64_t shard_epoch_ = 0;  // bumped by join(): an abandoned epoch's shards are dropped
+  // The link's rate as the acknowledgements measure it (bytes/s; 0: not yet), and when the window was last opened.
+  double ack_rate_ = 0;
+  std::chrono::steady_clock::time_point last_ack_{};
 };
 
 // One request from a tool that has not joined (`longhaul ctl`): sends `req`, waits for the CtlReply.

@@ -37,10 +37,33 @@ bool sent_by_workers(MsgType t) {
     case MsgType::kShutdown:
     case MsgType::kShardSaved:
     case MsgType::kCodecApplied:
+    case MsgType::kResumeFailed:
       return true;
     default:
       return false;
   }
+}
+
+// A member's own words (a Shutdown's or ResumeFailed's reason) on their way into logs, status and other workers'
+// messages: control characters (a terminal escape, a forged log line after a newline) and bytes that are not UTF-8
+// become '?', and at most 1000 bytes are kept.
+std::string printable_reason(const std::string& text) {
+  std::string out;
+  for (size_t i = 0; i < text.size() && out.size() < 1000;) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size() && !(n == 1 && (c < 0x20 || c == 0x7f));
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(text, i, n);
+      i += n;
+    } else {
+      out += '?';
+      ++i;
+    }
+  }
+  if (out.size() >= 1000) out += "…";
+  return out;
 }
 
 std::string printable_id(const std::string& id) {
@@ -284,7 +307,53 @@ void Coordinator::on_message(Frames&& frames) {
           lock.unlock();
           return reject(id, why);
         }
-        if (hooks_.on_shard) later.push_back([this, sh = std::move(sh)] { hooks_.on_shard(sh); });
+        // Parts in order: a first part starts a shard (dropping an unfinished one), the next continues it.
+        if (sh.offset == 0) {
+          w->shard_step = sh.step;
+          w->shard_bytes.clear();
+        }
+        const uint64_t total = sh.total > 0 ? sh.total : sh.bytes.size();
+        if (sh.step != w->shard_step || sh.offset != w->shard_bytes.size()) {
+          std::string why = "a checkpoint shard part of step " + std::to_string(sh.step) + " at byte " +
+                            std::to_string(sh.offset) + " from rank " + std::to_string(w->rank) + ", which has sent " +
+                            std::to_string(w->shard_bytes.size()) + " bytes of step " + std::to_string(w->shard_step);
+          w->shard_step = 0;
+          w->shard_bytes = {};
+          lock.unlock();
+          return reject(id, why);
+        }
+        w->shard_bytes.insert(w->shard_bytes.end(), sh.bytes.begin(), sh.bytes.end());
+        send_raw(id, ShardAck{sh.step, uint64_t(w->shard_bytes.size())});
+        if (w->shard_bytes.size() < total) break;
+        ShardSaved whole{sh.rank, sh.step, std::move(w->shard_bytes), 0, total};
+        w->shard_step = 0;
+        w->shard_bytes = {};
+        if (hooks_.on_shard) later.push_back([this, whole = std::move(whole)] { hooks_.on_shard(whole); });
+        break;
+      }
+      case MsgType::kResumeFailed: {
+        auto& rf = std::get<ResumeFailed>(m);
+        if (rf.rank != w->rank || (w->state != WorkerInfo::State::kPlanned && w->state != WorkerInfo::State::kReady) ||
+            rf.step != w->resume_step || resume_failed_epoch_ == epoch_) {
+          std::string why = "ResumeFailed for rank " + std::to_string(rf.rank) + " from rank " +
+                            std::to_string(w->rank) + " in state " + worker_state_name(w->state) + " for step " +
+                            std::to_string(rf.step) + " (its plan resumes after step " +
+                            std::to_string(w->resume_step) + ")" +
+                            (resume_failed_epoch_ == epoch_ ? "; this epoch's was already taken" : "");
+          lock.unlock();
+          return reject(id, why, type);
+        }
+        resume_failed_epoch_ = epoch_;
+        rf.reason = printable_reason(rf.reason);
+        const std::string reason = "rank " + std::to_string(rf.rank) + " ('" + w->join.hostname +
+                                   "') cannot load its shard of the checkpoint of step " + std::to_string(rf.step) +
+                                   ": " + rf.reason;
+        LH_LOG_ERROR("coordinator: {}", reason);
+        lock.unlock();
+        const bool set_aside = hooks_.on_resume_failed && hooks_.on_resume_failed(rf);
+        lock.lock();
+        stop = set_aside ? on_lost_messages_locked(reason + "; the job goes back to an older checkpoint", later)
+                         : reason;
         break;
       }
       case MsgType::kReady: {
@@ -369,7 +438,7 @@ void Coordinator::on_message(Frames&& frames) {
         break;
       }
       case MsgType::kShutdown: {
-        declare_lost(*w, WorkerInfo::State::kLeft, "left: " + std::get<Shutdown>(m).reason, later);
+        declare_lost(*w, WorkerInfo::State::kLeft, "left: " + printable_reason(std::get<Shutdown>(m).reason), later);
         break;
       }
       case MsgType::kCodecApplied: {
@@ -594,6 +663,10 @@ void Coordinator::send_plans() {
     p.heartbeat_interval_ms = int32_t(options_.heartbeat_interval.count());
     p.heartbeat_timeout_ms = int32_t(options_.heartbeat_timeout.count());
     if (!relay_rank_key_.empty()) p.relay_token = relay_rank_token(relay_rank_key_, p.rank);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (WorkerInfo* w = find(ws[i].identity)) w->resume_step = p.resume_step;
+    }
     send_raw(ws[i].identity, p);
   }
   LH_LOG_INFO("coordinator: plans sent to {} workers (epoch {})", ws.size(), epoch);

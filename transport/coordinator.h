@@ -69,6 +69,10 @@ struct WorkerInfo {
   std::optional<std::vector<PeerProbe>> reach;
   bool reach_answered = false;
   std::chrono::steady_clock::time_point progress_at{};
+  int64_t resume_step = 0;  // where its plan of this epoch starts (a ResumeFailed must name it)
+  // Its checkpoint shard on its way up (ShardSaved parts, in order): the step and the bytes so far.
+  int64_t shard_step = 0;
+  std::vector<uint8_t> shard_bytes;
 };
 const char* worker_state_name(WorkerInfo::State s);
 
@@ -97,8 +101,11 @@ struct CoordinatorHooks {
   std::function<void(const CtlRequest&, CtlReplyFn reply)> on_ctl_async;
   // A worker acknowledged a SetCodec with an id (CodecApplied).
   std::function<void(const CodecApplied&)> on_codec_applied;
-  // A worker's checkpoint shard (only from a worker of the current epoch).
+  // A worker's checkpoint shard, whole once its last part arrived (only from a worker of the current epoch).
   std::function<void(const ShardSaved&)> on_shard;
+  // A worker could not load this epoch's checkpoint (ResumeFailed, once per epoch and rank): return true when the
+  // job should roll back without it (the hook set it aside), false to end the job with the reason.
+  std::function<bool(const ResumeFailed&)> on_resume_failed;
   // A rollback began (replace_timeout > 0): `epoch` is the new epoch, `reason` names the lost worker.
   std::function<void(int64_t epoch, const std::string& reason)> on_rollback;
   // A worker's pre-flight found a peer it cannot reach: `why` names both ends and the error. Unset: the coordinator
@@ -203,6 +210,7 @@ class Coordinator {
   bool planned_ = false, all_ready_ = false, shut_down_ = false;
   std::map<uint64_t, std::set<int>> barrier_arrivals_;  // barrier id -> ranks that reached it
   uint64_t rejected_ = 0;
+  int64_t resume_failed_epoch_ = 0;  // the epoch whose checkpoint a worker could not load (one report an epoch)
   int64_t epoch_ = 1;
   bool recovering_ = false;
   std::chrono::steady_clock::time_point recovery_deadline_{};

@@ -176,7 +176,20 @@ Status validate(const ShardSaved& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "shard rank"));
   if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("shard step " + std::to_string(m.step));
   if (m.bytes.empty()) return corrupt("an empty shard");
+  const uint64_t total = m.total > 0 ? m.total : m.bytes.size();  // 0: the whole shard in one message
+  if (total > kMaxShardMessageBytes || m.offset > total || m.bytes.size() > total - m.offset)
+    return corrupt("shard part [" + std::to_string(m.offset) + ", +" + std::to_string(m.bytes.size()) + ") of " +
+                   std::to_string(m.total) + " bytes (at most " + std::to_string(kMaxShardMessageBytes) + ")");
   return Status::Ok();
+}
+Status validate(const ShardAck& m) {
+  if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("shard ack step " + std::to_string(m.step));
+  return Status::Ok();
+}
+Status validate(const ResumeFailed& m) {
+  LH_RETURN_IF_ERROR(check_rank(m.rank, "resume-failed rank"));
+  if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("resume-failed step " + std::to_string(m.step));
+  return check_len(m.reason, "resume-failed reason");
 }
 
 Status validate(const Rollback& m) {
@@ -251,6 +264,10 @@ const char* msg_type_name(MsgType t) {
       return "Preflight";
     case MsgType::kRelays:
       return "Relays";
+    case MsgType::kShardAck:
+      return "ShardAck";
+    case MsgType::kResumeFailed:
+      return "ResumeFailed";
   }
   return "unknown";
 }
@@ -286,7 +303,7 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
-  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kRelays))
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kResumeFailed))
     return corrupt("unknown message type " + std::to_string(type));
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
@@ -342,6 +359,10 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<Preflight>(body, n);
     case MsgType::kRelays:
       return decode_as<Relays>(body, n);
+    case MsgType::kShardAck:
+      return decode_as<ShardAck>(body, n);
+    case MsgType::kResumeFailed:
+      return decode_as<ResumeFailed>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }

@@ -14,13 +14,16 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 7;  // 7: Plan::relay_token
+constexpr uint16_t kProtocolVersion = 7;  // 7: Plan::relay_token, shards in parts (ShardAck), ResumeFailed
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
 constexpr size_t kMaxControlMessage = 64 << 20;
-// A checkpoint shard travels in one message (ShardSaved up, Plan down) with room for the rest.
+// A checkpoint shard travels down in one message (the Plan that resumes a worker) with room for the rest, which
+// bounds a shard; up, in parts of kShardPartBytes (ShardSaved), paced by the coordinator's ShardAck so heartbeats
+// never wait behind it.
 constexpr size_t kMaxShardMessageBytes = kMaxControlMessage - (1 << 20);
+constexpr size_t kShardPartBytes = size_t(64) << 10;
 
 // A vector whose element count is checked against `max` before anything is allocated (every count in a message
 // has its own bound; see messages.cpp). Same bytes as a plain vector.
@@ -69,6 +72,8 @@ enum class MsgType : uint16_t {
   kSetLink = 16,
   kPreflight = 17,
   kRelays = 18,
+  kShardAck = 19,
+  kResumeFailed = 20,
 };
 const char* msg_type_name(MsgType t);
 
@@ -343,13 +348,39 @@ struct CtlReply {
 };
 
 // worker → coordinator: its state after `step` (a job checkpoint's shard; StageRunner::save_state bytes).
+// worker → coordinator: bytes [offset, offset + bytes.size()) of its checkpoint shard of `step`, `total` bytes in
+// all (parts come in order; the last one completes it).
 struct ShardSaved {
   int32_t rank = -1;
   int64_t step = 0;
   std::vector<uint8_t> bytes;
+  uint64_t offset = 0, total = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(rank, step, bytes);
+    ar(rank, step, bytes, offset, total);
+  }
+};
+
+// coordinator → worker: of its shard of `step`, `received` bytes have arrived (the sender keeps about a second of
+// its link's rate in flight, so a heartbeat sent now is not queued behind more than that).
+struct ShardAck {
+  int64_t step = 0;
+  uint64_t received = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(step, received);
+  }
+};
+
+// worker → coordinator: the plan's checkpoint (step) cannot be loaded here, and why. The coordinator sets that
+// checkpoint aside and rolls the job back to an older one (or the start).
+struct ResumeFailed {
+  int32_t rank = -1;
+  int64_t step = 0;
+  std::string reason;
+  template <class A>
+  void serialize(A& ar) {
+    ar(rank, step, reason);
   }
 };
 
@@ -381,7 +412,7 @@ void Heartbeat::serialize(A& ar) {
 
 using ControlMessage =
     std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject, PeerLost, CtlRequest,
-                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight, Relays>;
+                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight, Relays, ShardAck, ResumeFailed>;
 
 MsgType message_type(const ControlMessage& m);
 

@@ -140,7 +140,10 @@ void ZmqLoop::note_refusal(const std::string& what, const std::string& peer) {
   const uint64_t more = refusals_unlogged_[peer];
   refusals_unlogged_[peer] = 0;
   last_refusal_log_[peer] = now;
-  if (last_refusal_log_.size() > 4096) last_refusal_log_.clear();  // bounded: a scan of many addresses
+  if (last_refusal_log_.size() > 4096) {  // bounded: a scan of many addresses
+    last_refusal_log_.clear();
+    refusals_unlogged_.clear();  // it grew with the other map, and was never pruned
+  }
   LH_LOG_WARN("control: {}{}", what,
               more > 0 ? " (and " + std::to_string(more) + " more like it in the last minute)" : std::string());
 }

@@ -11,12 +11,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 #include <zmq.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -1150,6 +1152,51 @@ TEST_F(Launch, ResumeFallsBackPastACorruptedCheckpoint) {
   EXPECT_NE(foreign.output.find("no checkpoint in"), std::string::npos) << foreign.output;
 }
 
+// A shard that verifies (its size and xxHash64 match the manifest: a writer of the checkpoint directory, or a bad
+// worker, made it so) but cannot be loaded: the worker says why instead of dying silently, the coordinator sets that
+// checkpoint aside and goes back to the one before, and the job finishes with the losses of the run that wrote them.
+// Before, the worker exited, was declared dead, and the job rolled back to the same checkpoint again.
+TEST_F(Launch, AShardAWorkerCannotLoadIsSetAsideAndTheJobFallsBack) {
+  const int steps = 8;
+  const std::string metrics = temp_path("hostile.jsonl"), dir = temp_path("hostile_ckpt");
+  std::vector<std::string> extra = {"--checkpoint-dir", dir, "--checkpoint-every", "3"};
+  BinRun first = run(launch_args(2, steps, metrics, extra), 300s);
+  ASSERT_EQ(first.code, 0) << first.output;
+  const std::map<int64_t, double> want = losses_of(metrics);
+  struct stat st {};
+  ASSERT_EQ(::stat((dir + "/step_00000006/rank_0001.shard").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "checkpoints are the owner's only";
+  // As if the job had stopped in step 8, before its last checkpoint; step 6's shard of rank 1 is replaced.
+  std::filesystem::remove_all(dir + "/step_00000008");
+  const std::string hostile(4096, 'x');
+  std::ofstream(dir + "/step_00000006/rank_0001.shard", std::ios::binary) << hostile;
+  {
+    const std::string path = dir + "/step_00000006/manifest.json";
+    nlohmann::json m = nlohmann::json::parse(slurp(path));
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(hostile.data(), hostile.size(), 0)));
+    for (auto& sh : m["shards"])
+      if (sh["rank"] == 1) {
+        sh["bytes"] = hostile.size();
+        sh["xxh64"] = hex;
+      }
+    std::ofstream(path) << m.dump(1) << "\n";
+  }
+  extra.push_back("--resume");
+  BinRun again = run(launch_args(2, steps, metrics, extra), 300s);
+  ASSERT_EQ(again.code, 0) << again.output;
+  EXPECT_NE(again.output.find("resuming from the checkpoint of step 6"), std::string::npos) << again.output;
+  EXPECT_NE(again.output.find("cannot load its shard of the checkpoint of step 6: the checkpoint of step 6"),
+            std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("is set aside as '" + dir + "/step_00000006.unusable'"), std::string::npos)
+      << again.output;
+  EXPECT_NE(again.output.find("goes back to step 3"), std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("declared dead"), std::string::npos) << again.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step_00000006.unusable/why.txt"));
+  expect_same_losses(losses_of(metrics), want, steps);
+}
+
 // A TCP port on loopback that is free now and whose next port (the relay's) is free too, below the ephemeral range
 // (32768 up on Linux): a coordinator restarted on it must find it again, and no outgoing connection (another test's,
 // or a worker's reconnection that connects to itself) can be handed it meanwhile.
@@ -1461,6 +1508,27 @@ TEST_F(Launch, AFloodOfGarbageFromAPeerThatNeverReadsDoesNotStopTheJob) {
   const double quiet = timed_run("quiet", false), flooded = timed_run("flooded", true);
   std::printf("flood of %d malformed messages: job %.2f s, without it %.2f s (%.2fx)\n", count, flooded, quiet,
               flooded / quiet);
+}
+
+// A checkpoint over a slow link: each worker's shard (5.3 MB of the small model at pp 2) takes about 43 s through its
+// 1 Mbit/s namespace link, eight times the heartbeat timeout. It goes up in acknowledged parts that the heartbeats
+// pass, so the workers stay alive, the checkpoint commits and the job finishes. Before, the shard was one message
+// queued ahead of the heartbeats, and every worker was declared dead at every checkpoint. Root only.
+TEST_F(Launch, ACheckpointOverA1MbitLinkCompletesAsRoot) {
+  if (std::string why = netns_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  const std::string metrics = temp_path("slow_ckpt.jsonl"), dir = temp_path("slow_ckpt");
+  std::filesystem::remove_all(dir);
+  BinRun r = run({"--log-level", "warn", "launch", "--workers", "2", "--worker-threads", "1", "--ucx-tls", "tcp",
+                  "--metrics", metrics, "--netns", "1M", "--model", "small", "--batch", "4", "--steps", "3",
+                  "--checkpoint-every", "3", "--checkpoint-dir", dir},
+                 400s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("declared dead"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rolls back"), std::string::npos) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(dir + "/step_00000003/manifest.json")) << r.output;
+  for (const char* shard : {"/step_00000003/rank_0000.shard", "/step_00000003/rank_0001.shard"})
+    EXPECT_GT(std::filesystem::file_size(dir + shard), uint64_t(4) << 20) << "over 32 s at 1 Mbit/s";
+  std::filesystem::remove_all(dir);
 }
 
 // Each worker in its own network namespace behind a tc tbf link (scripts/wan.sh); root only.

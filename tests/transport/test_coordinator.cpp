@@ -633,6 +633,125 @@ TEST(Coordinator, AMembersHeartbeatsAndBarriersAreBoundedAndASelfWaitIsNoDeadloc
   EXPECT_EQ((*c)->rejected(), 4u);
 }
 
+// A shard goes up in parts paced by the coordinator's acknowledgements (so heartbeats pass it on a slow link); the
+// coordinator hands the hook the whole shard once, and a barrier waits until the shards sent before it arrived.
+TEST(ControlClient, AShardGoesInPartsAndArrivesWholeBeforeTheNextBarrier) {
+  std::mutex mu;
+  std::vector<ShardSaved> shards;
+  CoordinatorHooks hooks;
+  hooks.on_shard = [&](const ShardSaved& sh) {
+    std::lock_guard<std::mutex> lock(mu);
+    shards.push_back(sh);
+  };
+  auto c = Coordinator::start(opts(1), hooks);
+  ASSERT_TRUE(c.ok());
+  auto cl = client((*c)->endpoint());
+  ASSERT_TRUE(cl->join(fake_address(0), 10s).ok());
+  ASSERT_TRUE(cl->ready(10s).ok());
+  std::vector<uint8_t> big(3 * 1024 * 1024 + 17), small(100, 9);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = uint8_t(i * 2654435761u >> 13);
+  cl->send_shard(4, big);
+  cl->send_shard(8, small);
+  Status b = cl->barrier(5, 30s);
+  ASSERT_TRUE(b.ok()) << b.to_string();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(shards[0].step, 4);
+  EXPECT_EQ(shards[0].rank, 0);
+  EXPECT_TRUE(shards[0].bytes == big);
+  EXPECT_EQ(shards[1].step, 8);
+  EXPECT_TRUE(shards[1].bytes == small);
+  EXPECT_EQ((*c)->rejected(), 0u);
+}
+
+// Parts out of order are refused, named, and drop the unfinished shard; each part is acknowledged with the bytes
+// received so far. A worker that cannot load its plan's checkpoint says so once an epoch, for its plan's step only:
+// the hook sets it aside and the job rolls back (or, when the hook cannot, ends naming why).
+TEST(Coordinator, ShardPartsInOrderAreAcknowledgedAndAResumeFailureRollsBack) {
+  std::mutex mu;
+  std::vector<ShardSaved> shards;
+  std::vector<ResumeFailed> failures;
+  std::atomic<int> rollbacks{0};
+  bool set_aside = true;
+  CoordinatorHooks hooks;
+  hooks.on_shard = [&](const ShardSaved& sh) {
+    std::lock_guard<std::mutex> lock(mu);
+    shards.push_back(sh);
+  };
+  hooks.on_resume_failed = [&](const ResumeFailed& rf) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(rf);
+    return set_aside;
+  };
+  hooks.on_rollback = [&](int64_t, const std::string&) { ++rollbacks; };
+  hooks.make_plans = [](const std::vector<WorkerInfo>& ws) -> Result<std::vector<Plan>> {
+    std::vector<Plan> plans(ws.size());
+    for (size_t i = 0; i < ws.size(); ++i) {
+      plans[i].rank = int(i);
+      plans[i].world_size = int(ws.size());
+      plans[i].resume_step = 6;
+      plans[i].shard = {1, 2, 3};
+    }
+    return plans;
+  };
+  CoordinatorOptions o = opts(1);
+  o.heartbeat_timeout = 5s;
+  o.replace_timeout = 30s;
+  auto c = Coordinator::start(o, hooks);
+  ASSERT_TRUE(c.ok());
+  RawWorker w((*c)->endpoint());
+  ASSERT_NO_FATAL_FAILURE(w.join_and_start(fake_address(0)));
+  w.send_next(ShardSaved{0, 10, std::vector<uint8_t>(100, 1), 0, 250});
+  auto ack = w.next<ShardAck>();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->step, 10);
+  EXPECT_EQ(ack->received, 100u);
+  w.send_next(ShardSaved{0, 10, std::vector<uint8_t>(100, 2), 150, 250});  // skips bytes 100..149
+  EXPECT_NE(w.reject_reason().find("a checkpoint shard part of step 10 at byte 150 from rank 0, which has sent 100 "
+                                   "bytes of step 10"),
+            std::string::npos);
+  w.send_next(ShardSaved{0, 12, std::vector<uint8_t>(100, 3), 0, 150});
+  w.send_next(ShardSaved{0, 12, std::vector<uint8_t>(50, 4), 100, 150});
+  ack = w.next<ShardAck>();
+  ASSERT_TRUE(ack.has_value());
+  ack = w.next<ShardAck>();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->received, 150u);
+  for (int i = 0; i < 100; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!shards.empty()) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(shards.size(), 1u);
+    EXPECT_EQ(shards[0].step, 12);
+    ASSERT_EQ(shards[0].bytes.size(), 150u);
+    EXPECT_EQ(shards[0].bytes[99], 3);
+    EXPECT_EQ(shards[0].bytes[100], 4);
+  }
+  // Resume failures: another step than the plan's is refused; the plan's is taken once and rolls the job back.
+  w.send_next(ResumeFailed{0, 4, "bad"});
+  EXPECT_NE(w.reject_reason().find("ResumeFailed for rank 0 from rank 0 in state ready for step 4 (its plan resumes "
+                                   "after step 6)"),
+            std::string::npos);
+  // Its words reach logs and the other workers with control characters (a forged log line, a terminal escape) made
+  // harmless.
+  w.send_next(ResumeFailed{0, 6, "the shard does not\nparse\x1b[2J"});
+  auto back = w.next<Rollback>();
+  ASSERT_TRUE(back.has_value());
+  EXPECT_NE(back->reason.find("rank 0 ('raw') cannot load its shard of the checkpoint of step 6: the shard does not?"
+                              "parse?[2J; the job goes back to an older checkpoint"),
+            std::string::npos)
+      << back->reason;
+  EXPECT_EQ(rollbacks.load(), 1);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].reason, "the shard does not?parse?[2J");
+}
+
 // A worker of the running epoch that joins again as itself (it noticed lost messages and left its epoch) rolls the
 // job back and is planned again at once; it gets no Rollback of its own.
 TEST(Coordinator, ARunningWorkerJoiningAgainAsItselfRollsTheJobBack) {

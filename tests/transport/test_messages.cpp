@@ -43,7 +43,9 @@ TEST(Messages, EveryTypeRoundTrips) {
                                      Preflight{3,
                                                {PeerProbe{1, true, "", 40.5f, 5.1f, 86016},
                                                 PeerProbe{2, false, "sending to rank 2: timed out", 0, 0, 0}}},
-                                     Relays{{1, 0}, {2, 3}, "", 7001}};
+                                     Relays{{1, 0}, {2, 3}, "", 7001},
+                                     ShardAck{10, 65536},
+                                     ResumeFailed{2, 10, "corrupt shard"}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
@@ -80,6 +82,17 @@ TEST(Messages, ResumeFieldsAreChecked) {
   p.changes = {SetCodec{-1, 3, "fwd", "int8", 2}};
   EXPECT_NE(decode_message(encode_message(p)).status().message().find("set-codec src"), std::string::npos);
   EXPECT_NE(decode_message(encode_message(ShardSaved{1, 0, {1}})).status().message().find("shard step 0"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(ShardSaved{1, 3, {1, 2}, 10, 11})).status().message().find(
+                "shard part [10, +2) of 11 bytes"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(ShardSaved{1, 3, {1}, 0, uint64_t(1) << 40})).status().message().find(
+                "shard part [0, +1) of 1099511627776 bytes"),
+            std::string::npos);
+  EXPECT_TRUE(decode_message(encode_message(ShardSaved{1, 3, {1, 2}, 9, 11})).ok());
+  EXPECT_NE(decode_message(encode_message(ShardAck{0, 1})).status().message().find("shard ack step 0"),
+            std::string::npos);
+  EXPECT_NE(decode_message(encode_message(ResumeFailed{1, 0, "x"})).status().message().find("resume-failed step 0"),
             std::string::npos);
   EXPECT_NE(decode_message(encode_message(ShardSaved{1, 3, {}})).status().message().find("empty shard"),
             std::string::npos);
