@@ -215,6 +215,13 @@ void ControlClient::on_message(Frames&& frames) {
         return;
       }
       LH_LOG_WARN("control: the coordinator refused a message: {}", r.reason);
+      if (r.about == uint16_t(MsgType::kShardSaved)) {
+        // The coordinator takes no shard from this worker now (its parts answered with refusals, one each): what is
+        // queued will not be committed, and barrier() need not wait for it.
+        std::lock_guard<std::mutex> shards(shard_mu_);
+        shards_out_.clear();
+        shard_cv_.notify_all();
+      }
       events_.push_back(std::move(m));
       break;
     }
@@ -416,6 +423,7 @@ void ControlClient::send_shard(int64_t step, std::vector<uint8_t> bytes) {
   {
     std::lock_guard<std::mutex> lock(shard_mu_);
     OutShard out;
+    out.rank = plan_->rank;
     out.step = step;
     out.bytes = std::move(bytes);
     shards_out_.push_back(std::move(out));
@@ -424,7 +432,6 @@ void ControlClient::send_shard(int64_t step, std::vector<uint8_t> bytes) {
 }
 
 void ControlClient::pump_shards() {
-  if (!plan_) return;
   {
     // Sent under shard_mu_: pumps on two threads (the training thread's send_shard, the control thread's acks)
     // must not interleave their parts out of order.
@@ -437,7 +444,7 @@ void ControlClient::pump_shards() {
     const uint64_t window = std::max<uint64_t>(4 * kShardPartBytes, uint64_t(ack_rate_));
     while (out.sent < out.bytes.size() && out.sent - out.acked < window) {
       const uint64_t n = std::min<uint64_t>(kShardPartBytes, out.bytes.size() - out.sent);
-      ShardSaved part{plan_->rank, out.step, {}, out.sent, out.bytes.size()};
+      ShardSaved part{out.rank, out.step, {}, out.sent, out.bytes.size()};
       part.bytes.assign(out.bytes.begin() + int64_t(out.sent), out.bytes.begin() + int64_t(out.sent + n));
       out.sent += n;
       send(part);

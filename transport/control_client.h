@@ -152,6 +152,7 @@ class ControlClient {
   // Shards on their way up (send_shard): the front one is being sent. Guarded by shard_mu_ (taken after mu_, never
   // before it).
   struct OutShard {
+    int32_t rank = -1;  // taken from the plan on the sending thread (join() replaces the plan)
     int64_t step = 0;
     std::vector<uint8_t> bytes;
     uint64_t sent = 0, acked = 0;

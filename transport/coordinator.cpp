@@ -305,7 +305,7 @@ void Coordinator::on_message(Frames&& frames) {
           std::string why = "ShardSaved for rank " + std::to_string(sh.rank) + " from rank " + std::to_string(w->rank) +
                             " in state " + worker_state_name(w->state);
           lock.unlock();
-          return reject(id, why);
+          return reject(id, why, type);
         }
         // Parts in order: a first part starts a shard (dropping an unfinished one), the next continues it.
         if (sh.offset == 0) {
@@ -320,7 +320,7 @@ void Coordinator::on_message(Frames&& frames) {
           w->shard_step = 0;
           w->shard_bytes = {};
           lock.unlock();
-          return reject(id, why);
+          return reject(id, why, type);
         }
         w->shard_bytes.insert(w->shard_bytes.end(), sh.bytes.begin(), sh.bytes.end());
         send_raw(id, ShardAck{sh.step, uint64_t(w->shard_bytes.size())});

@@ -664,6 +664,27 @@ TEST(ControlClient, AShardGoesInPartsAndArrivesWholeBeforeTheNextBarrier) {
   EXPECT_EQ((*c)->rejected(), 0u);
 }
 
+// A shard the coordinator refuses (here: sent before the worker is ready) is dropped by the worker, so the next
+// barrier does not wait for acknowledgements that will never come.
+TEST(ControlClient, ARefusedShardIsDroppedAndTheBarrierDoesNotWaitForIt) {
+  auto c = Coordinator::start(opts(1));
+  ASSERT_TRUE(c.ok());
+  auto cl = client((*c)->endpoint());
+  ASSERT_TRUE(cl->join(fake_address(0), 10s).ok());
+  cl->send_shard(3, std::vector<uint8_t>(1000, 5));
+  auto ev = cl->wait_event(5s);
+  ASSERT_TRUE(ev.has_value());
+  auto* rej = std::get_if<Reject>(&*ev);
+  ASSERT_NE(rej, nullptr);
+  EXPECT_EQ(rej->about, uint16_t(MsgType::kShardSaved));
+  EXPECT_NE(rej->reason.find("ShardSaved for rank 0 from rank 0 in state planned"), std::string::npos) << rej->reason;
+  ASSERT_TRUE(cl->ready(10s).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  Status b = cl->barrier(5, 20s);
+  EXPECT_TRUE(b.ok()) << b.to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
 // Parts out of order are refused, named, and drop the unfinished shard; each part is acknowledged with the bytes
 // received so far. A worker that cannot load its plan's checkpoint says so once an epoch, for its plan's step only:
 // the hook sets it aside and the job rolls back (or, when the hook cannot, ends naming why).
