@@ -2,7 +2,6 @@
 // summary printing at the end of a job. Used by apps/cmd_launch.cpp and apps/cmd_coordinator.cpp.
 #include "apps/job_cli.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -293,8 +292,8 @@ void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group) {
     for (auto* o : {key, file, text}) o->group(group);
 }
 
-JobSecret load_secret_file(const std::string& path, const std::string& flag) {
-  auto s = JobSecret::load(path, flag, nullptr);
+JobSecret load_secret_file(const std::string& path, const std::string& flag, bool* weak) {
+  auto s = JobSecret::load(path, flag, weak);
   if (!s.ok()) fail(s.status().message(), 2);
   return *s;
 }
@@ -304,9 +303,7 @@ std::optional<JobSecret> resolve_secret(const SecretFlags& f) {
   std::optional<JobSecret> secret;
   if (!f.key_file.empty() || !f.token_file.empty()) {
     const bool key = !f.key_file.empty();
-    auto s = JobSecret::load(key ? f.key_file : f.token_file, key ? "--key-file" : "--token-file", &weak);
-    if (!s.ok()) fail(s.status().message(), 2);
-    secret = *s;
+    secret = load_secret_file(key ? f.key_file : f.token_file, key ? "--key-file" : "--token-file", &weak);
   } else if (!f.token.empty()) {
     LH_LOG_WARN(
         "--token puts the job secret on the command line, where `ps` shows it to every user of this machine; use "
@@ -350,9 +347,7 @@ JobSecret coordinator_secret(const SecretFlags& f, const std::string& metrics, s
   if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) base.resize(dot);
   *path = base + ".key";
   if (::access(path->c_str(), F_OK) == 0) {
-    auto s = JobSecret::load(*path, "the job's key file", nullptr);
-    if (!s.ok()) fail(s.status().message(), 2);
-    return *s;
+    return load_secret_file(*path, "the job's key file");
   }
   JobSecret s = JobSecret::generate();
   Status saved = s.save_new(*path);

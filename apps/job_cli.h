@@ -53,9 +53,9 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
 PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd);
 
 void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group = "");
+// A key file's secret (`flag` names it in the error that exits 2; *weak: JobSecret::load's).
+JobSecret load_secret_file(const std::string& path, const std::string& flag, bool* weak = nullptr);
 // The secret, or nullopt when none is given. A bad key file ends the command; --token warns (`ps` shows it).
-// A key file's secret (`flag` names it in the error that exits 2).
-JobSecret load_secret_file(const std::string& path, const std::string& flag);
 std::optional<JobSecret> resolve_secret(const SecretFlags& f);
 // A worker's or ctl's secret: required (the error says where to find it).
 JobSecret required_secret(const SecretFlags& f, const std::string& command);

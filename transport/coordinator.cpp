@@ -50,11 +50,9 @@ bool sent_by_workers(MsgType t) {
 std::string printable_reason(const std::string& text) {
   std::string out;
   for (size_t i = 0; i < text.size() && out.size() < 1000;) {
+    const size_t n = utf8_length_at(text, i);
     const auto c = static_cast<unsigned char>(text[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    bool ok = n > 0 && i + n <= text.size() && !(n == 1 && (c < 0x20 || c == 0x7f));
-    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    if (ok) {
+    if (n > 0 && !(n == 1 && (c < 0x20 || c == 0x7f))) {
       out.append(text, i, n);
       i += n;
     } else {
@@ -120,9 +118,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(const CoordinatorOptions
   if (!options.relay_at.empty()) {
     auto at = parse_tcp_endpoint(options.relay_at);
     if (!at.ok()) return invalid_argument("relay '" + options.relay_at + "': " + at.status().message());
-    if (!options.relay_rank_key.empty() && options.relay_rank_key.size() != kRelayRankKeyBytes)
-      return invalid_argument("the relay's rank key has " + std::to_string(options.relay_rank_key.size()) +
-                              " bytes, not " + std::to_string(kRelayRankKeyBytes));
+    LH_RETURN_IF_ERROR(check_relay_rank_key(options.relay_rank_key));
     c->relay_rank_key_ = options.relay_rank_key;
   } else if (options.relay) {
     RelayOptions ro;

@@ -9,6 +9,16 @@
 #include "transport/wire_archive.h"
 
 namespace lh {
+
+size_t utf8_length_at(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return 0;
+  return n;
+}
+
 namespace {
 
 constexpr size_t kMaxName = 4096;  // token, hostname, device, reasons, specs
@@ -29,14 +39,18 @@ Status check_rank(int32_t r, const char* what) {
 Status check_name(const std::string& s, const char* what) {
   LH_RETURN_IF_ERROR(check_len(s, what));
   for (size_t i = 0; i < s.size();) {
+    const size_t n = utf8_length_at(s, i);
+    if (n == 0) return corrupt(std::string(what) + " is not valid UTF-8");
     const auto c = static_cast<unsigned char>(s[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
-    if (n == 0 || i + n > s.size()) return corrupt(std::string(what) + " is not valid UTF-8");
-    for (size_t k = 1; k < n; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return corrupt(std::string(what) + " is not valid UTF-8");
     if (n == 1 && (c < 0x20 || c == 0x7f)) return corrupt(std::string(what) + " holds a control character");
     i += n;
   }
+  return Status::Ok();
+}
+
+// A checkpoint's step in a message that names one (a shard, its acknowledgement, a failure to load it).
+Status check_checkpoint_step(int64_t step, const char* what) {
+  if (step < 1 || step >= (int64_t(1) << 24)) return corrupt(std::string(what) + " " + std::to_string(step));
   return Status::Ok();
 }
 
@@ -174,7 +188,7 @@ Status validate(const CtlReply&) {
 
 Status validate(const ShardSaved& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "shard rank"));
-  if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("shard step " + std::to_string(m.step));
+  LH_RETURN_IF_ERROR(check_checkpoint_step(m.step, "shard step"));
   if (m.bytes.empty()) return corrupt("an empty shard");
   const uint64_t total = m.total > 0 ? m.total : m.bytes.size();  // 0: the whole shard in one message
   if (total > kMaxShardMessageBytes || m.offset > total || m.bytes.size() > total - m.offset)
@@ -183,12 +197,11 @@ Status validate(const ShardSaved& m) {
   return Status::Ok();
 }
 Status validate(const ShardAck& m) {
-  if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("shard ack step " + std::to_string(m.step));
-  return Status::Ok();
+  return check_checkpoint_step(m.step, "shard ack step");
 }
 Status validate(const ResumeFailed& m) {
   LH_RETURN_IF_ERROR(check_rank(m.rank, "resume-failed rank"));
-  if (m.step < 1 || m.step >= (int64_t(1) << 24)) return corrupt("resume-failed step " + std::to_string(m.step));
+  LH_RETURN_IF_ERROR(check_checkpoint_step(m.step, "resume-failed step"));
   return check_len(m.reason, "resume-failed reason");
 }
 

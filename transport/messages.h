@@ -410,6 +410,10 @@ void Heartbeat::serialize(A& ar) {
   ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt, blocked_ms);
 }
 
+// The length of the UTF-8 character at s[i] (1 to 4), or 0 when the bytes there are not one. Shared by the checks
+// of names in messages and by the coordinator's printable form of a member's reasons.
+size_t utf8_length_at(const std::string& s, size_t i);
+
 using ControlMessage =
     std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject, PeerLost, CtlRequest,
                  CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight, Relays, ShardAck, ResumeFailed>;

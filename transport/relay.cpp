@@ -36,6 +36,13 @@ bool relay_frame_is(const std::vector<uint8_t>& f, const char* word) {
   return f.size() == n && std::memcmp(f.data(), word, n) == 0;
 }
 
+Status check_relay_rank_key(const std::string& rank_key) {
+  if (!rank_key.empty() && rank_key.size() != kRelayRankKeyBytes)
+    return invalid_argument("the relay's rank key has " + std::to_string(rank_key.size()) + " bytes, not " +
+                            std::to_string(kRelayRankKeyBytes));
+  return Status::Ok();
+}
+
 std::string relay_rank_token(const std::string& rank_key, int rank) {
   static constexpr char kContext[] = "longhaul relay rank v1";
   std::vector<uint8_t> in(kContext, kContext + sizeof(kContext));
@@ -56,9 +63,7 @@ std::vector<uint8_t> text(const std::string& s) {
 }  // namespace
 
 Result<std::unique_ptr<Relay>> Relay::start(const RelayOptions& options) {
-  if (!options.rank_key.empty() && options.rank_key.size() != kRelayRankKeyBytes)
-    return invalid_argument("the relay's rank key has " + std::to_string(options.rank_key.size()) + " bytes, not " +
-                            std::to_string(kRelayRankKeyBytes));
+  LH_RETURN_IF_ERROR(check_relay_rank_key(options.rank_key));
   if (sodium_init() < 0) return internal_error("libsodium cannot start");
   std::unique_ptr<Relay> r(new Relay());
   r->options_ = options;

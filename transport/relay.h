@@ -50,6 +50,8 @@ inline constexpr const char* kRelayData = "data";
 inline constexpr const char* kRelayFragment = "frag";
 inline constexpr uint64_t kRelayFragmentBytes = uint64_t(256) << 10;
 inline constexpr size_t kRelayRankKeyBytes = 32;
+// InvalidArgument unless `rank_key` is empty or kRelayRankKeyBytes long (the relay's and the coordinator's check).
+Status check_relay_rank_key(const std::string& rank_key);
 // The token a hello for `rank` carries under `rank_key` (64 hex digits: a keyed BLAKE2b of the rank).
 std::string relay_rank_token(const std::string& rank_key, int rank);
 std::vector<uint8_t> relay_u32(uint32_t v);
