@@ -25,6 +25,8 @@ struct WorkerFlags {
   double connect_timeout_s = 5;
   std::string data_ports;
   std::string advertise;
+  std::string data_bind;
+  bool relay_only = false;
 };
 
 void run_worker(const WorkerFlags& f) {
@@ -50,6 +52,18 @@ void run_worker(const WorkerFlags& f) {
     Status ok = check_advertised_host(f.advertise);
     if (!ok.ok()) fail("--advertise '" + f.advertise + "': " + ok.message(), 2);
     o.ucx.advertise = f.advertise;
+  }
+  if (!f.data_bind.empty()) {
+    if (f.advertise.empty()) fail("--data-bind '" + f.data_bind + "' needs --advertise (the address peers connect to)", 2);
+    o.ucx.data_bind = f.data_bind;
+  }
+  if (f.relay_only) {
+    for (const auto& [flag, value] : {std::pair<const char*, const std::string*>{"--advertise", &f.advertise},
+                                      {"--data-ports", &f.data_ports},
+                                      {"--data-bind", &f.data_bind},
+                                      {"--ucx-tls", &f.ucx_tls}})
+      if (!value->empty()) fail(std::string("--relay-only opens no data ports: it takes no ") + flag, 2);
+    o.ucx.relay_only = true;
   }
   o.rank = f.rank;
   o.connect_timeout = std::chrono::milliseconds(int64_t(f.connect_timeout_s * 1000));
@@ -95,6 +109,14 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
                   "addresses of its interfaces: the worker listens on a port of --data-ports (any free one without "
                   "it) and its peers connect there (UCX client-server mode)")
       ->type_name("HOST");
+  cmd->add_option("--data-bind", f->data_bind,
+                  "ADDR: the IPv4 address of this host's interface the --advertise listener binds, when the advertised "
+                  "address is not this host's own (a forwarded port, NAT); default: the advertised address's interface "
+                  "when it is local, else every interface")
+      ->type_name("ADDR");
+  cmd->add_flag("--relay-only", f->relay_only,
+               "open no data port at all (UCX gets no network transport): every pair of this worker goes through the "
+               "job's relay, for a worker that must expose nothing (the coordinator must run a relay: no --no-relay)");
   cmd->add_option("--connect-timeout", f->connect_timeout_s,
                   "seconds the pre-flight waits for a peer's direct connection before the pair goes through the "
                   "relay (or the job ends, with --no-relay)")

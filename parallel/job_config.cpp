@@ -4,6 +4,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -104,6 +105,22 @@ class JobFieldReader {
 };
 
 }  // namespace
+
+PipelineJobConfig::DataPlaneBounds PipelineJobConfig::data_plane_bounds() const {
+  const GptConfig& m = train.model;
+  const uint64_t d = uint64_t(std::max(m.d_model, 1)), v = uint64_t(std::max(m.vocab, 1));
+  const uint64_t seq = uint64_t(std::max(m.seq, 1)), layers = uint64_t(std::max(m.layers, 0));
+  // Each block: attention (4 d² + 4 d), MLP (8 d² + 5 d), two norms (4 d); embeddings, positions, head, final norm.
+  const uint64_t params = layers * (12 * d * d + 16 * d) + 2 * v * d + seq * d + 4 * d + v;
+  const uint64_t activations = uint64_t(std::max(train.batch, 1)) * seq * d * 4;  // every row at one boundary
+  const uint64_t burst = uint64_t(4) << 20;                                      // ProbeOptions::max_burst_bytes
+  const uint64_t largest = std::max({activations, params * 4, burst});
+  DataPlaneBounds b;
+  b.max_packet_bytes = 2 * largest + (uint64_t(1) << 20);
+  b.max_unexpected_bytes = 2 * (activations + params * 4) + (uint64_t(16) << 20);
+  b.max_unexpected_bytes = std::max(b.max_unexpected_bytes, b.max_packet_bytes);
+  return b;
+}
 
 Result<Topology> PipelineJobConfig::topology() const {
   return Topology::create(workers, pp, tp, dp);

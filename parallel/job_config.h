@@ -88,6 +88,16 @@ struct PipelineJobConfig {
   Status validate() const;
   Result<Topology> topology() const;
   Result<Partition> make_partition() const;  // "speed" and "auto" give the even split until planned
+  // The data plane's bounds this job implies (UcxDataPlane::set_bounds), whatever codec a link switches to: a packet
+  // is at most twice the largest raw tensor any role sends (the whole batch's activations at one boundary, or the
+  // whole model's parameters — an upper bound of any gradient bucket or pseudo-gradient — or a pre-flight burst; twice
+  // for codecs such as a dense top-k that outgrow their input), plus 1 MiB; a peer may have what a step keeps in
+  // flight ahead of its receives: every microbatch's activations twice over and the model's gradients twice, plus
+  // 16 MiB.
+  struct DataPlaneBounds {
+    uint64_t max_packet_bytes = 0, max_unexpected_bytes = 0;
+  };
+  DataPlaneBounds data_plane_bounds() const;
   // The partition for workers of these speeds (in rank order), as a string for `partition`.
   Result<std::string> planned_partition(const std::vector<double>& speeds) const;
   // Heads per tp shard ("speed" gives the even split until planned).

@@ -208,6 +208,8 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     std::copy(p.data_key.begin(), p.data_key.end(), k.public_key.begin());
     k.ciphers = p.data_ciphers;
   }
+  const PipelineJobConfig::DataPlaneBounds bounds = job->data_plane_bounds();
+  ucx->set_bounds(bounds.max_packet_bytes, bounds.max_unexpected_bytes);
   LH_RETURN_IF_ERROR(ucx->connect(plan.rank, peers, security));
   UcxDataPlane* ucx_plane = ucx.get();  // for its counters, after the LinkShaper takes it over
   meter->set_self_rank(plan.rank);

@@ -72,6 +72,12 @@ void make_nonce(uint8_t nonce[12], uint32_t epoch, uint64_t seq) {
   std::memcpy(nonce + 4, &seq, 8);
 }
 
+constexpr size_t kWireMacOffset = kWireHeaderBytes - 16;
+
+void wire_mac(uint8_t out[16], const uint8_t* header, const std::array<uint8_t, 32>& key) {
+  crypto_generichash(out, 16, header, kWireMacOffset, key.data(), key.size());
+}
+
 // Poly1305 over (header, payload) with a one-time key: the first 32 bytes of ChaCha20(key, nonce). Keys differ per
 // direction and sequence numbers never repeat under one key, so no one-time key is used twice.
 void poly1305_tag(uint8_t out[16], const uint8_t key[32], const uint8_t nonce[12], const uint8_t* header,
@@ -127,6 +133,8 @@ DataKeyPair::~DataKeyPair() {
 PacketKeys::~PacketKeys() {
   sodium_memzero(tx.data(), tx.size());
   sodium_memzero(rx.data(), rx.size());
+  sodium_memzero(header_tx.data(), header_tx.size());
+  sodium_memzero(header_rx.data(), header_rx.size());
 }
 
 Result<PacketKeys> PacketKeys::derive(int self_rank, const DataKeyPair& self, int peer_rank,
@@ -141,6 +149,9 @@ Result<PacketKeys> PacketKeys::derive(int self_rank, const DataKeyPair& self, in
                                                                  self.secret_key.data(), peer_public.data());
   if (rc != 0) return corrupt("the data-plane public key of rank " + std::to_string(peer_rank) + " is not a valid key");
   k.aes_gcm = (peer_ciphers & local_ciphers() & kCipherAes256Gcm) != 0;
+  static_assert(crypto_kdf_KEYBYTES == 32 && crypto_kdf_CONTEXTBYTES == 8);
+  crypto_kdf_derive_from_key(k.header_tx.data(), k.header_tx.size(), 1, "lhwirehd", k.tx.data());
+  crypto_kdf_derive_from_key(k.header_rx.data(), k.header_rx.size(), 1, "lhwirehd", k.rx.data());
   return k;
 }
 
@@ -241,6 +252,65 @@ void ReplayWindow::accept(uint64_t seq) {
     newest_ = seq;
   }
   seen_[seq % kSpan] = true;
+}
+
+}  // namespace lh
+
+namespace lh {
+
+void write_wire_header(const WireHeader& h, const PacketKeys* keys, uint8_t out[kWireHeaderBytes]) {
+  init_sodium();
+  uint8_t* p = out;
+  std::memcpy(p, "LHWH", 4);
+  p += 4;
+  put<uint8_t>(p, 1);  // version
+  put<uint8_t>(p, h.flags);
+  put<uint16_t>(p, 0);
+  put<uint32_t>(p, h.packet.epoch);
+  put<uint32_t>(p, uint32_t(h.packet.sender));
+  put<uint32_t>(p, uint32_t(h.packet.receiver));
+  put<uint32_t>(p, 0);
+  put<uint64_t>(p, h.packet.tag_bits);
+  put<uint64_t>(p, h.length);
+  put<uint64_t>(p, h.packet.seq);
+  if (keys)
+    wire_mac(p, out, keys->header_tx);
+  else
+    std::memset(p, 0, 16);
+}
+
+Result<WireHeader> read_wire_header(const void* bytes, size_t size) {
+  if (!bytes || size != kWireHeaderBytes)
+    return corrupt("a packet header of " + std::to_string(size) + " bytes, not " + std::to_string(kWireHeaderBytes));
+  const uint8_t* p = static_cast<const uint8_t*>(bytes);
+  if (std::memcmp(p, "LHWH", 4) != 0) return corrupt("a packet header without its magic (LHWH)");
+  p += 4;
+  WireHeader h;
+  const uint8_t version = get<uint8_t>(p);
+  if (version != 1) return corrupt("a packet header of version " + std::to_string(version) + ", not 1");
+  h.flags = get<uint8_t>(p);
+  if (h.flags & ~kWireHello) return corrupt("a packet header with unknown flags " + std::to_string(h.flags));
+  p += 2;
+  h.packet.epoch = get<uint32_t>(p);
+  const uint32_t sender = get<uint32_t>(p), receiver = get<uint32_t>(p);
+  if (sender > 0xffffff || receiver > 0xffffff) return corrupt("a packet header naming rank " +
+                                                              std::to_string(std::max(sender, receiver)));
+  h.packet.sender = int(sender);
+  h.packet.receiver = int(receiver);
+  p += 4;
+  h.packet.tag_bits = get<uint64_t>(p);
+  h.length = get<uint64_t>(p);
+  h.packet.seq = get<uint64_t>(p);
+  if ((h.flags & kWireHello) && h.length) return corrupt("a hello header announcing " + std::to_string(h.length) +
+                                                         " bytes");
+  return h;
+}
+
+bool wire_header_authentic(const PacketKeys& keys, const uint8_t* bytes) {
+  init_sodium();
+  uint8_t mac[16];
+  wire_mac(mac, bytes, keys.header_rx);
+  return sodium_memcmp(mac, bytes + kWireMacOffset, 16) == 0;
 }
 
 }  // namespace lh

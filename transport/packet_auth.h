@@ -42,6 +42,9 @@ struct DataKeyPair {
 // only these two workers can compute them, so a packet that opens with `rx` came from the peer.
 struct PacketKeys {
   std::array<uint8_t, 32> tx{}, rx{};
+  // The keys of the packets' wire headers (seal_wire_header), derived from tx and rx: a header's MAC is checked before
+  // anything of its packet is received.
+  std::array<uint8_t, 32> header_tx{}, header_rx{};
   bool aes_gcm = false;  // both ends run AES-256-GCM fast
   // Fails when `peer_public` is not a valid key (the coordinator, or whoever forged the Plan, sent garbage).
   static Result<PacketKeys> derive(int self_rank, const DataKeyPair& self, int peer_rank,
@@ -80,6 +83,27 @@ Result<PacketTrailer> read_trailer(const uint8_t* packet, uint64_t total);
 // `header.epoch` are taken from the trailer; the caller checks them against its ReplayWindow and plan.
 Status open_packet(PacketProtection protection, const PacketKeys& keys, PacketHeader header, uint8_t* packet,
                    uint64_t total);
+
+// The header a packet travels under (the UCX active message's own header, ahead of its bytes): to whom, from whom,
+// in which plan epoch, under which tag, how many bytes follow, the packet's sequence number and flags, and on an
+// authenticated plane a 16-byte MAC (keyed BLAKE2b under the pair's header key). The receiver checks it before it
+// receives the packet's bytes, allocates anything for them or holds its sender to a bound: a stranger's header costs
+// a parse and a hash. Layout: "LHWH", version u8, flags u8, u16 0, epoch u32, sender u32, receiver u32, u32 0,
+// tag u64, length u64, seq u64, mac[16].
+constexpr size_t kWireHeaderBytes = 64;
+constexpr uint8_t kWireHello = 1;  // flags: no packet follows; it proves the connection it came on (UcxDataPlane)
+struct WireHeader {
+  PacketHeader packet;  // epoch, sender, receiver, tag_bits, seq (0 on an unauthenticated plane)
+  uint64_t length = 0;  // bytes that follow: the payload and, when authenticated, its trailer
+  uint8_t flags = 0;
+};
+// Writes `h` into `out`, with its MAC under keys->header_tx when `keys` is given (else 16 zero bytes).
+void write_wire_header(const WireHeader& h, const PacketKeys* keys, uint8_t out[kWireHeaderBytes]);
+// The header in `bytes` (`size` of them), or Corrupt naming what is wrong (size, magic, version, flags, rank range).
+// Its MAC is not checked here.
+Result<WireHeader> read_wire_header(const void* bytes, size_t size);
+// Whether the MAC of the header in `bytes` (kWireHeaderBytes) verifies under keys.header_rx (the peer sealed it).
+bool wire_header_authentic(const PacketKeys& keys, const uint8_t* bytes);
 
 // Sequence numbers seen from one peer: a packet is accepted once, and only if it is newer than the newest one
 // minus kSpan (the window tolerates packets sealed by several threads arriving slightly out of order).

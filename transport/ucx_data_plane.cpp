@@ -1,6 +1,8 @@
-// UcxDataPlane: UCX tagged send/receive with our own matching by (peer, tag), a progress thread that
-// sleeps on epoll(UCX event fd + wake eventfd) when idle, drop-and-log for ranks outside the plan, and
-// bounds on what a peer can make it buffer. Used by workers, `bench link` and tests.
+// UcxDataPlane: UCX active messages, each under a wire header (packet_auth.h) that is checked — its MAC, its sender's
+// plan, its epoch, its sequence number — before the packet's bytes are received or anything is held for them; our own
+// matching by (peer, tag); a progress thread that sleeps on epoll(UCX event fd + wake eventfd) when idle; drop-and-log
+// for ranks outside the plan; bounds on what a peer can make it buffer; a listener that keeps few unproven
+// connections. Used by workers, `bench link` and tests.
 #include "transport/ucx_data_plane.h"
 
 #include <arpa/inet.h>
@@ -27,8 +29,8 @@
 namespace lh {
 namespace {
 
-constexpr int kRankShift = Tag::kBits;  // wire tag: [src rank:12][Tag:52]
 constexpr uint64_t kTagMask = (uint64_t(1) << Tag::kBits) - 1;
+constexpr unsigned kPacketAm = 7;  // the active-message id of every packet
 
 uint8_t g_empty_byte = 0;                    // a valid pointer for 0-byte packets and for packets received into nothing
 constexpr uint64_t kDropsLoggedFreely = 10;  // then at most one line a second
@@ -44,6 +46,7 @@ struct UcxDataPlane::Inbound {
   UcxDataPlane* plane = nullptr;
   int peer = -1;
   uint64_t tag = 0;
+  uint64_t seq = 0;      // the header's sequence number (authenticated planes): the trailer's must match
   bool discard = false;  // thrown away: never delivered (a dropped packet is also received into nothing)
   bool queued = false;   // in unexpected_, counted against its peer's bounds
   Bytes bytes;           // the plane's buffer for the packet (not for direct receives)
@@ -125,6 +128,13 @@ Result<std::unique_ptr<UcxDataPlane>> UcxDataPlane::create(const UcxOptions& opt
 Status UcxDataPlane::init(const UcxOptions& options) {
   options_ = options;
   data_keys_ = DataKeyPair::generate();
+  if (options.relay_only) {
+    if (!options.tls.empty() || !options.advertise.empty() || !options.data_ports.empty() || !options.data_bind.empty())
+      return invalid_argument("a relay-only data plane opens no data ports: it takes no UCX transports (" +
+                              options.tls + "), advertised address (" + options.advertise + "), data ports (" +
+                              options.data_ports + ") or bind address (" + options.data_bind + ")");
+    options_.tls = "self";  // UCX's loopback to this worker only: no socket, no shared memory segment to attach to
+  }
   if (!options.data_ports.empty()) {
     auto range = parse_port_range(options.data_ports);
     if (!range.ok()) return Status(range.status()).prepend("data ports '" + options.data_ports + "'");
@@ -157,27 +167,38 @@ Status UcxDataPlane::init(const UcxOptions& options) {
       }
     }
   } env_restore{env, env_before};
+  if (!options.advertise.empty()) {
+    Status ok = check_advertised_host(options.advertise);
+    if (!ok.ok()) return ok.prepend("advertised host '" + options.advertise + "'");
+    LH_RETURN_IF_ERROR(choose_listen_address());
+  } else if (!options.data_bind.empty()) {
+    return invalid_argument("a data-plane bind address (" + options.data_bind + ") without an advertised address");
+  }
   ucp_config_t* config = nullptr;
   LH_CHECK_CODE(ucp_config_read(nullptr, nullptr, &config));
-  if (!options.tls.empty()) {
-    ucs_status_t s = ucp_config_modify(config, "TLS", options.tls.c_str());
+  // UCX on the listener's interface only (and loopback, for peers on this host), unless the user named devices.
+  std::string net_devices = options.net_devices;
+  if (net_devices.empty() && !std::getenv("UCX_NET_DEVICES") && !listen_interface_.empty())
+    net_devices = listen_interface_ == "lo" ? "lo" : listen_interface_ + ",lo";
+  if (!options_.tls.empty()) {
+    ucs_status_t s = ucp_config_modify(config, "TLS", options_.tls.c_str());
     if (s != UCS_OK) {
       ucp_config_release(config);
-      return invalid_argument("UCX transports '" + options.tls + "': " + ucs_status_string(s));
+      return invalid_argument("UCX transports '" + options_.tls + "': " + ucs_status_string(s));
     }
   }
-  if (!options.net_devices.empty()) {
-    ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+  if (!net_devices.empty()) {
+    ucs_status_t s = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
     if (s != UCS_OK) {
       ucp_config_release(config);
-      return invalid_argument("UCX network devices '" + options.net_devices + "': " + ucs_status_string(s));
+      return invalid_argument("UCX network devices '" + net_devices + "': " + ucs_status_string(s));
     }
   }
   const char* env_tls = std::getenv("UCX_TLS");
-  tls_in_use_ = !options.tls.empty() ? options.tls : (env_tls ? env_tls : "ucx-default");
+  tls_in_use_ = !options_.tls.empty() ? options_.tls : (env_tls ? env_tls : "ucx-default");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 0;
   ucs_status_t s = ucp_init(&params, config, &context_);
   ucp_config_release(config);
@@ -195,12 +216,16 @@ Status UcxDataPlane::init(const UcxOptions& options) {
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches UCX
   LH_CHECK_CODE(ucp_worker_create(context_, &wp, &worker_));
+  ucp_am_handler_param_t hp{};
+  hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  hp.id = kPacketAm;
+  hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+  hp.cb = &UcxDataPlane::on_am;
+  hp.arg = this;
+  LH_CHECK_CODE(ucp_worker_set_am_recv_handler(worker_, &hp));
 
-  if (!options.advertise.empty()) {
-    Status ok = check_advertised_host(options.advertise);
-    if (!ok.ok()) return ok.prepend("advertised host '" + options.advertise + "'");
-    LH_RETURN_IF_ERROR(open_listener());
-  }
+  if (!options.advertise.empty()) LH_RETURN_IF_ERROR(open_listener());
   ucp_address_t* addr = nullptr;
   size_t len = 0;
   LH_CHECK_CODE(ucp_worker_get_address(worker_, &addr, &len));
@@ -237,7 +262,7 @@ Status UcxDataPlane::open_listener() {
   for (int port = lo; port <= hi; ++port) {
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    sa.sin_addr.s_addr = listen_in_addr_;
     sa.sin_port = htons(uint16_t(port));
     if (port && port < hi) {
       // A port taken (by UCX's own interfaces, another worker) is skipped quietly: UCX logs an error for each one
@@ -269,14 +294,65 @@ Status UcxDataPlane::open_listener() {
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   LH_CHECK_CODE(ucp_listener_query(listener_, &attr));
   listen_port_ = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);  // bound as AF_INET above
-  LH_LOG_INFO("data plane: listening on port {} for peers connecting to the advertised address {}", listen_port_,
-              options_.advertise);
+  LH_LOG_INFO("data plane: listening on {}:{} for peers connecting to the advertised address {}", listen_address_,
+              listen_port_, options_.advertise);
+  return Status::Ok();
+}
+
+Status UcxDataPlane::choose_listen_address() {
+  // This host's IPv4 addresses and their interfaces.
+  std::map<uint32_t, std::string> local;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a; a = a->ifa_next)
+      if (a->ifa_addr && a->ifa_addr->sa_family == AF_INET && (a->ifa_flags & IFF_UP))
+        local[reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr] = a->ifa_name;
+    freeifaddrs(list);
+  }
+  auto bind_to = [&](uint32_t addr) {
+    listen_in_addr_ = addr;
+    char buf[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &addr, buf, sizeof(buf));
+    listen_address_ = buf;
+    auto it = local.find(addr);
+    listen_interface_ = it == local.end() ? "" : it->second;
+  };
+  if (!options_.data_bind.empty()) {
+    in_addr a{};
+    if (inet_pton(AF_INET, options_.data_bind.c_str(), &a) != 1)
+      return invalid_argument("data-plane bind address '" + options_.data_bind + "': not an IPv4 address");
+    if (!local.count(a.s_addr))
+      return invalid_argument("data-plane bind address '" + options_.data_bind +
+                              "': no interface of this host has it (its addresses: " + interface_addresses() + ")");
+    bind_to(a.s_addr);
+    return Status::Ok();
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(options_.advertise.c_str(), nullptr, &hints, &found) == 0) {
+    for (addrinfo* f = found; f; f = f->ai_next) {
+      const uint32_t addr = reinterpret_cast<sockaddr_in*>(f->ai_addr)->sin_addr.s_addr;
+      if (local.count(addr)) {
+        bind_to(addr);
+        break;
+      }
+    }
+    freeaddrinfo(found);
+  }
+  if (listen_address_.empty()) {
+    bind_to(htonl(INADDR_ANY));
+    LH_LOG_WARN("data plane: the advertised address {} is not one of this host's (NAT or port forwarding?): the "
+                "listener binds every interface; --data-bind ADDR binds only the interface the forwarded port reaches",
+                options_.advertise);
+  }
   return Status::Ok();
 }
 
 void UcxDataPlane::on_conn_request(ucp_conn_request_h request, void* arg) {
-  // A peer's endpoint to our advertised address. Which rank it is needs no hello: every packet's tag carries the
-  // sender's rank, authenticated by the pair's MAC when the job has one; this endpoint only receives.
+  // A peer's endpoint to our advertised address, or a stranger's. It stays unproven until an authenticated packet
+  // (the peer's hello, sent as it connects) comes on it; few unproven ones are kept, and not for long.
   auto* self = static_cast<UcxDataPlane*>(arg);
   std::string from = "?";
   ucp_conn_request_attr_t attr{};
@@ -286,6 +362,17 @@ void UcxDataPlane::on_conn_request(ucp_conn_request_h request, void* arg) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(&attr.client_address);
     if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)))
       from = std::string(buf) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  size_t unproven = 0;
+  for (const auto& [h, a] : self->accepted_) unproven += a.rank < 0;
+  if (unproven >= size_t(std::max(0, self->options_.max_unproven_connections))) {
+    ucp_listener_reject(self->listener_, request);
+    const uint64_t n = ++self->refused_count_;
+    if (n <= kDropsLoggedFreely || n % 1000 == 0)
+      LH_LOG_WARN("data plane: refused a connection from {}: {} connections have not yet proven a rank ({} refused "
+                  "so far)",
+                  from, unproven, n);
+    return;
   }
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -299,7 +386,9 @@ void UcxDataPlane::on_conn_request(ucp_conn_request_h request, void* arg) {
     LH_LOG_WARN("data plane: could not accept the connection from {}: {}", from, ucs_status_string(s));
     return;
   }
-  self->accepted_.insert(h);
+  Accepted& a = self->accepted_[h];
+  a.at = Clock::now();
+  a.from = from;
   ++self->accepted_count_;
   LH_LOG_DEBUG("data plane: accepted a connection from {} on the advertised address", from);
 }
@@ -368,9 +457,18 @@ void UcxDataPlane::progress_loop() {
     if (stop_) break;
     bool busy = false;
     while (ucp_worker_progress(worker_) != 0) busy = true;
-    while (probe_inbound()) busy = true;
+    if (!to_close_.empty()) {
+      std::vector<ucp_ep_h> eps;
+      eps.swap(to_close_);
+      for (ucp_ep_h ep : eps) force_close(ep);
+      busy = true;
+    }
     Clock::time_point now = Clock::now();
     release_abandoned_receives(now);
+    if (!accepted_.empty() && now >= next_expiry_check_) {
+      expire_unproven(now);
+      next_expiry_check_ = now + std::chrono::milliseconds(250);
+    }
     if (busy || had_commands) {
       last_activity = now;
       continue;
@@ -425,12 +523,22 @@ void UcxDataPlane::close_endpoints() {
     if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
     peer.ep = nullptr;
   }
-  for (ucp_ep_h ep : accepted_) {
+  for (const auto& [ep, a] : accepted_) {
     ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = a.rank < 0 ? UCP_EP_CLOSE_FLAG_FORCE : 0;  // a stranger's is not flushed
     ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
     if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
   }
   accepted_.clear();
+  for (ucp_ep_h ep : to_close_) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+  }
+  to_close_.clear();
   auto deadline = Clock::now() + options_.close_timeout;
   for (void* r : reqs) {
     while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
@@ -510,6 +618,7 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
     epoch_ = security.epoch;
   }
   Status st = run_on_progress([&]() -> Status {
+    rank_ = self_rank;
     for (auto it = peer_table_.begin(); it != peer_table_.end();) {
       if (raw.count(it->first)) {
         ++it;
@@ -528,6 +637,12 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
       Peer p;
       auto ad = advertised.find(r);
       ucs_status_t s = UCS_OK;
+      if (options_.relay_only) {
+        p.failed = true;
+        p.why = "this worker is relay-only (--relay-only): it opens no data ports, its pairs go through the relay";
+        peer_table_[r] = p;
+        continue;
+      }
       if (ad == advertised.end()) {
         ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
         ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
@@ -553,9 +668,12 @@ Status UcxDataPlane::connect(int self_rank, const std::map<int, Bytes>& peers, c
                     : "no UCX endpoint to its " + to + ": " + ucs_status_string(s);
         LH_LOG_WARN("data plane: rank {} cannot be reached directly: {}", r, p.why);
       }
+      const bool hello = p.ep && !p.advertised.empty();
       peer_table_[r] = p;
+      // The peer's listener accepted this connection from anyone: the hello proves it is ours (on_conn_request).
+      if (hello) send_hello(r);
     }
-    rank_ = self_rank;
+    recheck_hellos();
     return Status::Ok();
   });
   LH_RETURN_IF_ERROR(st);
@@ -649,7 +767,13 @@ void UcxDataPlane::fail_peer_locked(int peer, const std::string& reason) {
 void UcxDataPlane::force_close(ucp_ep_h& ep) {
   // Force-closing the endpoint cancels its in-flight sends; their callbacks fail them once UCX has
   // let go of the buffers (a send_view's memory must stay valid until then).
+  // Inside an active message's callback UCX may still use the endpoint it came on: closed once the callback is over.
   if (!ep) return;
+  if (in_callback_) {
+    to_close_.push_back(ep);
+    ep = nullptr;
+    return;
+  }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -715,6 +839,8 @@ std::string UcxDataPlane::open_inbound(Inbound& in) {
   Status s = open_packet(protection_.load(), pc->keys, h, in.bytes.data(), in.bytes.size());
   if (!s.ok()) return s.message();
   PacketTrailer t = read_trailer(in.bytes.data(), in.bytes.size()).value();
+  if (in.seq && t.seq != in.seq)
+    return "its trailer's sequence number " + std::to_string(t.seq) + " is not its header's " + std::to_string(in.seq);
   if (t.epoch != epoch_.load())
     return "sealed in plan epoch " + std::to_string(t.epoch) + ", this plane is in epoch " +
            std::to_string(epoch_.load()) + " (a packet from before a re-plan)";
@@ -814,7 +940,27 @@ void UcxDataPlane::forge_for_tests(const std::shared_ptr<TransferState>& st) {
               st->tag.to_string());
 }
 
-void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st, int wire_rank) {
+void UcxDataPlane::send_hello(int peer) {
+  auto st = std::make_shared<TransferState>();
+  st->peer = peer;
+  st->on_done([peer](TransferState& t) {
+    if (!t.status.ok()) LH_LOG_DEBUG("data plane: the hello to rank {} failed: {}", peer, t.status.message());
+  });
+  issue_send(st, -1, kWireHello);
+}
+
+Transfer UcxDataPlane::send_raw_for_tests(int peer, const std::array<uint8_t, kWireHeaderBytes>& header, Bytes packet) {
+  auto st = std::make_shared<TransferState>();
+  st->peer = peer;
+  st->owned = std::move(packet);
+  st->data = st->owned.data();
+  st->size = st->owned.size();
+  post([this, st, header] { issue_send(st, -1, 0, &header); });
+  return Transfer(st);
+}
+
+void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st, int wire_rank, uint8_t flags,
+                              const std::array<uint8_t, kWireHeaderBytes>* given) {
   if (fault_drop_send(st->tag)) return st->complete(Status::Ok());
   if (wire_rank < 0 && fault_forge_step() >= 0) forge_for_tests(st);
   auto it = peer_table_.find(st->peer);
@@ -822,21 +968,48 @@ void UcxDataPlane::issue_send(const std::shared_ptr<TransferState>& st, int wire
     return st->complete(invalid_argument("send to rank " + std::to_string(st->peer) + ", which is not in the plan"));
   if (it->second.failed)
     return st->complete(unavailable("send to failed rank " + std::to_string(st->peer) + ": " + it->second.why));
-  if (it->second.relayed) return relay_send(st);
-  uint64_t wire_tag = (uint64_t(wire_rank >= 0 ? wire_rank : rank_.load()) << kRankShift) | st->tag.pack();
+  if (it->second.relayed) {
+    if (flags & kWireHello) return st->complete(Status::Ok());  // the relay vouches for ranks itself
+    return relay_send(st);
+  }
+  WireHeader h;
+  h.packet.epoch = epoch_.load();
+  h.packet.sender = wire_rank >= 0 ? wire_rank : rank_.load();
+  h.packet.receiver = st->peer;
+  h.packet.tag_bits = st->tag.pack();
+  h.length = st->size;
+  h.flags = flags;
+  std::shared_ptr<PeerCrypto> pc = protection_.load() == PacketProtection::kNone ? nullptr : crypto_of(st->peer);
+  if (given) {
+    pc = nullptr;  // sent under the header the test made
+  } else if (pc && (flags & kWireHello)) {
+    h.packet.seq = pc->next_seq.fetch_add(1) + 1;
+  } else if (pc) {
+    auto t = read_trailer(st->data, st->size);  // sealed by seal_outgoing: the header names the trailer's number
+    if (!t.ok()) return st->complete(internal_error("an authenticated plane sending an unsealed packet"));
+    h.packet.seq = t->seq;
+    h.packet.epoch = t->epoch;
+  }
   ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE |
+                   UCP_OP_ATTR_FIELD_FLAGS;
   p.datatype = ucp_dt_make_contig(1);
   p.cb.send = &UcxDataPlane::on_send_done;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;  // the receiver learns which of its connections the packet came on
   SendCtx& ctx = sends_in_flight_[st.get()];
-  ctx = SendCtx{this, st};
+  ctx.plane = this;
+  ctx.st = st;
+  if (given)
+    ctx.header = *given;
+  else
+    write_wire_header(h, pc ? &pc->keys : nullptr, ctx.header.data());
   p.user_data = &ctx;
   if (st->memory == Device::cuda && st->size) {  // only reaches here when cuda_direct_
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memory_type = UCS_MEMORY_TYPE_CUDA;
   }
   const void* buf = st->size ? st->data : &g_empty_byte;
-  ucs_status_ptr_t r = ucp_tag_send_nbx(it->second.ep, buf, st->size, wire_tag, &p);
+  ucs_status_ptr_t r = ucp_am_send_nbx(it->second.ep, kPacketAm, ctx.header.data(), ctx.header.size(), buf, st->size, &p);
   if (UCS_PTR_IS_PTR(r)) return;  // on_send_done finishes it
   sends_in_flight_.erase(st.get());
   ucs_status_t s = UCS_PTR_STATUS(r);
@@ -962,37 +1135,165 @@ void UcxDataPlane::unqueue_unexpected(Inbound& in) {
   unexpected_packets_ -= 1;
 }
 
-bool UcxDataPlane::probe_inbound() {
-  ucp_tag_recv_info_t info{};
-  ucp_tag_message_h msg = ucp_tag_probe_nb(worker_, 0, 0, /*remove=*/1, &info);
-  if (!msg) return false;
+ucs_status_t UcxDataPlane::on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxDataPlane*>(arg);
+  self->in_callback_ = true;
+  const ucs_status_t s = self->take_am(header, header_length, data, length, param);
+  self->in_callback_ = false;
+  return s;
+}
+
+std::string UcxDataPlane::check_header(const WireHeader& h, const uint8_t* bytes, bool accept, bool* keyless) {
+  *keyless = false;
+  if (rank_.load() < 0) {
+    *keyless = true;  // not connected yet: nobody's key is known
+    return "this plane has no plan yet";
+  }
+  if (h.packet.receiver != rank_.load())
+    return "addressed to rank " + std::to_string(h.packet.receiver) + ", not this one";
+  if (protection_.load() == PacketProtection::kNone) {
+    *keyless = !peer_table_.count(h.packet.sender);
+    return *keyless ? "not in the current plan" : "";
+  }
+  std::shared_ptr<PeerCrypto> pc = crypto_of(h.packet.sender);
+  if (!pc) {
+    *keyless = true;
+    return "no data-plane key for rank " + std::to_string(h.packet.sender) + " (not in the current plan)";
+  }
+  if (!wire_header_authentic(pc->keys, bytes)) return "its header's MAC does not verify (forged, or another sender's)";
+  if (h.packet.epoch != epoch_.load())
+    return "sent in plan epoch " + std::to_string(h.packet.epoch) + ", this plane is in epoch " +
+           std::to_string(epoch_.load()) + " (a packet from before a re-plan)";
+  if (!pc->window.fresh(h.packet.seq))
+    return "a replay: packet " + std::to_string(h.packet.seq) + " from this rank was seen before or is too old (newest " +
+           std::to_string(pc->window.newest()) + ")";
+  if (accept) pc->window.accept(h.packet.seq);
+  return "";
+}
+
+void UcxDataPlane::prove_connection(ucp_ep_h ep, int rank) {
+  auto it = ep ? accepted_.find(ep) : accepted_.end();
+  if (it == accepted_.end() || it->second.rank >= 0) return;
+  it->second.rank = rank;
+  it->second.early_hello.clear();
+  LH_LOG_DEBUG("data plane: the connection from {} is rank {}'s", it->second.from, rank);
+}
+
+void UcxDataPlane::recheck_hellos() {
+  for (auto& [ep, a] : accepted_) {
+    if (a.rank >= 0 || a.early_hello.empty()) continue;
+    Bytes hello = std::move(a.early_hello);
+    a.early_hello.clear();
+    auto h = read_wire_header(hello.data(), hello.size());
+    bool keyless = false;
+    const std::string bad = h.ok() ? check_header(*h, hello.data(), /*accept=*/true, &keyless) : "malformed";
+    if (bad.empty())
+      prove_connection(ep, h->packet.sender);
+    else if (!keyless)
+      auth_failures_ += 1;  // a stranger's early hello: the connection expires unproven
+  }
+}
+
+void UcxDataPlane::expire_unproven(Clock::time_point now) {
+  for (auto it = accepted_.begin(); it != accepted_.end();) {
+    if (it->second.rank >= 0 || now - it->second.at < options_.unproven_timeout) {
+      ++it;
+      continue;
+    }
+    LH_LOG_WARN("data plane: closing the connection from {}: it proved no rank of the plan within {} ms",
+                it->second.from, options_.unproven_timeout.count());
+    ucp_ep_h ep = it->first;
+    it = accepted_.erase(it);
+    force_close(ep);
+    ++unproven_closed_;
+  }
+}
+
+void UcxDataPlane::set_bounds(uint64_t max_packet_bytes, uint64_t max_unexpected_bytes) {
+  post([this, max_packet_bytes, max_unexpected_bytes] {
+    options_.max_packet_bytes = max_packet_bytes;
+    options_.max_unexpected_bytes = max_unexpected_bytes;
+  });
+}
+
+ucs_status_t UcxDataPlane::take_am(const void* header, size_t header_length, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param) {
+  // Nothing of the packet is received, allocated or charged to anyone until its header is checked. A refused packet
+  // sent by rendezvous is never fetched (its sender's send fails); an eager one is already here and just forgotten.
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  ucp_ep_h from = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  auto refuse = [&](int peer, const std::string& why) {
+    note_drop(peer, length, why);
+    auth_failures_ += 1;
+    return rndv ? UCS_ERR_REJECTED : UCS_OK;
+  };
+  auto h = read_wire_header(header, header_length);
+  if (!h.ok()) return refuse(-1, h.status().message());
+  const int sender = h->packet.sender;
+  if (h->length != length)
+    return refuse(sender, "its header announces " + std::to_string(h->length) + " bytes, " + std::to_string(length) +
+                              " came");
+  const uint8_t* raw = static_cast<const uint8_t*>(header);
+  const bool hello = (h->flags & kWireHello) != 0;
+  bool keyless = false;
+  const std::string bad = check_header(*h, raw, /*accept=*/hello, &keyless);
+  if (!bad.empty()) {
+    auto a = from ? accepted_.find(from) : accepted_.end();
+    if (hello && keyless && a != accepted_.end() && a->second.rank < 0 && a->second.early_hello.empty()) {
+      a->second.early_hello.assign(raw, raw + kWireHeaderBytes);  // before connect(): checked again then
+      return UCS_OK;
+    }
+    if (keyless) {  // a packet from outside the plan (or before connect): dropped as before, not an auth failure
+      note_drop(sender, length, bad);
+      return rndv ? UCS_ERR_REJECTED : UCS_OK;
+    }
+    return refuse(sender, bad);
+  }
+  prove_connection(from, sender);
+  if (hello) return UCS_OK;
+
   auto in = std::make_shared<Inbound>();
   in->plane = this;
   in->arrived = Clock::now();
-  in->peer = int(info.sender_tag >> kRankShift);
-  in->tag = info.sender_tag & kTagMask;
-  in->length = info.length;
+  in->peer = sender;
+  in->tag = h->packet.tag_bits;
+  in->seq = h->packet.seq;
+  in->length = length;
   admit_inbound(in);
+  if (in->discard) return UCS_OK;  // a rendezvous packet dropped here is never fetched
+  void* buf = !length     ? static_cast<void*>(&g_empty_byte)
+              : in->direct ? static_cast<void*>(in->target->dst)
+                           : static_cast<void*>(in->bytes.data());
+  const bool device = in->direct && in->target->memory == Device::cuda && length;
+  if (!rndv) {  // eager: the bytes are here, valid during this callback only
+    Status copied = Status::Ok();
+    if (length && device)
+      copied = copy_bytes(buf, Device::cuda, data, Device::cpu, length);
+    else if (length)
+      std::memcpy(buf, data, length);
+    if (!copied.ok() && in->target) {
+      in->target->complete(copied);
+      in->target.reset();
+      in->discard = true;
+    }
+    finish_inbound(in, UCS_OK);
+    return UCS_OK;
+  }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   p.datatype = ucp_dt_make_contig(1);
-  p.cb.recv = &UcxDataPlane::on_recv_done;
+  p.cb.recv_am = &UcxDataPlane::on_recv_done;
   p.user_data = in.get();
-  inbound_in_flight_[in.get()] = in;
-  // A dropped packet goes into a 0-byte buffer: UCX consumes it (eager fragments, or the rendezvous
-  // answered without fetching the data) and reports UCS_ERR_MESSAGE_TRUNCATED, which on_recv_done ignores.
-  uint64_t count = in->discard ? 0 : info.length;
-  void* buf = !count       ? static_cast<void*>(&g_empty_byte)
-              : in->direct ? static_cast<void*>(in->target->dst)
-                           : static_cast<void*>(in->bytes.data());
-  if (in->direct && in->target->memory == Device::cuda && count) {
+  if (device) {
     p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMORY_TYPE;
     p.memory_type = UCS_MEMORY_TYPE_CUDA;
   }
-  ucs_status_ptr_t r = ucp_tag_msg_recv_nbx(worker_, buf, count, msg, &p);
-  if (UCS_PTR_IS_PTR(r)) return true;
-  on_recv_done(nullptr, UCS_PTR_STATUS(r), nullptr, in.get());
-  return true;
+  inbound_in_flight_[in.get()] = in;
+  ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, data, buf, length, &p);
+  if (UCS_PTR_IS_PTR(r)) return UCS_INPROGRESS;  // the receive has the descriptor now
+  on_recv_done(nullptr, UCS_PTR_STATUS(r), length, in.get());
+  return UCS_OK;  // nothing was started on the descriptor: UCX answers the sender
 }
 
 void UcxDataPlane::admit_inbound(const std::shared_ptr<Inbound>& in) {
@@ -1070,7 +1371,7 @@ void UcxDataPlane::admit_inbound(const std::shared_ptr<Inbound>& in) {
   if (auth_failure) auth_failures_ += 1;
 }
 
-void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t*, void* user) {
+void UcxDataPlane::on_recv_done(void* request, ucs_status_t status, size_t, void* user) {
   auto* raw = static_cast<Inbound*>(user);
   if (request) ucp_request_free(request);
   UcxDataPlane* self = raw->plane;

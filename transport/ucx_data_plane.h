@@ -1,4 +1,4 @@
-// defines: lh::UcxDataPlane (the DataPlane over UCX tagged messages, one UCP context and worker per process,
+// defines: lh::UcxDataPlane (the DataPlane over UCX active messages, one UCP context and worker per process,
 // progressed by its own thread that sleeps on the worker's event fd when idle), the checked worker-address
 // envelope, and ErrorDomain<ucs_status_t> for LH_CHECK_CODE. Used by workers, `bench link` and tests.
 #pragma once
@@ -84,6 +84,18 @@ struct UcxOptions {
   // when that is empty) on all IPv4 interfaces, and its address envelope names HOST and that port; peers create
   // their endpoints to it from the socket address. UCX then connects its data lanes itself.
   std::string advertise;
+  // The IPv4 address of this host's interface the listener binds (and UCX's network devices are narrowed to, unless
+  // net_devices or UCX_NET_DEVICES names them): for an advertised address that is not on this host (NAT, port
+  // forwarding). Empty: the advertised address's own interface when it is local, else every interface (logged).
+  std::string data_bind;
+  // A worker that must expose nothing (--relay-only): UCX gets only its `self` transport, so the plane opens no socket
+  // at all; connect() makes no endpoints, and every peer's transfers fail (named) until use_relay() routes them through
+  // the relay (the pre-flight finds every pair unreachable and does so). tls, advertise and data_ports must be empty.
+  bool relay_only = false;
+  // Connections the listener accepted whose peer has not yet proven its rank (an authenticated hello or packet on
+  // them): at most this many at once (further ones are refused), each closed when unproven this long.
+  int max_unproven_connections = 16;
+  std::chrono::milliseconds unproven_timeout{15000};
   // Bounds on what a peer can make this plane hold (a peer that is buggy or not ours must not exhaust
   // memory). The largest packet the plane allocates a buffer for (a recv(), or a packet that arrived before
   // its receive); a recv_into receives up to its own capacity whatever this says. A larger packet is dropped
@@ -127,9 +139,18 @@ class UcxDataPlane final : public DataPlane {
 
   // This worker's address envelope: put it in the Join message.
   const Bytes& address() const { return address_; }
-  // The port of the listener --advertise opened (0 without one), and the endpoints it has accepted so far.
+  // The port of the listener --advertise opened (0 without one), the address it is bound to ("0.0.0.0" for every
+  // interface), and the endpoints it has accepted so far.
   int listen_port() const { return listen_port_; }
+  const std::string& listen_address() const { return listen_address_; }
   uint64_t accepted_connections() const { return accepted_count_.load(); }
+  // Of those: connections refused because max_unproven_connections were open, and connections closed because they
+  // proved no rank within unproven_timeout.
+  uint64_t refused_connections() const { return refused_count_.load(); }
+  uint64_t unproven_closed() const { return unproven_closed_.load(); }
+  // The bounds of UcxOptions (max_packet_bytes, max_unexpected_bytes), changed on a running plane: a worker sets those
+  // its job implies once it has the plan. Packets already held are not affected.
+  void set_bounds(uint64_t max_packet_bytes, uint64_t max_unexpected_bytes);
   // This plane's data-plane public key (made fresh with the plane): put it in the Join too.
   const std::array<uint8_t, DataKeyPair::kBytes>& data_public_key() const { return data_keys_.public_key; }
   // Joins the plan: this process is `self_rank`; `peers` maps every other rank (self may be included)
@@ -153,15 +174,20 @@ class UcxDataPlane final : public DataPlane {
   // The peers whose packets go through the relay.
   std::set<int> relayed_peers() const;
 
+  // Tests only: sends `packet` to `peer` under exactly `header` (made with write_wire_header, or not): what anyone who
+  // reaches the peer's data plane could send, with the pair's keys or without them.
+  Transfer send_raw_for_tests(int peer, const std::array<uint8_t, kWireHeaderBytes>& header, Bytes packet);
+
   int rank() const override { return rank_.load(); }
   std::vector<int> peers() const override;
   void fail_peer(int peer, const std::string& reason) override;
 
-  // Packets thrown away unread: from ranks outside the plan or failed, with a malformed tag, too large for
+  // Packets thrown away unread: from ranks outside the plan or failed, with a malformed header or tag, too large for
   // their receive or over a bound. None of them costs a buffer of its length. Logged at a bounded rate.
   uint64_t dropped_packets() const { return dropped_.load(); }
-  // Of those, packets refused by authentication: a tag that did not verify (forged, altered, or claiming another
-  // sender), a replay, or another epoch's packet.
+  // Of those, packets refused by authentication: a header or trailer whose MAC did not verify (forged, altered, or
+  // claiming another sender), a malformed header, a replay, or another epoch's packet. A header is checked before its
+  // packet's bytes are received: such a packet is never fetched (rendezvous) or kept (eager).
   uint64_t auth_failures() const { return auth_failures_.load(); }
   PacketProtection protection() const { return protection_.load(); }
   // Packets (and their bytes) that arrived before their receive and wait in the plane, all peers together.
@@ -205,7 +231,21 @@ class UcxDataPlane final : public DataPlane {
   void post(std::function<void()> fn);
   void wake();
   void progress_loop();
-  bool probe_inbound();  // true when a message was taken
+  // A packet's active message (UCX calls it from ucp_worker_progress): its header is checked first.
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                            const ucp_am_recv_param_t* param);
+  ucs_status_t take_am(const void* header, size_t header_length, void* data, size_t length,
+                       const ucp_am_recv_param_t* param);
+  // Why the header `bytes` (from `sender`) does not authenticate, or "" (and, when `accept`, its sequence number is
+  // recorded: a hello). `keyless` is set when the plane has no keys for the sender yet (not connected to it).
+  std::string check_header(const WireHeader& h, const uint8_t* bytes, bool accept, bool* keyless);
+  // A connection the listener accepted proved to be `rank`'s (an authenticated packet or hello came on it).
+  void prove_connection(ucp_ep_h ep, int rank);
+  // Closes accepted connections unproven for longer than options_.unproven_timeout (progress thread).
+  void expire_unproven(Clock::time_point now);
+  // Re-checks hellos that came before connect() gave the plane their senders' keys.
+  void recheck_hellos();
+  void send_hello(int peer);
   // Decides what becomes of a packet announced from in->peer (in->length bytes): dropped (in->discard, counted), matched
   // to a posted receive (in->target; in->direct when UCX writes into the caller's buffer) or queued unexpected, with
   // the plane's buffer allocated unless direct or dropped.
@@ -216,8 +256,10 @@ class UcxDataPlane final : public DataPlane {
   void relay_inbound(int src, uint64_t tag_bits, Bytes&& payload);
   void relay_send(const std::shared_ptr<TransferState>& st);
   void on_relay_message(Frames&& f);  // the relay client's thread
-  // `wire_rank` ≥ 0: the sender rank the packet claims (fault injection only).
-  void issue_send(const std::shared_ptr<TransferState>& st, int wire_rank = -1);
+  // `wire_rank` ≥ 0: the sender rank the packet claims (fault injection only); `flags`: the header's (kWireHello);
+  // `given`: the header to send instead (send_raw_for_tests).
+  void issue_send(const std::shared_ptr<TransferState>& st, int wire_rank = -1, uint8_t flags = 0,
+                  const std::array<uint8_t, kWireHeaderBytes>* given = nullptr);
   void forge_for_tests(const std::shared_ptr<TransferState>& st);  // LH_FAULT_FORGE (ucx_data_plane.cpp)
   void issue_recv(const std::shared_ptr<TransferState>& st);
   // Matches a receive to a packet waiting for it, or queues it (at the front: a receive whose packet was refused).
@@ -251,13 +293,16 @@ class UcxDataPlane final : public DataPlane {
   void close_endpoints();
   Status send_failed(int peer, ucs_status_t status) const;  // names the peer's advertised address, if any
   static void on_send_done(void* request, ucs_status_t status, void* user);
-  static void on_recv_done(void* request, ucs_status_t status, const ucp_tag_recv_info_t* info, void* user);
+  static void on_recv_done(void* request, ucs_status_t status, size_t length, void* user);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   // The listener's connection requests (a peer's endpoint to our advertised address), and errors on the endpoints
   // accepted from them.
   static void on_conn_request(ucp_conn_request_h request, void* arg);
   static void on_accepted_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   Status open_listener();
+  // Chooses the listener's address (data_bind, the advertised address's interface, or every interface) and, when it
+  // is one interface's, that interface's name (init, before UCX reads its devices).
+  Status choose_listen_address();
 
   UcxOptions options_;
   ucp_context_h context_ = nullptr;
@@ -266,8 +311,19 @@ class UcxDataPlane final : public DataPlane {
   Bytes address_;
   ucp_listener_h listener_ = nullptr;  // --advertise only
   int listen_port_ = 0;
-  std::set<ucp_ep_h> accepted_;  // endpoints accepted by the listener (progress thread)
-  std::atomic<uint64_t> accepted_count_{0};
+  std::string listen_address_, listen_interface_;  // choose_listen_address
+  uint32_t listen_in_addr_ = 0;                    // network order; INADDR_ANY for every interface
+  struct Accepted {
+    Clock::time_point at{};
+    std::string from;     // "IP:PORT" of the peer
+    int rank = -1;        // proven: the rank whose authenticated packet came on it; −1 until then
+    Bytes early_hello;    // a hello that came before connect() gave its sender's keys (checked again then)
+  };
+  std::map<ucp_ep_h, Accepted> accepted_;  // endpoints accepted by the listener (progress thread)
+  std::atomic<uint64_t> accepted_count_{0}, refused_count_{0}, unproven_closed_{0};
+  Clock::time_point next_expiry_check_{};
+  bool in_callback_ = false;        // inside a UCX callback: endpoints are closed after it (force_close)
+  std::vector<ucp_ep_h> to_close_;  // endpoints force_close was asked for inside a callback
   std::string tls_in_use_;
   bool ucx_cuda_memory_ = false;
   bool cuda_direct_ = false;
@@ -295,6 +351,7 @@ class UcxDataPlane final : public DataPlane {
   struct SendCtx {
     UcxDataPlane* plane;
     std::shared_ptr<TransferState> st;
+    std::array<uint8_t, kWireHeaderBytes> header{};  // UCX reads it until the send completes
   };
   std::map<TransferState*, SendCtx> sends_in_flight_;  // user_data of a UCX send points at its SendCtx
   std::vector<void*> closing_;                         // force-close requests of failed endpoints

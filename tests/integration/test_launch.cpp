@@ -1656,7 +1656,8 @@ TEST_F(Launch, WorkersAreReachedAtTheAddressTheyAdvertise) {
                                             {"--advertise", "localhost"}},
                              &out, &seconds);
   ASSERT_EQ(code, 0) << out[0];
-  EXPECT_NE(out[1].find("listening on port 474"), std::string::npos) << out[1];
+  EXPECT_NE(out[1].find("listening on 127.0.0.1:474"), std::string::npos) << "bound to the advertised interface\n"
+                                                                          << out[1];
   EXPECT_NE(out[1].find("for peers connecting to the advertised address 127.0.0.1"), std::string::npos) << out[1];
   EXPECT_NE(out[2].find("for peers connecting to the advertised address localhost"), std::string::npos) << out[2];
   expect_same_losses(losses_of(metrics), losses_of(base), steps);
@@ -1673,6 +1674,41 @@ TEST_F(Launch, WorkersAreReachedAtTheAddressTheyAdvertise) {
   EXPECT_LT(seconds, 60) << "the connect timeout (5 s) bounds it";
   BinRun bad = run({"worker", "--coordinator", "tcp://127.0.0.1:9", "--advertise", "tcp://host:1"}, 30s);
   EXPECT_NE(bad.output.find("--advertise 'tcp://host:1': ':' is not allowed"), std::string::npos) << bad.output;
+  bad = run({"worker", "--coordinator", "tcp://127.0.0.1:9", "--data-bind", "127.0.0.1"}, 30s);
+  EXPECT_NE(bad.output.find("--data-bind '127.0.0.1' needs --advertise"), std::string::npos) << bad.output;
+  bad = run({"worker", "--coordinator", "tcp://127.0.0.1:9", "--relay-only", "--data-ports", "40000-40010"}, 30s);
+  EXPECT_NE(bad.output.find("--relay-only opens no data ports: it takes no --data-ports"), std::string::npos)
+      << bad.output;
+
+  // A worker that must expose nothing: --relay-only opens no data port, and its pair goes through the coordinator's
+  // relay (the pre-flight finds it unreachable), with the same losses.
+  out.clear();
+  const std::string relay_key = make_key("relay_only");
+  std::string ep;
+  const std::string metrics2 = temp_path("relay_only.jsonl"), coord_out = temp_path("relay_only.txt");
+  std::vector<std::string> args = {"--log-level", "info",     "coordinator", "--listen", "tcp://127.0.0.1:*",
+                                   "--workers",   "2",        "--key-file",  relay_key,  "--metrics",
+                                   metrics2};
+  for (auto& f : model_flags(steps)) args.push_back(f);
+  args.insert(args.end(), {"--microbatches", "4"});
+  pid_t coord = spawn_coordinator(args, coord_out, &ep);
+  ASSERT_FALSE(ep.empty()) << slurp(coord_out);
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> w = {"--threads", "1",          "--log-level", "info",           "worker",
+                                  "--coordinator", ep,       "--key-file",  relay_key,        "--rank",
+                                  std::to_string(i), "--connect-timeout", "2"};
+    if (i == 1) w.push_back("--relay-only");
+    workers.push_back(spawn(w, temp_path("relay_only_worker" + std::to_string(i) + ".txt")));
+  }
+  for (pid_t w : workers) wait_exit(w, 120s);
+  ASSERT_EQ(wait_exit(coord, 60s), 0) << slurp(coord_out);
+  const std::string said = slurp(coord_out);
+  EXPECT_NE(said.find("cannot connect directly"), std::string::npos) << said;
+  EXPECT_NE(said.find("relaying it through"), std::string::npos) << said;
+  const std::string w1 = slurp(temp_path("relay_only_worker1.txt"));
+  EXPECT_EQ(w1.find("listening on"), std::string::npos) << w1;
+  expect_same_losses(losses_of(metrics2), losses_of(base), steps);
 }
 
 // Two sites behind NAT routers (scripts/nat.sh: namespaces, nftables masquerade; root), ranks 0–1 in one and 2–3 in

@@ -2,6 +2,7 @@
 // codec plan / change conversions to the control messages. Label `parallel`.
 #include <gtest/gtest.h>
 
+#include "core/gpt.h"
 #include "parallel/job_config.h"
 #include "tests/parallel/result_value.h"
 
@@ -357,6 +358,28 @@ TEST(PlanCodecs, SetCodecMessagesBecomeStepAlignedChanges) {
   m.dir = "bwd";
   m.apply_at_step = -5;
   expect_error(codec_change_of(m, t, schedule).status(), "apply_at_step -5");
+}
+
+// The data plane's bounds come from the job: above every tensor the job sends (the whole model's parameters, counted
+// by the model itself; the batch's activations), and far below the 16 GiB a plane allows when nothing says more.
+TEST(PipelineJobConfig, DataPlaneBoundsCoverTheJobsLargestTensors) {
+  for (const char* preset : {"tiny", "small", "base"}) {
+    SCOPED_TRACE(preset);
+    PipelineJobConfig c;
+    c.train.model = value_of(gpt_preset(preset));
+    for (bool tied : {false, true}) {
+      c.train.model.tied_head = tied;
+      Gpt model = value_of(Gpt::create(c.train.model, Device::cpu, 1));
+      const uint64_t param_bytes = uint64_t(model.num_params()) * 4;
+      const uint64_t act_bytes = uint64_t(c.train.batch) * c.train.model.seq * c.train.model.d_model * 4;
+      const auto b = c.data_plane_bounds();
+      EXPECT_GE(b.max_packet_bytes, 2 * param_bytes);
+      EXPECT_GE(b.max_packet_bytes, 2 * act_bytes);
+      EXPECT_LE(b.max_packet_bytes, 2 * std::max(param_bytes, act_bytes) * 11 / 10 + (uint64_t(9) << 20));
+      EXPECT_GE(b.max_unexpected_bytes, 2 * (param_bytes + act_bytes));
+      EXPECT_LT(b.max_unexpected_bytes, uint64_t(4) << 30);
+    }
+  }
 }
 
 }  // namespace

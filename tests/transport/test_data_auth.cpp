@@ -59,6 +59,51 @@ TEST(PacketAuth, PairKeysMatchAcrossTheTwoEnds) {
   EXPECT_FALSE(PacketKeys::derive(2, k.k0, 2, k.k1.public_key, 0).ok());
 }
 
+// A packet's wire header: every field reads back; its MAC verifies at the other end of the pair only, and not once any
+// byte changed; a malformed header is named.
+TEST(PacketAuth, WireHeadersCarryEveryFieldUnderThePairsMac) {
+  KeyPairOfPeers k, other;
+  WireHeader h;
+  h.packet = header(41, 6, 0, 1, 0x123456789ull);
+  h.length = uint64_t(5) << 30;
+  uint8_t bytes[kWireHeaderBytes];
+  write_wire_header(h, &k.from0, bytes);
+  auto back = read_wire_header(bytes, sizeof(bytes));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(back->packet.epoch, 6u);
+  EXPECT_EQ(back->packet.sender, 0);
+  EXPECT_EQ(back->packet.receiver, 1);
+  EXPECT_EQ(back->packet.tag_bits, 0x123456789ull);
+  EXPECT_EQ(back->packet.seq, 41u);
+  EXPECT_EQ(back->length, uint64_t(5) << 30);
+  EXPECT_EQ(back->flags, 0);
+  EXPECT_TRUE(wire_header_authentic(k.from1, bytes));
+  EXPECT_FALSE(wire_header_authentic(k.from0, bytes)) << "the sender's own receiving key";
+  EXPECT_FALSE(wire_header_authentic(other.from1, bytes)) << "another pair's key";
+  for (size_t i = 0; i < kWireHeaderBytes; ++i) {
+    uint8_t changed[kWireHeaderBytes];
+    std::memcpy(changed, bytes, sizeof(changed));
+    changed[i] ^= 0x10;
+    EXPECT_FALSE(wire_header_authentic(k.from1, changed)) << "byte " << i;
+  }
+  auto error = [&](const uint8_t* b, size_t n) { return read_wire_header(b, n).status().message(); };
+  EXPECT_NE(error(bytes, 63).find("63 bytes, not 64"), std::string::npos);
+  EXPECT_NE(error(nullptr, 0).find("0 bytes"), std::string::npos);
+  uint8_t bad[kWireHeaderBytes];
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[0] = 'X';
+  EXPECT_NE(error(bad, sizeof(bad)).find("magic"), std::string::npos);
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[4] = 9;
+  EXPECT_NE(error(bad, sizeof(bad)).find("version 9"), std::string::npos);
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[5] = 0x80;
+  EXPECT_NE(error(bad, sizeof(bad)).find("unknown flags"), std::string::npos);
+  h.flags = kWireHello;  // a hello carries nothing
+  write_wire_header(h, &k.from0, bad);
+  EXPECT_NE(error(bad, sizeof(bad)).find("hello header announcing"), std::string::npos);
+}
+
 TEST(PacketAuth, EveryAuthenticatedFieldIsChecked) {
   KeyPairOfPeers k;
   for (PacketProtection p : {PacketProtection::kMac, PacketProtection::kAead}) {
@@ -198,9 +243,9 @@ TEST(AuthenticatedDataPlane, SendsEveryKindOfTransferBetweenTwoPlanes) {
   }
 }
 
-// The receiver b (rank 1) believes rank 0's key is `k0`; the test holds k0 and seals rank 0's packets itself,
-// sending them through an unauthenticated plane that calls itself rank 0 (so it can also send what an attacker
-// would: altered, replayed, misattributed packets).
+// The receiver b (rank 1) believes rank 0's key is `k0`; the test holds k0 and seals rank 0's packets and their wire
+// headers itself, sending them through an unauthenticated plane that calls itself rank 0 (so it can also send what an
+// attacker would: altered, replayed, misattributed packets).
 struct Injection {
   std::unique_ptr<UcxDataPlane> b = make_plane(), wire = make_plane();
   DataKeyPair k0 = DataKeyPair::generate();
@@ -214,7 +259,20 @@ struct Injection {
   Bytes seal(const Bytes& payload, uint64_t seq, Tag tag, uint32_t epoch = 2, const PacketKeys* with = nullptr) {
     return sealed(p, with ? *with : keys, header(seq, epoch, 0, 1, tag.pack()), payload);
   }
-  void inject(Tag tag, Bytes packet) { ASSERT_TRUE(wire->send(1, tag, std::move(packet)).wait(30s).ok()); }
+  // Sends `packet` under a wire header naming its trailer's epoch and sequence number (epoch 2, sequence 1000 when it
+  // has none), with its MAC under `header_keys` (rank 0's genuine keys by default).
+  void inject(Tag tag, Bytes packet, const PacketKeys* header_keys = nullptr) {
+    WireHeader h;
+    h.packet = header(1000, 2, 0, 1, tag.pack());
+    if (auto t = read_trailer(packet.data(), packet.size()); t.ok()) {
+      h.packet.seq = t->seq;
+      h.packet.epoch = t->epoch;
+    }
+    h.length = packet.size();
+    std::array<uint8_t, kWireHeaderBytes> bytes{};
+    write_wire_header(h, header_keys ? header_keys : &keys, bytes.data());
+    ASSERT_TRUE(wire->send_raw_for_tests(1, bytes, std::move(packet)).wait(30s).ok());
+  }
 };
 
 TEST(AuthenticatedDataPlane, ForgedAlteredReplayedAndStalePacketsAreDroppedAndCounted) {
@@ -232,8 +290,8 @@ TEST(AuthenticatedDataPlane, ForgedAlteredReplayedAndStalePacketsAreDroppedAndCo
     // Now the receive for the next packet waits while an attacker tries, one by one …
     r = in.b->recv(0, t5);
     uint64_t failures = 0;
-    auto try_packet = [&](const char* what, Tag tag, Bytes packet) {
-      in.inject(tag, std::move(packet));
+    auto try_packet = [&](const char* what, Tag tag, Bytes packet, const PacketKeys* header_keys = nullptr) {
+      in.inject(tag, std::move(packet), header_keys);
       ++failures;
       EXPECT_TRUE(eventually([&] { return in.b->auth_failures() == failures; }))
           << what << ": " << in.b->auth_failures() << " failures";
@@ -247,7 +305,9 @@ TEST(AuthenticatedDataPlane, ForgedAlteredReplayedAndStalePacketsAreDroppedAndCo
     try_packet("a packet sealed in an earlier epoch", t5, in.seal(pattern(3000, 2), 4, t5, /*epoch=*/1));
     KeyPairOfPeers stranger;  // someone else's keys, claiming rank 0
     try_packet("a packet claiming rank 0 from someone without its key", t5,
-               in.seal(pattern(3000, 2), 5, t5, 2, &stranger.from0));
+               in.seal(pattern(3000, 2), 5, t5, 2, &stranger.from0), &stranger.from0);
+    try_packet("a genuine packet under a header from someone without its key", t5, in.seal(pattern(3000, 2), 11, t5),
+               &stranger.from0);
     try_packet("garbage", t5, pattern(3000, 9));
     try_packet("shorter than a trailer", t5, Bytes(5));
     // A replay of an earlier step's packet that nothing waits for is dropped too (not queued for later).
@@ -262,7 +322,7 @@ TEST(AuthenticatedDataPlane, ForgedAlteredReplayedAndStalePacketsAreDroppedAndCo
     // The same with a recv_into: a forged packet never reaches the caller's buffer as a result.
     Bytes into(4000, 0);
     Transfer ri = in.b->recv_into(0, t5, into.data(), into.size());
-    in.inject(t5, in.seal(pattern(3500, 3), 7, t5, 2, &stranger.from0));
+    in.inject(t5, in.seal(pattern(3500, 3), 7, t5, 2, &stranger.from0), &stranger.from0);
     EXPECT_TRUE(eventually([&] { return in.b->auth_failures() == failures + 1; }));
     EXPECT_FALSE(ri.done());
     in.inject(t5, in.seal(pattern(3500, 4), 8, t5));
@@ -286,7 +346,7 @@ TEST(AuthenticatedDataPlane, AReceiveWhosePacketWasRefusedTakesTheNextOneQueued)
   Injection in(PacketProtection::kMac);
   const Tag t = make_tag(1, 0, Role::kActivationGrad);
   KeyPairOfPeers stranger;
-  in.inject(t, in.seal(pattern(1 << 20, 1), 1, t, 2, &stranger.from0));
+  in.inject(t, in.seal(pattern(1 << 20, 1), 1, t, 2, &stranger.from0));  // its header is genuine, its trailer not
   in.inject(t, in.seal(pattern(1 << 20, 2), 2, t));
   ASSERT_TRUE(eventually([&] { return in.b->auth_failures() == 1 && in.b->unexpected_packets() == 1; }));
   auto got = in.b->recv_blocking(0, t, 30s);

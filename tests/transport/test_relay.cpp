@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -473,6 +474,136 @@ TEST(Advertise, ATransferToAnAdvertisedAddressNobodyListensAtIsNamed) {
   Status s = a->send(1, make_tag(1, 0, Role::kActivation), pattern(64, 1)).wait(30s);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("advertised 127.0.0.1:9"), std::string::npos) << s.to_string();
+}
+
+// The listener binds the advertised address's interface when this host has it, else every interface (NAT, port
+// forwarding) unless --data-bind names one; a bind address this host does not have, or one without an advertised
+// address, is refused by name.
+TEST(Advertise, TheListenerBindsTheAdvertisedInterfaceOrDataBind) {
+  UcxOptions o;
+  o.advertise = "127.0.0.1";
+  EXPECT_EQ(make_plane(o)->listen_address(), "127.0.0.1");
+  o.advertise = "192.0.2.10";  // TEST-NET-1: not this host's (a forwarded port's public address)
+  EXPECT_EQ(make_plane(o)->listen_address(), "0.0.0.0");
+  o.data_bind = "127.0.0.1";
+  EXPECT_EQ(make_plane(o)->listen_address(), "127.0.0.1");
+  o.data_bind = "192.0.2.11";
+  o.tls = "tcp";
+  auto bad = UcxDataPlane::create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'192.0.2.11': no interface of this host has it"), std::string::npos)
+      << bad.status().to_string();
+  o.data_bind = "not-an-address";
+  EXPECT_NE(UcxDataPlane::create(o).status().message().find("not an IPv4 address"), std::string::npos);
+  UcxOptions no_advertise;
+  no_advertise.data_bind = "127.0.0.1";
+  EXPECT_NE(UcxDataPlane::create(no_advertise).status().message().find("without an advertised address"),
+            std::string::npos);
+}
+
+// Connections to the advertised listener are few until proven: the peer's hello (authenticated under the pair's keys)
+// proves its connection, also when it came before the listener's plane knew the peer's key (connect() checks it
+// then); a stranger's connection is closed once unproven for unproven_timeout, and while max_unproven_connections
+// strangers wait, further ones are refused. The member's link keeps working throughout.
+TEST(Advertise, UnprovenConnectionsAreBoundedAndClosed) {
+  UcxOptions bo;
+  bo.advertise = "127.0.0.1";
+  bo.max_unproven_connections = 2;
+  bo.unproven_timeout = 1500ms;
+  auto b = make_plane(bo), a = make_plane();
+  // a connects (and says hello) before b knows a's key: b proves the connection at its own connect().
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}, security(PacketProtection::kMac, 1, b->data_public_key())).ok());
+  ASSERT_TRUE(eventually([&] { return b->accepted_connections() == 1; }));
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}, security(PacketProtection::kMac, 0, a->data_public_key())).ok());
+  // Three strangers with keys of their own, each claiming rank 0.
+  std::vector<std::unique_ptr<UcxDataPlane>> strangers;
+  for (int i = 0; i < 3; ++i) {
+    strangers.push_back(make_plane());
+    ASSERT_TRUE(strangers.back()
+                    ->connect(0, {{1, b->address()}}, security(PacketProtection::kMac, 1, b->data_public_key()))
+                    .ok());
+    if (i < 2) ASSERT_TRUE(eventually([&] { return b->accepted_connections() == uint64_t(2 + i); }));
+  }
+  EXPECT_TRUE(eventually([&] { return b->refused_connections() == 1; })) << b->refused_connections();
+  EXPECT_EQ(b->accepted_connections(), 3u);
+  // Their hellos did not verify (each sealed under its own keys, not rank 0's).
+  EXPECT_TRUE(eventually([&] { return b->auth_failures() == 2; })) << b->auth_failures();
+  EXPECT_TRUE(eventually([&] { return b->unproven_closed() == 2; })) << b->unproven_closed();
+  // a's connection, proven, stays: its packets still arrive, well after the strangers' were closed.
+  for (uint32_t step = 1; step <= 2; ++step) {
+    Transfer r = b->recv(0, make_tag(step, 0, Role::kActivation));
+    ASSERT_TRUE(a->send(1, make_tag(step, 0, Role::kActivation), pattern(5000, step)).wait(20s).ok());
+    ASSERT_TRUE(r.wait(20s).ok()) << r.status().to_string();
+    EXPECT_TRUE(r.take() == pattern(5000, step));
+  }
+  EXPECT_EQ(b->unproven_closed(), 2u);
+  EXPECT_EQ(b->dropped_packets(), 2u);
+}
+
+// The TCP sockets this process listens on (IPv4 and IPv6).
+size_t listening_sockets() {
+  std::set<std::string> listening;  // inodes of listening sockets, from /proc/net/tcp{,6} (state 0A)
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string field, state, inode;
+      for (int i = 0; f >> field; ++i) {
+        if (i == 3) state = field;
+        if (i == 9) inode = field;
+      }
+      if (state == "0A") listening.insert(inode);
+    }
+  }
+  size_t n = 0;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0 && listening.count(target.substr(8, target.size() - 9))) ++n;
+  }
+  return n;
+}
+
+// A relay-only plane (--relay-only) opens no socket at all: no listener, not even UCX's own tcp interfaces. Its peers
+// cannot reach it directly (their transfers fail, named), and through the relay every transfer flows, sealed. It
+// takes no transports, advertised address or data ports.
+TEST(Relay, ARelayOnlyPlaneOpensNoPortAndTalksThroughTheRelay) {
+  const size_t before = listening_sockets();
+  UcxOptions ro;
+  ro.relay_only = true;
+  auto a = UcxDataPlane::create(ro);
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(listening_sockets(), before) << "a relay-only plane listens somewhere";
+  auto b = make_plane();
+  EXPECT_GT(listening_sockets(), before) << "the check above cannot fail: a tcp plane listens nowhere either";
+  ASSERT_TRUE(
+      (*a)->connect(0, {{1, b->address()}}, security(PacketProtection::kMac, 1, b->data_public_key())).ok());
+  ASSERT_TRUE(b->connect(1, {{0, (*a)->address()}}, security(PacketProtection::kMac, 0, (*a)->data_public_key())).ok());
+  Status direct = (*a)->send(1, make_tag(1, 0, Role::kActivation), pattern(10, 1)).wait(10s);
+  EXPECT_NE(direct.message().find("relay-only"), std::string::npos) << direct.to_string();
+  auto relay = make_relay();
+  ASSERT_TRUE((*a)->use_relay(client(*relay), {1}).ok());
+  ASSERT_TRUE(b->use_relay(client(*relay), {0}).ok());
+  for (uint64_t n : {uint64_t(0), uint64_t(5000), uint64_t(3) << 20}) {
+    Transfer r = b->recv(0, make_tag(2, 0, Role::kActivation));
+    ASSERT_TRUE((*a)->send(1, make_tag(2, 0, Role::kActivation), pattern(n, 2)).wait(20s).ok());
+    ASSERT_TRUE(r.wait(20s).ok()) << r.status().to_string();
+    EXPECT_TRUE(r.take() == pattern(n, 2));
+    Transfer back = (*a)->recv(1, make_tag(3, 0, Role::kActivationGrad));
+    ASSERT_TRUE(b->send(0, make_tag(3, 0, Role::kActivationGrad), pattern(n, 3)).wait(20s).ok());
+    ASSERT_TRUE(back.wait(20s).ok()) << back.status().to_string();
+    EXPECT_TRUE(back.take() == pattern(n, 3));
+  }
+  for (auto bad : {&UcxOptions::tls, &UcxOptions::advertise, &UcxOptions::data_ports}) {
+    UcxOptions o;
+    o.relay_only = true;
+    o.*bad = "x";
+    EXPECT_NE(UcxDataPlane::create(o).status().message().find("relay-only data plane opens no data ports"),
+              std::string::npos);
+  }
 }
 
 }  // namespace

@@ -57,13 +57,13 @@ std::unique_ptr<UcxDataPlane> make_plane(UcxOptions o = {}) {
 }
 
 // A recv_into failed while its packet is still arriving: the Transfer reports done only once UCX has let go
-// of the caller's buffer. Over shared memory with eager messages only, the sender's fragments keep landing
-// after the receiver gave up on its endpoint, so a receive completed at fail_peer would see its buffer
-// change after done.
-// Plane b receives a 128 MiB eager packet from plane a straight into `buf` (shared memory); returns once UCX has
+// of the caller's buffer. Over shared memory, a rendezvous packet's fragments keep landing in the caller's buffer
+// after the receiver gave up on its endpoint, so a receive completed at fail_peer would see its buffer change after
+// done. (An eager packet is assembled by UCX and copied in at once: it never lands there piece by piece.)
+// Plane b receives a 128 MiB rendezvous packet from plane a straight into `buf` (shared memory); returns once UCX has
 // started writing into it. mid_packet: its last byte was not written yet then.
 struct MidPacket {
-  ScopedEnv eager{"UCX_RNDV_THRESH", "inf"};
+  ScopedEnv rendezvous{"UCX_RNDV_THRESH", "8k"};
   std::unique_ptr<UcxDataPlane> a, b;
   static constexpr size_t n = size_t(128) << 20;
   Bytes packet, buf = Bytes(n, 0xCD);
@@ -163,7 +163,8 @@ TEST(UcxHardening, StrangersPacketsAreDroppedWithoutABuffer) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     Status s =
         stranger->send(1, make_tag(i, 0, Role::kActivation), pattern(sizes[i], i)).wait(std::chrono::seconds(30));
-    EXPECT_TRUE(s.ok()) << "size " << sizes[i] << ": " << s.to_string();
+    // A rendezvous packet is refused unfetched (its sender's send fails); an eager one is just forgotten.
+    EXPECT_TRUE(s.ok() || contains(s, "rejected")) << "size " << sizes[i] << ": " << s.to_string();
     EXPECT_TRUE(eventually([&] { return b->dropped_packets() == i + 1; })) << "size " << sizes[i];
   }
   EXPECT_EQ(b->packet_buffer_bytes_peak(), 0u);
@@ -171,6 +172,58 @@ TEST(UcxHardening, StrangersPacketsAreDroppedWithoutABuffer) {
   EXPECT_EQ(b->unexpected_packets(), 0u);
   expect_link_works(*a, 0, *b, 1, 100);
   EXPECT_EQ(b->packet_buffer_bytes_peak(), 3000u);  // the one packet b did take (it arrived before its recv or not)
+}
+
+// Issue 37, item 1 and 2: a process without the pair's keys that reaches a worker's data plane claims a member's rank.
+// Its packets' headers do not verify, so nothing of them is received or held — a rendezvous packet is never fetched
+// (its sender's send is rejected), an eager one is forgotten — and the claimed rank is not failed: the member's own
+// link goes on. A header announcing more bytes than follow (a 512 MiB claim whose data never comes) is refused the
+// same way. Each is counted as an authentication failure.
+TEST(UcxHardening, AKeylessClientClaimingAMembersRankHoldsNothingAndFailsNobody) {
+  auto a = make_plane(), b = make_plane(), stranger = make_plane();
+  auto sec = [](int peer, const std::array<uint8_t, 32>& key) {
+    DataPlaneSecurity s;
+    s.protection = PacketProtection::kMac;
+    s.epoch = 4;
+    s.peers[peer] = {key, local_ciphers()};
+    return s;
+  };
+  ASSERT_TRUE(a->connect(0, {{1, b->address()}}, sec(1, b->data_public_key())).ok());
+  ASSERT_TRUE(b->connect(1, {{0, a->address()}}, sec(0, a->data_public_key())).ok());
+  ASSERT_TRUE(stranger->connect(0, {{1, b->address()}}).ok());  // no keys: it can only guess a MAC
+  const Tag t = make_tag(3, 0, Role::kActivation);
+  Transfer waiting = b->recv(0, t);  // a member's receive the stranger's packets would match
+  uint64_t refused = 0;
+  auto try_header = [&](const char* what, uint64_t claimed, size_t sent) {
+    WireHeader h;
+    h.packet.epoch = 4;
+    h.packet.sender = 0;
+    h.packet.receiver = 1;
+    h.packet.tag_bits = t.pack();
+    h.packet.seq = 1 + refused;
+    h.length = claimed;
+    std::array<uint8_t, kWireHeaderBytes> bytes{};
+    write_wire_header(h, nullptr, bytes.data());
+    for (int i = 48; i < 64; ++i) bytes[i] = uint8_t(i * 7);  // a guessed MAC
+    Status s = stranger->send_raw_for_tests(1, bytes, pattern(sent, uint32_t(sent))).wait(std::chrono::seconds(30));
+    EXPECT_TRUE(s.ok() || contains(s, "rejected")) << what << ": " << s.to_string();
+    ++refused;
+    EXPECT_TRUE(eventually([&] { return b->auth_failures() == refused; })) << what << ": " << b->auth_failures();
+  };
+  try_header("an empty packet", 0, 0);
+  try_header("an eager packet", 5000, 5000);
+  try_header("a 64 MiB rendezvous packet", size_t(64) << 20, size_t(64) << 20);
+  try_header("a 512 MiB claim with 100 bytes behind it", uint64_t(512) << 20, 100);
+  EXPECT_EQ(b->dropped_packets(), refused);
+  EXPECT_EQ(b->packet_buffer_bytes_peak(), 0u);
+  EXPECT_EQ(b->unexpected_bytes(), 0u);
+  EXPECT_FALSE(waiting.done()) << waiting.status().to_string();
+  // Rank 0's real packet then completes the receive: the claimed rank was never failed.
+  ASSERT_TRUE(a->send(1, t, pattern(3000, 3)).wait(std::chrono::seconds(30)).ok());
+  ASSERT_TRUE(waiting.wait(std::chrono::seconds(30)).ok()) << waiting.status().to_string();
+  EXPECT_TRUE(waiting.take() == pattern(3000, 3));
+  expect_link_works(*a, 0, *b, 1, 100);
+  EXPECT_EQ(b->auth_failures(), refused);
 }
 
 // After fail_peer, that peer's packets are dropped on arrival without a buffer. Shared memory: the packet
