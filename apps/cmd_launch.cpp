@@ -284,6 +284,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                                      "0"};
     std::vector<std::string> prefix;
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
+    if (f.no_allow_list) argv.push_back("--no-allow-list");
     if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
     if (nat.up) {
       // Slot i is rank i (the sites hold consecutive ranks: pipeline neighbours share a site but at its edges).
@@ -421,6 +422,9 @@ void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_
                   "with --nat-sites: each site's uplink limited to RATE both ways (tc tbf), e.g. 100M");
   cmd->add_option("--listen", f.listen, "coordinator address (PORT '*': any free port)")->capture_default_str();
   cmd->add_option("--ucx-tls", f.ucx_tls, "UCX transports for the workers (default: $UCX_TLS or UCX's choice)");
+  cmd->add_flag("--no-allow-list", f.no_allow_list,
+                "the workers leave their data ports open to every address (as root they otherwise admit only the "
+                "job's members, with nftables)");
   cmd->add_option("--worker-threads", f.worker_threads, "BLAS/OpenMP threads per worker (0: cores / workers)")
       ->capture_default_str()
       ->check(CLI::Range(0, 4096));

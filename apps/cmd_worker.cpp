@@ -27,6 +27,7 @@ struct WorkerFlags {
   std::string advertise;
   std::string data_bind;
   bool relay_only = false;
+  bool no_allow_list = false;
 };
 
 void run_worker(const WorkerFlags& f) {
@@ -65,6 +66,7 @@ void run_worker(const WorkerFlags& f) {
       if (!value->empty()) fail(std::string("--relay-only opens no data ports: it takes no ") + flag, 2);
     o.ucx.relay_only = true;
   }
+  o.allow_list = !f.no_allow_list;
   o.rank = f.rank;
   o.connect_timeout = std::chrono::milliseconds(int64_t(f.connect_timeout_s * 1000));
   if (!f.link.empty()) {
@@ -117,6 +119,9 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
   cmd->add_flag("--relay-only", f->relay_only,
                "open no data port at all (UCX gets no network transport): every pair of this worker goes through the "
                "job's relay, for a worker that must expose nothing (the coordinator must run a relay: no --no-relay)");
+  cmd->add_flag("--no-allow-list", f->no_allow_list,
+               "as root, the worker lets only the job's members (and this host's loopback) reach its data ports, with "
+               "an nftables table of its own; this flag leaves the ports open to every address");
   cmd->add_option("--connect-timeout", f->connect_timeout_s,
                   "seconds the pre-flight waits for a peer's direct connection before the pair goes through the "
                   "relay (or the job ends, with --no-relay)")

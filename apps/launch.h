@@ -18,6 +18,7 @@ struct LaunchFlags {
   int nat_sites = 0;  // workers in this many sites behind NAT routers (scripts/nat.sh; root)
   std::string site_rate;  // with nat_sites: each site's uplink limited to this rate (tc tbf)
   std::string ucx_tls;
+  bool no_allow_list = false;  // workers leave their data ports open to every address (worker --no-allow-list)
   std::string wan_script;
   int worker_threads = 0;
   int restarts = 3;  // killed worker processes started again (in all)

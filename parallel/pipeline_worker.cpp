@@ -21,6 +21,7 @@
 #include "parallel/link_shapes.h"
 #include "parallel/peer_probe.h"
 #include "parallel/stage_runner.h"
+#include "transport/allow_list.h"
 #include "transport/control_client.h"
 
 namespace lh {
@@ -165,8 +166,13 @@ Result<int64_t> apply_codec_change(const SetCodec& m, int64_t step, int64_t resu
 
 // One epoch of the job: join (as `*rank` when it is set), connect, load the plan's state, train until the last step,
 // a failure, or a rollback (kAborted: the caller joins again).
-Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* rank) {
+Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* rank, DataPortAllowList* allow) {
   LH_ASSIGN_OR_RETURN(std::unique_ptr<UcxDataPlane> ucx, UcxDataPlane::create(options.ucx));
+  // The data ports are closed to every other address until the plan names the members (then renewed below).
+  const std::vector<int> data_ports = allow ? listening_tcp_ports() : std::vector<int>{};
+  const std::set<std::string> own = parse_ip_list(interface_addresses());
+  if (allow)
+    if (Status s = allow->set(data_ports, own); !s.ok()) LH_LOG_WARN("{}", s.message());
   auto meter = std::make_shared<LinkMeter>();
   ucx->set_meter(meter);
   // Joining again after a rollback waits as long as the coordinator waits for a replacement; a coordinator that
@@ -207,6 +213,20 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     auto& k = security.peers[p.rank];
     std::copy(p.data_key.begin(), p.data_key.end(), k.public_key.begin());
     k.ciphers = p.data_ciphers;
+  }
+  if (allow && !data_ports.empty()) {
+    std::set<std::string> members = own;
+    for (const PeerInfo& p : plan.peers)
+      for (const std::string& a : parse_ip_list(p.interfaces)) members.insert(a);
+    Status s = allow->set(data_ports, members);
+    std::string ports;
+    for (int p : data_ports) ports += (ports.empty() ? "" : ", ") + std::to_string(p);
+    if (s.ok())
+      LH_LOG_INFO("allow-list: data ports {} open only to the loopback and the {} addresses of the job's members "
+                  "(nftables table inet {})",
+                  ports, members.size(), allow->table());
+    else
+      LH_LOG_WARN("{}", s.message());
   }
   const PipelineJobConfig::DataPlaneBounds bounds = job->data_plane_bounds();
   ucx->set_bounds(bounds.max_packet_bytes, bounds.max_unexpected_bytes);
@@ -476,8 +496,17 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.coordinator_wait = options.coordinator_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
   int rank = -1;
+  std::unique_ptr<DataPortAllowList> allow;
+  if (options.allow_list && !options.ucx.relay_only) {
+    Status ok = DataPortAllowList::available();
+    if (ok.ok())
+      allow = std::make_unique<DataPortAllowList>();
+    else
+      LH_LOG_INFO("no allow-list on the data ports ({}): any address that reaches them can talk to UCX",
+                  ok.message());
+  }
   for (;;) {
-    Status s = run_epoch(options, *cc, &rank);
+    Status s = run_epoch(options, *cc, &rank, allow.get());
     if (s.code() != StatusCode::kAborted) return s;
     LH_LOG_WARN("rank {}: {}; joining the next epoch", rank, s.message());
   }

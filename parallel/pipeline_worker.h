@@ -37,6 +37,10 @@ struct PipelineWorkerOptions {
   // How long the pre-flight's direct hellos may take before a pair counts as unable to connect directly (and goes
   // through the relay, or ends the job with --no-relay).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(5)};
+  // As root with nftables: only the job's members (their interfaces' addresses, from the plan) and the loopback may
+  // reach this worker's data ports (transport/allow_list.h); until the plan comes, only the loopback. Renewed every
+  // epoch. Off (--no-allow-list), or without root or nft: any address may (logged once).
+  bool allow_list = true;
 };
 
 // The caller names the process in logs (set_log_role) once it knows; this function never does,

@@ -331,6 +331,7 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   j.device = options_.device;
   j.compute_speed = options_.compute_speed;
   j.data_addresses = options_.data_addresses;
+  j.interfaces = options_.data_addresses;
   // A worker that advertises an address (--advertise) is reached there, not at its interfaces' own.
   if (auto a = unwrap_peer_address(ucx_address); a.ok() && !a->host.empty()) j.data_addresses = a->describe();
   j.ucx_address = ucx_address;

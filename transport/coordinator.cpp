@@ -638,8 +638,9 @@ void Coordinator::send_plans() {
   }
   std::vector<PeerInfo> peers(ws.size());
   for (size_t i = 0; i < ws.size(); ++i)
-    peers[size_t(plans[i].rank)] = PeerInfo{plans[i].rank,          ws[i].join.hostname, ws[i].join.device,
-                                            ws[i].join.ucx_address, ws[i].join.data_key, ws[i].join.data_ciphers};
+    peers[size_t(plans[i].rank)] = PeerInfo{plans[i].rank,          ws[i].join.hostname,     ws[i].join.device,
+                                            ws[i].join.ucx_address, ws[i].join.data_key,     ws[i].join.data_ciphers,
+                                            ws[i].join.interfaces};
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t i = 0; i < ws.size(); ++i) {

@@ -14,7 +14,7 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 7;  // 7: Plan::relay_token, shards in parts (ShardAck), ResumeFailed
+constexpr uint16_t kProtocolVersion = 8;  // 8: Join/PeerInfo interfaces (allow-lists); 7: Plan::relay_token, shard parts
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
@@ -97,9 +97,13 @@ struct Join {
   // The IP addresses its UCX worker address carries ("10.1.0.5, 192.168.1.7"), for people: the messages naming a
   // pair that cannot connect say where it was tried.
   std::string data_addresses;
+  // The IP addresses of its interfaces (also when it advertises another): its peers let these reach their data ports
+  // (their allow-lists, transport/allow_list.h).
+  std::string interfaces;
   template <class A>
   void serialize(A& ar) {
-    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt, data_key, data_ciphers, data_addresses);
+    ar(token, hostname, device, compute_speed, ucx_address, rank, attempt, data_key, data_ciphers, data_addresses,
+       interfaces);
   }
 };
 
@@ -110,9 +114,10 @@ struct PeerInfo {
   std::vector<uint8_t> ucx_address;
   std::vector<uint8_t> data_key;  // from its Join
   uint32_t data_ciphers = 0;
+  std::string interfaces;  // from its Join: the addresses its packets come from (allow-lists)
   template <class A>
   void serialize(A& ar) {
-    ar(rank, hostname, device, ucx_address, data_key, data_ciphers);
+    ar(rank, hostname, device, ucx_address, data_key, data_ciphers, interfaces);
   }
 };
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -29,6 +30,7 @@
 #include "parallel/metrics_summary.h"
 #include "parallel/step_metrics.h"
 #include "tests/integration/netns_support.h"
+#include "transport/allow_list.h"
 #include "transport/job_secret.h"
 #include "transport/messages.h"
 
@@ -1738,6 +1740,142 @@ TEST_F(Launch, NatSitesRelayTheLinksBetweenSitesAsRoot) {
       << refused.output;
   EXPECT_NE(refused.output.find("link 1-2 (rank 1 "), std::string::npos) << refused.output;
   EXPECT_LT(seconds, 90);
+}
+
+// The TCP ports listening in network namespace `ns` (ss), sorted.
+std::vector<int> ports_listening_in(const std::string& ns) {
+  std::vector<int> ports;
+  FILE* p = popen(("ip netns exec " + ns + " ss -ltnH 2>/dev/null").c_str(), "r");
+  if (!p) return ports;
+  char line[512];
+  while (fgets(line, sizeof(line), p)) {
+    std::istringstream f(line);
+    std::string state, recvq, sendq, local;
+    f >> state >> recvq >> sendq >> local;
+    const size_t colon = local.rfind(':');
+    if (colon != std::string::npos) ports.push_back(std::atoi(local.c_str() + colon + 1));
+  }
+  pclose(p);
+  std::sort(ports.begin(), ports.end());
+  return ports;
+}
+
+// Issue 37, item 3: a stranger inside a job's site (the site router's address, no member's) sends raw garbage, holds
+// half-open connections and trickles bytes into every data port of both workers for as long as the job runs. As root
+// the workers' allow-lists drop its packets before UCX sees a byte: it never connects, no worker crashes or piles up
+// descriptors, and the job's losses are those of the same job on loopback.
+TEST_F(Launch, AStrangerInTheSiteCannotReachTheDataPortsAsRoot) {
+  if (std::string why = nat_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
+  if (Status ok = DataPortAllowList::available(); !ok.ok()) GTEST_SKIP() << ok.message();
+  const int steps = 20;
+  const std::string base = temp_path("stranger_base.jsonl"), metrics = temp_path("stranger.jsonl");
+  ASSERT_EQ(run(launch_args(2, steps, base), 180s).code, 0);
+  std::vector<std::string> args = launch_args(2, steps, metrics, {"--nat-sites", "1"});
+  args[1] = "info";  // --log-level: the workers' allow-list lines
+  const std::string out = temp_path("stranger.txt");
+  const pid_t launch = spawn(args, out);
+  const int id = int(launch % 100000);
+  const std::string prefix = "lhn" + std::to_string(id), lan = "10." + std::to_string(217 + id % 30) + ".0.";
+  const std::vector<std::string> hosts = {prefix + "s0h0", prefix + "s0h1"};
+  // The workers' data ports, once both listen.
+  std::vector<std::pair<std::string, int>> targets;
+  for (int i = 0; i < 600 && targets.empty(); ++i) {
+    std::vector<std::pair<std::string, int>> found;
+    bool both = true;
+    for (size_t h = 0; h < hosts.size(); ++h) {
+      auto ports = ports_listening_in(hosts[h]);
+      both = both && !ports.empty();
+      for (int port : ports) found.push_back({lan + std::to_string(h + 1), port});
+    }
+    if (both) targets = found;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(targets.empty()) << slurp(out);
+  // The stranger: in the site's router namespace (on the LAN, not a member), until killed; after each round it
+  // writes "ROUNDS CONNECTED" to the pipe.
+  int counts[2];
+  ASSERT_EQ(pipe(counts), 0);
+  const pid_t stranger = fork();
+  if (stranger == 0) {
+    close(counts[0]);
+    const int netns = open(("/var/run/netns/" + prefix + "r0").c_str(), O_RDONLY);
+    if (netns < 0 || setns(netns, CLONE_NEWNET) != 0) _exit(3);
+    std::vector<int> held;  // half-open and slow connections it keeps
+    uint64_t rounds = 0, connected = 0;
+    char garbage[4096];
+    for (size_t i = 0; i < sizeof(garbage); ++i) garbage[i] = char(i * 131 + 7);
+    for (;;) {
+      for (const auto& [ip, port] : targets) {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(uint16_t(port));
+        inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+        connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+        pollfd p{fd, POLLOUT, 0};
+        int err = 1;
+        socklen_t len = sizeof(err);
+        if (poll(&p, 1, 50) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
+          ++connected;
+          (void)!write(fd, garbage, sizeof(garbage));
+        }
+        if (held.size() < 64) held.push_back(fd);  // half-open: never closed
+        else close(fd);
+      }
+      for (int fd : held) (void)!write(fd, garbage, 1);  // slow: a byte a round
+      ++rounds;
+      const std::string line = std::to_string(rounds) + " " + std::to_string(connected) + "\n";
+      (void)!write(counts[1], line.data(), line.size());
+    }
+  }
+  close(counts[1]);
+  fcntl(counts[0], F_SETFL, O_NONBLOCK);
+  // The workers' descriptors while it runs.
+  size_t most_fds = 0;
+  std::vector<pid_t> worker_pids;
+  int code = -1;
+  for (int i = 0; i < 3600; ++i) {
+    int status = 0;
+    if (waitpid(launch, &status, WNOHANG) == launch) {
+      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    for (const std::string& h : hosts) {
+      FILE* p = popen(("ip netns pids " + h + " 2>/dev/null").c_str(), "r");
+      if (!p) continue;
+      for (int pid = 0; fscanf(p, "%d", &pid) == 1;) {
+        std::error_code ec;
+        size_t n = 0;
+        for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+             !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+          ++n;
+        most_fds = std::max(most_fds, n);
+      }
+      pclose(p);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(stranger, SIGKILL);
+  waitpid(stranger, nullptr, 0);
+  std::string said;
+  char buf[4096];
+  for (ssize_t n; (n = read(counts[0], buf, sizeof(buf))) > 0;) said.append(buf, size_t(n));
+  close(counts[0]);
+  const std::string output = slurp(out);
+  ASSERT_EQ(code, 0) << output;
+  std::istringstream last(said.substr(said.rfind('\n', said.size() - 2) == std::string::npos
+                                          ? 0
+                                          : said.rfind('\n', said.size() - 2) + 1));
+  uint64_t rounds = 0, connected = 0;
+  last >> rounds >> connected;
+  EXPECT_GE(rounds, 2u) << "the stranger hardly ran: the check below proves little\n" << said;
+  EXPECT_EQ(connected, 0u) << "the stranger reached a data port " << connected << " times";
+  EXPECT_NE(output.find("allow-list: data ports"), std::string::npos) << output;
+  EXPECT_GT(most_fds, 0u);
+  EXPECT_LT(most_fds, 200u) << "a worker's descriptors piled up";
+  expect_same_losses(losses_of(metrics), losses_of(base), steps);
+  std::printf("stranger: %llu rounds against %zu ports, %llu connected; the workers' most descriptors: %zu\n",
+              (unsigned long long)rounds, targets.size(), (unsigned long long)connected, most_fds);
 }
 
 // `bench link` prints what authenticating or encrypting each packet costs beside memcpy in the same run (the

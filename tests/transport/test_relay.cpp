@@ -11,13 +11,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "tests/transport/byte_pattern.h"
+#include "transport/allow_list.h"
 #include "transport/relay.h"
 #include "transport/ucx_data_plane.h"
 
@@ -331,30 +329,10 @@ TEST(TcpEndpoint, AddressesAreSplitAndBadOnesRefused) {
     EXPECT_EQ(parse_tcp_endpoint(bad).status().message(), "expected tcp://HOST:PORT") << bad;
 }
 
-// The TCP ports this process listens on (from /proc: its socket inodes, and the listening sockets' local ports).
+// The TCP ports this process listens on.
 std::set<int> listening_ports() {
-  std::set<std::string> inodes;
-  for (int fd = 0; fd < 4096; ++fd) {
-    char link[128];
-    const std::string path = "/proc/self/fd/" + std::to_string(fd);
-    ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
-    if (n <= 0) continue;
-    const std::string l(link, size_t(n));
-    if (l.rfind("socket:[", 0) == 0) inodes.insert(l.substr(8, l.size() - 9));
-  }
-  std::set<int> ports;
-  for (const char* table : {"/proc/self/net/tcp", "/proc/self/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string sl, local, remote, st, queues, timer, retr, uid, timeout, inode;
-      f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> timeout >> inode;
-      if (st == "0A" && inodes.count(inode)) ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
-    }
-  }
-  return ports;
+  const std::vector<int> ports = listening_tcp_ports();
+  return std::set<int>(ports.begin(), ports.end());
 }
 
 TEST(DataPorts, RangesAreParsedAndBadOnesNamed) {
@@ -541,44 +519,18 @@ TEST(Advertise, UnprovenConnectionsAreBoundedAndClosed) {
   EXPECT_EQ(b->dropped_packets(), 2u);
 }
 
-// The TCP sockets this process listens on (IPv4 and IPv6).
-size_t listening_sockets() {
-  std::set<std::string> listening;  // inodes of listening sockets, from /proc/net/tcp{,6} (state 0A)
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string field, state, inode;
-      for (int i = 0; f >> field; ++i) {
-        if (i == 3) state = field;
-        if (i == 9) inode = field;
-      }
-      if (state == "0A") listening.insert(inode);
-    }
-  }
-  size_t n = 0;
-  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ec;
-    const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
-    if (!ec && target.rfind("socket:[", 0) == 0 && listening.count(target.substr(8, target.size() - 9))) ++n;
-  }
-  return n;
-}
-
 // A relay-only plane (--relay-only) opens no socket at all: no listener, not even UCX's own tcp interfaces. Its peers
 // cannot reach it directly (their transfers fail, named), and through the relay every transfer flows, sealed. It
 // takes no transports, advertised address or data ports.
 TEST(Relay, ARelayOnlyPlaneOpensNoPortAndTalksThroughTheRelay) {
-  const size_t before = listening_sockets();
+  const size_t before = listening_ports().size();
   UcxOptions ro;
   ro.relay_only = true;
   auto a = UcxDataPlane::create(ro);
   ASSERT_TRUE(a.ok()) << a.status().to_string();
-  EXPECT_EQ(listening_sockets(), before) << "a relay-only plane listens somewhere";
+  EXPECT_EQ(listening_ports().size(), before) << "a relay-only plane listens somewhere";
   auto b = make_plane();
-  EXPECT_GT(listening_sockets(), before) << "the check above cannot fail: a tcp plane listens nowhere either";
+  EXPECT_GT(listening_ports().size(), before) << "the check above cannot fail: a tcp plane listens nowhere either";
   ASSERT_TRUE(
       (*a)->connect(0, {{1, b->address()}}, security(PacketProtection::kMac, 1, b->data_public_key())).ok());
   ASSERT_TRUE(b->connect(1, {{0, (*a)->address()}}, security(PacketProtection::kMac, 0, (*a)->data_public_key())).ok());
