@@ -94,7 +94,11 @@ TEST(UcxHardening, FailedRecvIntoIsNotDoneWhileUcxStillWrites) {
   b->fail_peer(0, "declared dead mid-packet");
   Status st = r.wait(std::chrono::seconds(60));
   ASSERT_TRUE(r.done());
-  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
+  // A rendezvous packet over shared memory may finish before fail_peer reaches the plane's thread: then it is whole.
+  if (st.ok())
+    EXPECT_TRUE(buf == m.packet) << "a receive reported done before its packet was whole";
+  else
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.to_string();
   Bytes at_done = buf;  // what the caller sees when the Transfer says done
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_TRUE(buf == at_done) << "UCX wrote into the caller's buffer after the failed receive reported done";
