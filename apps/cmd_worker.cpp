@@ -104,7 +104,8 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
       ->check(CLI::Range(0, 4095));
   cmd->add_option("--data-ports", f->data_ports,
                   "LO-HI: the TCP ports the data plane listens on for its peers (one per network interface UCX "
-                  "uses), so a firewall can open exactly these; default: any free port")
+                  "uses), so a firewall can open exactly these; default: any free port (as root with the "
+                  "allow-list, 16 free ports between 20000 and 32000)")
       ->type_name("LO-HI");
   cmd->add_option("--advertise", f->advertise,
                   "HOST (DNS name or IPv4 address) peers should connect to for this worker's data, instead of the "

@@ -164,13 +164,29 @@ Result<int64_t> apply_codec_change(const SetCodec& m, int64_t step, int64_t resu
   return change->from_step;
 }
 
+// The TCP ports a worker with an allow-list takes for its data plane when --data-ports names none (UCX listens on one
+// per interface it uses, and the advertised listener on one more).
+constexpr int kChosenDataPorts = 16;
+
+// The data plane a worker keeps for its whole life (one UCX worker: a rollback runs none of UCX's worker teardown, and
+// its address, ports and listener stay the same), and what guards its ports.
+struct WorkerPlane {
+  std::unique_ptr<UcxDataPlane> ucx;
+  DataPortAllowList* allow = nullptr;  // null: no allow-list
+  std::vector<int> data_ports;         // the TCP ports the plane listens on (for the allow-list)
+  std::set<std::string> own;           // this host's interface addresses
+};
+
 // One epoch of the job: join (as `*rank` when it is set), connect, load the plan's state, train until the last step,
 // a failure, or a rollback (kAborted: the caller joins again).
-Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* rank, DataPortAllowList* allow) {
-  LH_ASSIGN_OR_RETURN(std::unique_ptr<UcxDataPlane> ucx, UcxDataPlane::create(options.ucx));
+Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* rank, WorkerPlane& wp) {
+  UcxDataPlane* ucx = wp.ucx.get();
+  DataPortAllowList* allow = wp.allow;
+  const std::vector<int>& data_ports = wp.data_ports;
+  const std::set<std::string>& own = wp.own;
+  // What the last epoch left (a no-op on a plane that never connected, but for a fresh key pair for the Join).
+  ucx->reset("the job re-plans");
   // The data ports are closed to every other address until the plan names the members (then renewed below).
-  const std::vector<int> data_ports = allow ? listening_tcp_ports() : std::vector<int>{};
-  const std::set<std::string> own = parse_ip_list(interface_addresses());
   if (allow)
     if (Status s = allow->set(data_ports, own); !s.ok()) LH_LOG_WARN("{}", s.message());
   auto meter = std::make_shared<LinkMeter>();
@@ -231,19 +247,21 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   const PipelineJobConfig::DataPlaneBounds bounds = job->data_plane_bounds();
   ucx->set_bounds(bounds.max_packet_bytes, bounds.max_unexpected_bytes);
   LH_RETURN_IF_ERROR(ucx->connect(plan.rank, peers, security));
-  UcxDataPlane* ucx_plane = ucx.get();  // for its counters, after the LinkShaper takes it over
+  UcxDataPlane* ucx_plane = ucx;
   meter->set_self_rank(plan.rank);
-  std::unique_ptr<DataPlane> plane = std::move(ucx);
-  // Emulated links: this worker's own --link under the job's rules (ctl set-link adds more while it runs).
+  // Emulated links: this worker's own --link under the job's rules (ctl set-link adds more while it runs). The shaper
+  // is this epoch's; the plane under it stays.
+  std::unique_ptr<LinkShaper> shaper_owned;
   LinkShaper* shaper = nullptr;
+  DataPlane* plane = ucx;
   std::vector<std::string> link_rules = job->links;
   const LinkShape base = options.link.value_or(LinkShape{});
   if (options.link || !link_rules.empty()) {
     LH_ASSIGN_OR_RETURN(RankShapes shapes, shapes_of(topology, plan.rank, link_rules, base));
-    auto s = std::make_unique<LinkShaper>(std::move(plane), shapes.default_shape);
-    s->set_shapes(shapes.default_shape, shapes.per_peer);
-    shaper = s.get();
-    plane = std::move(s);
+    shaper_owned = std::make_unique<LinkShaper>(*ucx, shapes.default_shape);
+    shaper_owned->set_shapes(shapes.default_shape, shapes.per_peer);
+    shaper = shaper_owned.get();
+    plane = shaper;
   }
   auto on_set_link = [&, rank = plan.rank](const SetLink& m) {
     if (!shaper) {
@@ -263,7 +281,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   // Heartbeats carry this worker's progress (its last step, what its data plane waits on) so the coordinator can
   // name a stalled link; the source goes before the plane does.
   std::atomic<int64_t> finished_step{plan.resume_step};
-  cc.set_progress_source([&finished_step, p = plane.get()] {
+  cc.set_progress_source([&finished_step, p = plane] {
     Heartbeat hb;
     hb.step = finished_step.load();
     auto ms = [](std::chrono::milliseconds d) { return uint32_t(std::min<int64_t>(d.count(), UINT32_MAX)); };
@@ -303,6 +321,18 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   }
   LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
                       StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));
+  // Before the runner's buffers go (this guard is destroyed first), the epoch's transfers end: no more heartbeats read
+  // the plane, the shaper's queued packets fail, and the kept plane lets go of every buffer of the runner's.
+  struct EpochEnd {
+    ControlClient& cc;
+    std::unique_ptr<LinkShaper>& shaper;
+    UcxDataPlane& ucx;
+    ~EpochEnd() {
+      cc.set_progress_source(nullptr);
+      shaper.reset();
+      ucx.reset("this worker's epoch ended");
+    }
+  } epoch_end{cc, shaper_owned, *ucx};
   LH_LOG_INFO("stage {} of {}: blocks [{}, {}){}{}", runner->span().stage, topology.pp(), runner->span().first_block,
               runner->span().end_block(), runner->span().has_embedding ? " + embedding" : "",
               runner->span().has_head ? " + head" : "");
@@ -496,6 +526,8 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.coordinator_wait = options.coordinator_timeout;
   LH_ASSIGN_OR_RETURN(std::unique_ptr<ControlClient> cc, ControlClient::connect(co));
   int rank = -1;
+  // The allow-list is ready before the plane opens its ports (which are closed to all but the loopback at once), and
+  // outlives it: the ports close before the table that guards them goes.
   std::unique_ptr<DataPortAllowList> allow;
   if (options.allow_list && !options.ucx.relay_only) {
     Status ok = DataPortAllowList::available();
@@ -505,10 +537,44 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
       LH_LOG_INFO("no allow-list on the data ports ({}): any address that reaches them can talk to UCX",
                   ok.message());
   }
+  WorkerPlane wp;
+  if (!allow) {
+    LH_ASSIGN_OR_RETURN(wp.ucx, UcxDataPlane::create(options.ucx));
+  } else {
+    // The table guards the ports before UCX opens them (no stranger's byte reaches UCX in between): the --data-ports
+    // range, or a free range of this worker's choosing; then only the ports UCX listens on.
+    wp.allow = allow.get();
+    wp.own = parse_ip_list(interface_addresses());
+    UcxOptions uo = options.ucx;
+    const bool chosen = uo.data_ports.empty();
+    for (int attempt = 0; !wp.ucx; ++attempt) {
+      if (chosen) {
+        auto range = free_tcp_port_range(kChosenDataPorts);
+        if (!range.ok()) return Status(range.status()).prepend("the data ports");
+        uo.data_ports = std::to_string(range->first) + "-" + std::to_string(range->second);
+      }
+      LH_ASSIGN_OR_RETURN(auto span, parse_port_range(uo.data_ports));
+      std::vector<int> guarded;
+      for (int p = span.first; p <= span.second; ++p) guarded.push_back(p);
+      if (Status s = allow->set(guarded, wp.own); !s.ok()) LH_LOG_WARN("{}", s.message());
+      auto made = UcxDataPlane::create(uo);
+      if (made.ok()) {
+        wp.ucx = std::move(made).value();
+      } else if (!chosen || attempt == 2) {
+        return made.status();
+      } else {  // another process took ports of the range meanwhile
+        LH_LOG_INFO("data ports {}: {}; choosing others", uo.data_ports, made.status().message());
+      }
+    }
+    wp.data_ports = listening_tcp_ports();
+    if (Status s = allow->set(wp.data_ports, wp.own); !s.ok()) LH_LOG_WARN("{}", s.message());
+  }
   for (;;) {
-    Status s = run_epoch(options, *cc, &rank, allow.get());
+    Status s = run_epoch(options, *cc, &rank, wp);
     if (s.code() != StatusCode::kAborted) return s;
-    LH_LOG_WARN("rank {}: {}; joining the next epoch", rank, s.message());
+    LH_LOG_WARN("rank {}: {}; joining the next epoch on the same UCX worker, address and data ports ({} plan{} ended "
+                "on them)",
+                rank, s.message(), wp.ucx->resets(), wp.ucx->resets() == 1 ? "" : "s");
   }
 }
 

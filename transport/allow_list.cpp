@@ -4,7 +4,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "core/log.h"
@@ -154,6 +157,32 @@ std::set<std::string> parse_ip_list(const std::string& text) {
   return out;
 }
 
+Result<std::pair<int, int>> free_tcp_port_range(int count) {
+  if (count < 1 || count > 1024) return invalid_argument("a port range of " + std::to_string(count) + " ports");
+  // Below Linux's usual ephemeral ports (32768 and up), where outgoing connections take theirs.
+  constexpr int kLow = 20000, kHigh = 32000;
+  const int slots = (kHigh - kLow) / count;
+  std::random_device rd;
+  std::mt19937 rng(rd());
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int lo = kLow + int(rng() % uint32_t(slots)) * count;
+    bool free = true;
+    for (int port = lo; port < lo + count && free; ++port) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0) return io_error(std::string("socket: ") + std::strerror(errno));
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(uint16_t(port));
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      free = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+      close(fd);
+    }
+    if (free) return std::make_pair(lo, lo + count - 1);
+  }
+  return unavailable("no " + std::to_string(count) + " consecutive free TCP ports between " + std::to_string(kLow) +
+                     " and " + std::to_string(kHigh));
+}
+
 Status DataPortAllowList::available() {
   if (geteuid() != 0) return unavailable("not root: nftables needs CAP_NET_ADMIN");
   auto listed = run_nft({"list", "tables"}, "");
@@ -168,7 +197,19 @@ std::string DataPortAllowList::ruleset(const std::string& table, const std::vect
     std::string& set = inet_pton(AF_INET, a.c_str(), &a4) == 1 ? v4 : v6;
     set += (set.empty() ? "" : ", ") + a;
   }
-  for (int p : ports) port_list += (port_list.empty() ? "" : ", ") + std::to_string(p);
+  // Runs of three or more consecutive ports as one interval ("40000-40015"): a whole --data-ports range stays short.
+  std::vector<int> sorted(ports.begin(), ports.end());
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  for (size_t i = 0; i < sorted.size();) {
+    size_t j = i;
+    while (j + 1 < sorted.size() && sorted[j + 1] == sorted[j] + 1) ++j;
+    const std::string item = j - i >= 2 ? std::to_string(sorted[i]) + "-" + std::to_string(sorted[j])
+                                        : std::to_string(sorted[i]);
+    port_list += (port_list.empty() ? "" : ", ") + item;
+    if (j - i == 1) port_list += ", " + std::to_string(sorted[j]);
+    i = j + 1;
+  }
   std::ostringstream r;
   r << "table inet " << table << " {\n"
     << "  set members4 {\n    type ipv4_addr\n" << (v4.empty() ? "" : "    elements = { " + v4 + " }\n") << "  }\n"

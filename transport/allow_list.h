@@ -4,6 +4,7 @@
 #pragma once
 
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,11 @@ namespace lh {
 
 // The TCP ports this process listens on (IPv4 and IPv6; from /proc/net/tcp{,6} and /proc/self/fd), sorted.
 std::vector<int> listening_tcp_ports();
+
+// `count` consecutive TCP ports, all free on every IPv4 address of this host now (a random choice between 20000 and
+// 32000): what a worker's data ports may use (UcxOptions::data_ports) when its allow-list must guard them before they
+// open. Unavailable when none is found.
+Result<std::pair<int, int>> free_tcp_port_range(int count);
 
 // The IP addresses in `text` ("10.1.0.5, fe80::1" as interface_addresses() writes them, or separated by spaces);
 // anything that is not an IPv4 or IPv6 address (an "advertised HOST:PORT", "…") is skipped.

@@ -72,9 +72,11 @@ Result<LinkShape> parse_link_shape(const std::string& text) {
   return shape;
 }
 
-LinkShaper::LinkShaper(std::unique_ptr<DataPlane> inner, LinkShape shape)
-    : inner_(std::move(inner)), default_shape_(shape) {
-  LH_ASSERT(inner_ != nullptr);
+LinkShaper::LinkShaper(std::unique_ptr<DataPlane> inner, LinkShape shape) : LinkShaper(*inner, shape) {
+  owned_ = std::move(inner);
+}
+
+LinkShaper::LinkShaper(DataPlane& inner, LinkShape shape) : inner_(&inner), default_shape_(shape) {
   set_meter(inner_->meter());
   inner_->set_meter(nullptr);
   thread_ = std::thread([this] { run(); });
@@ -91,6 +93,7 @@ LinkShaper::~LinkShaper() {
     queue_.top().st->complete(unavailable("link shaper closed before the packet left"));
     queue_.pop();
   }
+  if (!owned_) inner_->set_meter(meter());
 }
 
 void LinkShaper::set_shape(int peer, LinkShape shape) {

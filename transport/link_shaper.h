@@ -33,6 +33,9 @@ Result<LinkShape> parse_link_shape(const std::string& text);
 class LinkShaper final : public DataPlane {
  public:
   LinkShaper(std::unique_ptr<DataPlane> inner, LinkShape shape);
+  // Shapes a plane it does not own (a worker's UCX plane, kept across plans while each plan gets its shaper): `inner`
+  // outlives the shaper, which hands its meter back when it goes.
+  LinkShaper(DataPlane& inner, LinkShape shape);
   ~LinkShaper() override;
 
   // A different shape for the link to one peer.
@@ -59,7 +62,8 @@ class LinkShaper final : public DataPlane {
   };
   void run();
 
-  std::unique_ptr<DataPlane> inner_;
+  std::unique_ptr<DataPlane> owned_;  // null when the shaper borrows inner_
+  DataPlane* inner_;
   std::mutex mu_;
   std::condition_variable cv_;
   LinkShape default_shape_;

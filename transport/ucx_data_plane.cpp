@@ -697,6 +697,72 @@ void UcxDataPlane::fail_peer(int peer, const std::string& reason) {
   post([this, peer, reason] { fail_peer_locked(peer, reason); });
 }
 
+void UcxDataPlane::reset(const std::string& reason) {
+  const bool connected = rank_.load() >= 0;
+  if (connected) {
+    (void)run_on_progress([&]() -> Status {
+      rank_ = -1;  // from here every packet is keyless (dropped; a hello on an accepted connection is kept)
+      for (auto& [r, p] : peer_table_) {
+        fail_peer_locked(r, reason);  // its receives, queued packets and in-flight transfers; its endpoint closes
+        force_close(p.ep);            // one that had failed before may not have been closed by UCX yet
+      }
+      Status why = aborted(reason);
+      for (auto& [key, v] : posted_)
+        for (auto& st : v) st->complete(why);
+      posted_.clear();
+      for (auto& [key, v] : unexpected_)
+        for (auto& in : v) {
+          unqueue_unexpected(*in);
+          in->discard = true;
+        }
+      unexpected_.clear();
+      peer_table_.clear();
+      for (auto& [ep, a] : accepted_) {
+        ucp_ep_h h = ep;
+        force_close(h);
+      }
+      accepted_.clear();
+      return Status::Ok();
+    });
+    // The endpoints' closes fail what UCX still held (their callbacks run on the progress thread): wait until UCX has
+    // let go of every caller's buffer (sends, and receives written straight into the caller's memory).
+    const auto deadline = Clock::now() + options_.close_timeout;
+    size_t held = 0;
+    for (;;) {
+      (void)run_on_progress([&]() -> Status {
+        held = sends_in_flight_.size();
+        for (const auto& [raw, in] : inbound_in_flight_) held += in->direct ? 1 : 0;
+        return Status::Ok();
+      });
+      if (held == 0 || Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (held)
+      LH_LOG_WARN("data plane: {} transfers still held by UCX {} ms after the plan ended ({})", held,
+                  options_.close_timeout.count(), reason);
+  }
+  relay_.reset();  // its loop thread is joined: nothing arrives from the relay after this
+  {
+    std::lock_guard<std::mutex> lock(relay_mu_);
+    relay_answer_.reset();
+  }
+  relay_partial_.clear();
+  {
+    std::lock_guard<std::mutex> lock(peers_mu_);
+    peer_ranks_.clear();
+    relayed_.clear();
+  }
+  {
+    std::lock_guard<std::mutex> lock(crypto_mu_);
+    crypto_.clear();
+    data_keys_ = DataKeyPair::generate();
+  }
+  if (connected) {
+    ++resets_;
+    LH_LOG_DEBUG("data plane: the plan ended ({}); the UCX worker stays for the next one", reason);
+  }
+}
+
 void UcxDataPlane::release_abandoned_receives(Clock::time_point now) {
   // A live sender finishes a packet whose receive failed well within this; a dead one never does (UCX keeps an
   // eager packet missing its last fragments forever). Its receive fails now rather than hang its caller until the
@@ -1144,6 +1210,11 @@ ucs_status_t UcxDataPlane::on_am(void* arg, const void* header, size_t header_le
   return s;
 }
 
+std::string UcxDataPlane::epoch_mismatch(uint32_t epoch) const {
+  return "sent in plan epoch " + std::to_string(epoch) + ", this plane is in epoch " + std::to_string(epoch_.load()) +
+         " (a packet from before a re-plan)";
+}
+
 std::string UcxDataPlane::check_header(const WireHeader& h, const uint8_t* bytes, bool accept, bool* keyless) {
   *keyless = false;
   if (rank_.load() < 0) {
@@ -1154,7 +1225,12 @@ std::string UcxDataPlane::check_header(const WireHeader& h, const uint8_t* bytes
     return "addressed to rank " + std::to_string(h.packet.receiver) + ", not this one";
   if (protection_.load() == PacketProtection::kNone) {
     *keyless = !peer_table_.count(h.packet.sender);
-    return *keyless ? "not in the current plan" : "";
+    if (*keyless) return "not in the current plan";
+    // Without keys the epoch is a peer's word, but it keeps a kept plane's next plan apart from packets of the last
+    // (dropped, as a packet from outside the plan is: nothing is authenticated here to fail).
+    if (h.packet.epoch == epoch_.load()) return "";
+    *keyless = true;
+    return epoch_mismatch(h.packet.epoch);
   }
   std::shared_ptr<PeerCrypto> pc = crypto_of(h.packet.sender);
   if (!pc) {
@@ -1162,9 +1238,7 @@ std::string UcxDataPlane::check_header(const WireHeader& h, const uint8_t* bytes
     return "no data-plane key for rank " + std::to_string(h.packet.sender) + " (not in the current plan)";
   }
   if (!wire_header_authentic(pc->keys, bytes)) return "its header's MAC does not verify (forged, or another sender's)";
-  if (h.packet.epoch != epoch_.load())
-    return "sent in plan epoch " + std::to_string(h.packet.epoch) + ", this plane is in epoch " +
-           std::to_string(epoch_.load()) + " (a packet from before a re-plan)";
+  if (h.packet.epoch != epoch_.load()) return epoch_mismatch(h.packet.epoch);
   if (!pc->window.fresh(h.packet.seq))
     return "a replay: packet " + std::to_string(h.packet.seq) + " from this rank was seen before or is too old (newest " +
            std::to_string(pc->window.newest()) + ")";

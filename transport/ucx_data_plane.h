@@ -155,8 +155,9 @@ class UcxDataPlane final : public DataPlane {
   const std::array<uint8_t, DataKeyPair::kBytes>& data_public_key() const { return data_keys_.public_key; }
   // Joins the plan: this process is `self_rank`; `peers` maps every other rank (self may be included)
   // to its address envelope from the Plan. Endpoints are created now; packets from ranks outside
-  // `peers` are dropped and logged from then on. Call before the plan's start barrier. Calling it
-  // again replaces the peer set (transfers with removed peers fail).
+  // `peers` are dropped and logged from then on, as are packets sealed in another epoch than `security.epoch` (with
+  // any protection). Call before the plan's start barrier. Calling it again replaces the peer set (transfers with
+  // removed peers fail); reset() first to start a new plan on a clean plane.
   //
   // With `security.protection` other than kNone every packet carries a 32-byte trailer (packet_auth.h) sealed with
   // the pair's own keys, derived from this plane's key pair and the peer's public key in `security.peers`: a packet
@@ -165,6 +166,18 @@ class UcxDataPlane final : public DataPlane {
   // a plane stages CUDA memory through host memory (the tag is computed on the host). Every connect() of a plane
   // must use the same protection.
   Status connect(int self_rank, const std::map<int, Bytes>& peers, const DataPlaneSecurity& security = {});
+
+  // Ends the current plan on a plane that is kept for the next one (a worker keeps one UCX worker for its whole life,
+  // so a rollback runs none of UCX's worker teardown, and its address and listener stay the same). Every pending
+  // transfer fails with `reason`, packets waiting for a receive are dropped, the endpoints (made and accepted) and the
+  // relay connection are closed, and the plane has no rank, keys or peers until the next connect(): packets that come
+  // meanwhile are dropped (a hello on an accepted connection is kept and checked then, as on a new plane). Returns
+  // once UCX has let go of every caller's buffer (at most options.close_timeout; longer is logged), so they may be
+  // freed. The data key pair is made afresh: put the new data_public_key() in the next Join. Nothing happens to a plane
+  // that was never connected, except the new key pair. Not on the plane's own thread.
+  void reset(const std::string& reason);
+  // How many times reset() ended a plan (for logs and tests).
+  uint64_t resets() const { return resets_.load(); }
 
   // Sends and receives packets of `peers` (ranks of the plan) through the relay instead of UCX from now on: their
   // endpoints are closed (transfers UCX still held fail), and what arrives from the relay under their ranks is matched,
@@ -237,8 +250,10 @@ class UcxDataPlane final : public DataPlane {
   ucs_status_t take_am(const void* header, size_t header_length, void* data, size_t length,
                        const ucp_am_recv_param_t* param);
   // Why the header `bytes` (from `sender`) does not authenticate, or "" (and, when `accept`, its sequence number is
-  // recorded: a hello). `keyless` is set when the plane has no keys for the sender yet (not connected to it).
+  // recorded: a hello). `keyless` is set when the plane has no keys for the sender yet (not connected to it), or has
+  // none at all and the packet is of another epoch: dropped, but no authentication failed.
   std::string check_header(const WireHeader& h, const uint8_t* bytes, bool accept, bool* keyless);
+  std::string epoch_mismatch(uint32_t epoch) const;  // why a header of another plan's epoch is refused
   // A connection the listener accepted proved to be `rank`'s (an authenticated packet or hello came on it).
   void prove_connection(ucp_ep_h ep, int rank);
   // Closes accepted connections unproven for longer than options_.unproven_timeout (progress thread).
@@ -320,7 +335,7 @@ class UcxDataPlane final : public DataPlane {
     Bytes early_hello;    // a hello that came before connect() gave its sender's keys (checked again then)
   };
   std::map<ucp_ep_h, Accepted> accepted_;  // endpoints accepted by the listener (progress thread)
-  std::atomic<uint64_t> accepted_count_{0}, refused_count_{0}, unproven_closed_{0};
+  std::atomic<uint64_t> accepted_count_{0}, refused_count_{0}, unproven_closed_{0}, resets_{0};
   Clock::time_point next_expiry_check_{};
   bool in_callback_ = false;        // inside a UCX callback: endpoints are closed after it (force_close)
   std::vector<ucp_ep_h> to_close_;  // endpoints force_close was asked for inside a callback

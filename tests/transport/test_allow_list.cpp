@@ -62,9 +62,31 @@ TEST(AllowList, TheRulesetDropsOnlyStrangersOnTheDataPorts) {
   EXPECT_NE(r.find("elements = { fe80::2 }"), std::string::npos) << r;
   EXPECT_NE(r.find("iif \"lo\" accept"), std::string::npos) << r;
   EXPECT_NE(r.find("tcp dport { 40001, 40002 } ip saddr != @members4 counter drop"), std::string::npos) << r;
+  // A range (a worker's --data-ports, guarded before UCX opens a port of it) is one interval.
+  const std::string range = DataPortAllowList::ruleset("longhaul_w7", {20003, 20000, 20001, 20002, 20010}, {});
+  EXPECT_NE(range.find("tcp dport { 20000-20003, 20010 } ip saddr"), std::string::npos) << range;
   // No member yet: the sets are empty, so every address but the loopback is dropped.
   const std::string none = DataPortAllowList::ruleset("longhaul_w7", {40001}, {});
   EXPECT_EQ(none.find("elements"), std::string::npos) << none;
+}
+
+// The ports a worker with an allow-list takes when it is given none: consecutive, in range, and free (bindable) now.
+TEST(AllowList, ChoosesAFreePortRange) {
+  auto r = free_tcp_port_range(16);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->second - r->first, 15);
+  EXPECT_GE(r->first, 20000);
+  EXPECT_LT(r->second, 32000);
+  for (int port = r->first; port <= r->second; ++port) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << port;
+    close(fd);
+  }
+  EXPECT_EQ(free_tcp_port_range(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(free_tcp_port_range(5000).status().code(), StatusCode::kInvalidArgument);
 }
 
 // Root only: a namespace (10.213.N.2) behind a veth reaches a port this process listens on until the allow-list

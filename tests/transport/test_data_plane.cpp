@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 #include "core/cuda_runtime.h"
 #include "tests/transport/byte_pattern.h"
@@ -220,6 +221,103 @@ TEST(UcxDataPlane, MeterCountsRawWireAndBusyTime) {
 
 // The device-memory API where no CUDA device can be used (a CPU-only build, or no GPU): an immediate
 // Unavailable that says why, never a crash; Device::cpu takes the host path.
+// A worker keeps one plane for its life: reset() ends a plan (what was pending fails with the reason, queued packets
+// go) and the same UCX worker, at the same address, serves the next plan, whose epoch keeps the last plan's packets
+// out (also without authentication) and whose ranks and keys may differ.
+TEST(UcxDataPlane, ResetEndsThePlanAndTheSameWorkerServesTheNext) {
+  using namespace std::chrono_literals;
+  Pair pr;
+  ASSERT_TRUE(pr.a->send(1, make_tag(1, 0, Role::kOther), pattern(100, 1)).wait(30s).ok());
+  ASSERT_TRUE(pr.b->recv_blocking(0, make_tag(1, 0, Role::kOther), 30s).ok());
+  const Bytes address = pr.b->address();
+  const auto key = pr.b->data_public_key();
+  Transfer waiting = pr.b->recv(0, make_tag(2, 0, Role::kOther));
+  ASSERT_TRUE(pr.a->send(1, make_tag(3, 0, Role::kOther), pattern(5000, 3)).wait(30s).ok());
+  for (int i = 0; i < 500 && pr.b->unexpected_packets() == 0; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(pr.b->unexpected_packets(), 1u);
+
+  pr.b->reset("the test re-plans");
+  ASSERT_TRUE(waiting.done()) << "a pending receive ends with the plan";
+  EXPECT_FALSE(waiting.status().ok());
+  EXPECT_NE(waiting.status().message().find("the test re-plans"), std::string::npos) << waiting.status().to_string();
+  EXPECT_EQ(pr.b->unexpected_packets(), 0u);
+  EXPECT_EQ(pr.b->unexpected_bytes(), 0u);
+  EXPECT_EQ(pr.b->rank(), -1);
+  EXPECT_TRUE(pr.b->peers().empty());
+  EXPECT_EQ(pr.b->resets(), 1u);
+  EXPECT_TRUE(pr.b->address() == address) << "the UCX worker, and so its address, stays";
+  EXPECT_NE(pr.b->data_public_key(), key) << "a new plan gets a new key pair";
+  EXPECT_EQ(pr.b->send(0, make_tag(1, 0, Role::kOther), Bytes(3)).wait(10s).code(), StatusCode::kInvalidArgument);
+
+  // b is in plan epoch 1. a, not yet told, still sends under epoch 0 (UCX drops what comes on the endpoint b closed),
+  // and so does a plane that connects afresh calling itself rank 0 of epoch 0: its packet arrives and is dropped, not
+  // taken as the new plan's packet with the same tag.
+  DataPlaneSecurity epoch1;
+  epoch1.epoch = 1;
+  ASSERT_TRUE(pr.b->connect(1, {{0, pr.a->address()}}, epoch1).ok());
+  Transfer next = pr.b->recv(0, make_tag(3, 0, Role::kOther));
+  (void)pr.a->send(1, make_tag(3, 0, Role::kOther), pattern(64, 4)).wait(30s);
+  auto late = make_plane();
+  ASSERT_TRUE(late->connect(0, {{1, pr.b->address()}}).ok());
+  const uint64_t dropped = pr.b->dropped_packets();
+  ASSERT_TRUE(late->send(1, make_tag(3, 0, Role::kOther), pattern(64, 4)).wait(30s).ok());
+  for (int i = 0; i < 500 && pr.b->dropped_packets() == dropped; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(pr.b->dropped_packets(), dropped + 1) << "a packet of the last plan's epoch";
+  EXPECT_FALSE(next.done());
+  pr.a->reset("the test re-plans");
+  ASSERT_TRUE(pr.a->connect(0, {{1, pr.b->address()}}, epoch1).ok());
+  ASSERT_TRUE(pr.a->send(1, make_tag(3, 0, Role::kOther), pattern(64, 5)).wait(30s).ok());
+  ASSERT_TRUE(next.wait(30s).ok()) << next.status().to_string();
+  EXPECT_TRUE(next.take() == pattern(64, 5));
+
+  // The next plan swaps the ranks and authenticates its packets: both directions, eager and rendezvous.
+  pr.a->reset("the test re-plans");
+  pr.b->reset("the test re-plans");
+  auto sec = [](uint32_t epoch, int peer, const std::array<uint8_t, DataKeyPair::kBytes>& k) {
+    DataPlaneSecurity s;
+    s.protection = PacketProtection::kMac;
+    s.epoch = epoch;
+    s.peers[peer] = {k, local_ciphers()};
+    return s;
+  };
+  ASSERT_TRUE(pr.a->connect(1, {{0, pr.b->address()}}, sec(2, 0, pr.b->data_public_key())).ok());
+  ASSERT_TRUE(pr.b->connect(0, {{1, pr.a->address()}}, sec(2, 1, pr.a->data_public_key())).ok());
+  for (size_t n : {size_t(0), size_t(4000), size_t(3) << 20}) {
+    const Bytes data = pattern(n, uint32_t(n));
+    Transfer r = pr.a->recv(0, make_tag(1, 1, Role::kActivation));
+    ASSERT_TRUE(pr.b->send(1, make_tag(1, 1, Role::kActivation), data).wait(30s).ok());
+    ASSERT_TRUE(r.wait(30s).ok()) << r.status().to_string();
+    EXPECT_TRUE(r.take() == data) << n;
+    Transfer back = pr.b->recv(1, make_tag(1, 2, Role::kActivationGrad));
+    ASSERT_TRUE(pr.a->send(0, make_tag(1, 2, Role::kActivationGrad), data).wait(30s).ok());
+    ASSERT_TRUE(back.wait(30s).ok()) << back.status().to_string();
+    EXPECT_TRUE(back.take() == data) << n;
+  }
+  EXPECT_EQ(pr.a->auth_failures() + pr.b->auth_failures(), 0u);
+  EXPECT_EQ(pr.a->resets(), 2u);
+  EXPECT_EQ(pr.b->resets(), 2u);
+}
+
+// When reset() returns, UCX writes no more into a caller's buffer and reads no more from it: a 64 MiB receive posted
+// into the caller's memory, and a send of the caller's memory, both cut by a reset mid-packet, are done by then.
+TEST(UcxDataPlane, ResetLetsGoOfCallersBuffersBeforeItReturns) {
+  using namespace std::chrono_literals;
+  for (int round = 0; round < 3; ++round) {
+    Pair pr;
+    const Bytes data = pattern(size_t(64) << 20, 9);
+    std::vector<uint8_t> into(data.size());
+    Transfer r = pr.b->recv_into(0, make_tag(1, 0, Role::kActivation), into.data(), into.size());
+    Transfer s = pr.a->send_view(1, make_tag(1, 0, Role::kActivation), data.data(), data.size());
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 * round));
+    pr.b->reset("cut mid-packet");
+    EXPECT_TRUE(r.done()) << "round " << round;
+    pr.a->reset("cut mid-packet");
+    EXPECT_TRUE(s.done()) << "round " << round;
+    // Either the packet was whole before the cut or the receive failed; nothing is left half-claimed.
+    if (r.status().ok()) EXPECT_TRUE(std::equal(data.begin(), data.end(), into.begin()));
+  }
+}
+
 TEST(UcxDataPlane, DeviceMemoryWithoutCudaIsUnavailable) {
   if (cuda_available()) GTEST_SKIP() << "a CUDA device is present: test_data_plane_gpu covers device memory";
   Pair pr;
