@@ -147,6 +147,11 @@ std::optional<int64_t> AutoCodec::observe(const WorkerStepMetrics& m) {
     tot.wire += t.wire_bytes;
     tot.messages += t.messages;
     tot.seconds += t.seconds;
+    if (t.serial_s) {
+      tot.serial += *t.serial_s;
+      tot.serial_wire += t.wire_bytes;
+    }
+    if (t.latency_s && *t.latency_s > 0 && (tot.latency < 0 || *t.latency_s < tot.latency)) tot.latency = *t.latency_s;
   }
   if (m.compute_s && m.step > 1) {
     compute_s_[m.worker] += *m.compute_s;
@@ -178,19 +183,39 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     // message's [posted, arrived]: on a link that is busy most of the step the messages queue back to back and the
     // union holds the latency once per step; on one that is mostly idle each message holds it once. At most 99% of
     // the busy time is taken (a latency measured a little long must not make the bandwidth unbounded).
-    double latency = 0;
-    if (auto sm = small_.find({l.src, l.dst}); sm != small_.end() && sm->second.messages > 0)
-      latency = sm->second.seconds / double(sm->second.messages);
-    const double window_s = step_s * double(slowest_tps_.size());
-    const bool saturated = window_s <= 0 || it->second.seconds > 0.5 * window_s;
-    const double held = saturated ? double(slowest_tps_.size()) : double(it->second.messages);
-    const double busy = std::max(it->second.seconds - latency * held, 0.01 * it->second.seconds);
-    const double bw = double(it->second.wire) * 8 / busy;
+    // The link's rate: its wire bytes over their serial time, as the senders' meters measured it (each message's
+    // completion beyond the latency and the message before it: right whatever the codec, the sizes and the queueing).
+    // Records without it (older workers): the busy time less an estimate of the latency it holds.
+    double latency = 0, bw = 0;
+    bool saturated = false;
+    const Totals& tr = it->second;
+    if (tr.serial > 0 && tr.serial_wire > 0) {
+      bw = double(tr.serial_wire) * 8 / tr.serial;
+      latency = std::max(tr.latency, 0.0);
+    } else {
+      if (auto sm = small_.find({l.src, l.dst}); sm != small_.end() && sm->second.messages > 0)
+        latency = sm->second.seconds / double(sm->second.messages);
+      const double window_s = step_s * double(slowest_tps_.size());
+      saturated = window_s <= 0 || tr.seconds > 0.5 * window_s;
+      const double held = saturated ? double(slowest_tps_.size()) : double(tr.messages);
+      const double busy = std::max(tr.seconds - latency * held, 0.01 * tr.seconds);
+      bw = double(tr.wire) * 8 / busy;
+    }
     if (!l.overlaps_compute && step_s <= 0) continue;
     AutoChoice c = l.overlaps_compute
                        ? choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit)
                        : choose_step_codec(l.bytes_per_mb, l.current, bw, l.ops_per_step, step_s, config_.relax);
-    if (c.index == l.current) {
+    const double weighed_against = l.overlaps_compute ? pace : step_s;
+    bool unchanged = false;
+    if (auto was = l.left.find(c.index); was != l.left.end()) {
+      const Link::Situation& then = was->second;
+      auto near = [&](double now, double before, double floor) {
+        return std::abs(now - before) <= config_.changed * std::max(before, floor);
+      };
+      unchanged = near(bw, then.bps, 1.0) && near(latency, then.latency_s, 1e-3) &&
+                  near(weighed_against, then.compute_s, 1e-6);
+    }
+    if (c.index == l.current || unchanged) {  // settled: back to a codec it left only once something has changed
       l.wanted = -1;
       l.wanted_times = 0;
       continue;
@@ -209,11 +234,15 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     d.bandwidth_bps = bw;
     d.latency_s = latency;
     d.transfer_s = c.transfer_s;
-    d.compute_s = l.overlaps_compute ? pace : step_s;  // what the transfer is weighed against
+    d.compute_s = weighed_against;
     d.reason = c.reason;
-    if (latency > 0)
+    if (latency > 0 && tr.serial > 0)
+      d.reason += "; rate from the serial time of " + std::to_string(tr.messages) + " messages, one-way latency " +
+                  ms(latency);
+    else if (latency > 0)
       d.reason += "; one-way latency " + ms(latency) + " taken out of the busy time once a " +
                   (saturated ? "step (the link queues)" : "message");
+    l.left[l.current] = {bw, latency, weighed_against};
     l.current = c.index;
     out.push_back(std::move(d));
   }

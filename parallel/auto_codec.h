@@ -35,6 +35,9 @@ struct AutoCodecConfig {
   int confirm = 2;
   // Tokens of one step (the global batch), for the step time of links that overlap no compute.
   double tokens_per_step = 0;
+  // How much the measured bandwidth, latency or compute must change (a ratio: 0.25 is ±25%) before auto goes back to
+  // a codec it left: the same measurements cannot make both choices right.
+  double changed = 0.25;
 };
 // "none,bf16,int8,int4" → the ladder, each spec checked. Errors name the entry.
 // `check` (default: an activation codec) and `flag` (in errors) serve --auto-grad-ladder too.
@@ -92,6 +95,13 @@ class AutoCodec {
     int64_t ops_per_step = 1;
     int wanted = -1, wanted_times = 0;  // the choice of the last decisions, when not the current one
     bool moved = false;                 // auto has switched it before
+    // The codecs auto moved away from, each with what it was weighed against then (the link's bandwidth and latency,
+    // and the compute or step it hides under): going back to one needs one of them to have changed since (by more
+    // than AutoCodecConfig::changed), so a decision settles.
+    struct Situation {
+      double bps = 0, latency_s = 0, compute_s = 0;
+    };
+    std::map<int, Situation> left;
   };
   AutoCodec(AutoCodecConfig config, std::vector<Link> links, int workers, int microbatches);
 
@@ -109,6 +119,9 @@ class AutoCodec {
   struct Totals {
     uint64_t wire = 0, messages = 0;
     double seconds = 0;
+    double serial = 0;         // the link's serial time (LinkTraffic::serial_s), when the records carry it
+    uint64_t serial_wire = 0;  // the wire bytes of the records that carry it
+    double latency = -1;       // the least one-way latency reported (LinkTraffic::latency_s); −1: none
   };
   AutoCodecConfig config_;
   std::vector<Link> links_;

@@ -38,6 +38,8 @@ nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
     l["wire_bytes"] = t.wire_bytes;
     l["messages"] = t.messages;
     l["seconds"] = t.seconds;
+    if (t.serial_s) l["serial_s"] = *t.serial_s;
+    if (t.latency_s) l["latency_s"] = *t.latency_s;
     if (t.relayed) l["relayed"] = true;
     links.push_back(std::move(l));
   }
@@ -144,6 +146,8 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
   std::optional<double> seconds;
   LH_RETURN_IF_ERROR(r.number("seconds", true, seconds));
   t.seconds = seconds.value_or(0.0);
+  LH_RETURN_IF_ERROR(r.number("serial_s", true, t.serial_s));
+  LH_RETURN_IF_ERROR(r.number("latency_s", true, t.latency_s));
   LH_RETURN_IF_ERROR(r.boolean("relayed", t.relayed));
   return t;
 }

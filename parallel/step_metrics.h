@@ -31,6 +31,9 @@ struct LinkTraffic {
   uint64_t wire_bytes = 0;   // what crossed the link
   uint64_t messages = 0;
   double seconds = 0;  // time the link was busy with this traffic
+  // The link's serial time for this traffic and its one-way latency (transport/link_meter.h LinkStats::serial_seconds,
+  // LinkMeter::latency_s): wire bytes over serial_s is the link's rate whatever the codec. Absent in older records.
+  std::optional<double> serial_s, latency_s;
   bool relayed = false;  // it went through the job's relay (the pair could not connect directly)
 };
 

@@ -21,6 +21,15 @@ Clock::time_point add_busy(double& busy, Clock::time_point& covered_until, Clock
 
 }  // namespace
 
+double bandwidth_of(const LinkStats& s) {
+  return s.serial_seconds > 0 ? double(s.wire_bytes) * 8.0 / s.serial_seconds : 0.0;
+}
+
+double LinkMeter::LatencyMin::value() const {
+  if (current < 0) return std::max(previous, 0.0);
+  return previous < 0 ? current : std::min(current, previous);
+}
+
 LinkMeter::LinkMeter(int self_rank, double ewma_alpha) : self_rank_(self_rank), alpha_(ewma_alpha) {
   LH_ASSERT(ewma_alpha > 0 && ewma_alpha <= 1, "EWMA alpha must be in (0, 1]");
 }
@@ -46,6 +55,21 @@ void LinkMeter::record(int peer, Role role, Direction dir, uint64_t raw_bytes, u
   add_busy(r.stats.busy_seconds, r.covered_until, start, end);
 
   LinkEntry& l = links_[{peer, int(dir)}];
+  // The latency first (this message may be the quickest yet), then this message's serial time under it.
+  const double took = seconds(end - start);
+  if (l.latency.period_start == Clock::time_point{}) l.latency.period_start = start;
+  if (start - l.latency.period_start >= kLatencyPeriod) {
+    if (l.latency.current >= 0) l.latency.previous = l.latency.current;
+    l.latency.current = -1;
+    l.latency.period_start = start;
+  }
+  if (l.latency.current < 0 || took < l.latency.current) l.latency.current = took;
+  const auto latency = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(l.latency.value()));
+  const Clock::time_point serial_from = std::max(start + latency, l.last_end);
+  const double serial = end > serial_from ? seconds(end - serial_from) : 0.0;
+  l.last_end = std::max(l.last_end, end);
+  r.stats.serial_seconds += serial;
+  l.stats.serial_seconds += serial;
   l.stats.messages += 1;
   l.stats.raw_bytes += raw_bytes;
   l.stats.wire_bytes += wire_bytes;
@@ -75,6 +99,12 @@ LinkStats LinkMeter::link_stats(int peer, Direction dir) const {
   return it == links_.end() ? LinkStats{} : it->second.stats;
 }
 
+double LinkMeter::latency_s(int peer, Direction dir) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = links_.find({peer, int(dir)});
+  return it == links_.end() ? 0.0 : it->second.latency.value();
+}
+
 double LinkMeter::bandwidth_bps(int peer, Direction dir) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = links_.find({peer, int(dir)});
@@ -102,7 +132,9 @@ nlohmann::json LinkMeter::to_json() const {
                      {"messages", e.stats.messages},
                      {"raw_bytes", e.stats.raw_bytes},
                      {"wire_bytes", e.stats.wire_bytes},
-                     {"seconds", e.stats.busy_seconds}});
+                     {"seconds", e.stats.busy_seconds},
+                     {"serial_s", e.stats.serial_seconds}});
+    if (auto l = links_.find({peer, dir}); l != links_.end()) links.back()["latency_s"] = l->second.latency.value();
     if (relayed_.count(peer)) links.back()["relayed"] = true;
   }
   for (const auto& [key, e] : links_) {

@@ -18,7 +18,14 @@ struct LinkStats {
   uint64_t raw_bytes = 0;   // what the packets would have cost uncompressed in fp32
   uint64_t wire_bytes = 0;  // what actually crossed the link
   double busy_seconds = 0;  // time with at least one transfer of this kind in flight
+  // The link's own time for these messages: per message, what its completion took beyond the link's one-way latency
+  // and the message before it (end − max(start + latency, previous end on the link)). On a FIFO link with a fixed
+  // delay this is each message's serialization, bytes / rate, whatever the message sizes and however they queue: wire
+  // bytes over it is the link's rate (bandwidth_of), where busy_seconds mixes in the latency once per busy spell.
+  double serial_seconds = 0;
 };
+// wire bits per second of serial time (0 when there is none).
+double bandwidth_of(const LinkStats& s);
 
 // Thread-safe. One per process, shared by the data plane (which records) and whoever reports.
 // Busy time is the union of [start, end] intervals of transfers, computed online: exact when
@@ -45,10 +52,16 @@ class LinkMeter {
   // measure the link, not the queue.
   double bandwidth_bps(int peer, Direction dir) const;
 
+  // The link's one-way latency as its quickest messages saw it: the least time from posting a message to its completion
+  // (a small message's is the latency alone; the pre-flight's pings give the first), over the last minute or so.
+  // 0 before any message.
+  double latency_s(int peer, Direction dir) const;
+
   // Peers whose packets go through the job's relay: their links say "relayed": true in to_json().
   void set_relayed(std::set<int> peers);
 
-  // {"rank": r, "links": [{"src","dst","role","dir","messages","raw_bytes","wire_bytes","seconds"[,"relayed"]}...],
+  // {"rank": r, "links": [{"src","dst","role","dir","messages","raw_bytes","wire_bytes","seconds","serial_s",
+  //                        "latency_s"[,"relayed"]}...],
   //  "bandwidth": [{"src","dst","dir","bps","busy_seconds"}...]}
   nlohmann::json to_json() const;
   // Zeroes the counters (keeps the bandwidth estimates), e.g. after each step's metrics line.
@@ -61,12 +74,22 @@ class LinkMeter {
     LinkStats stats;
     Clock::time_point covered_until{};
   };
+  // The least posted-to-done time of the link's messages in the current and the previous period (a new period
+  // every kLatencyPeriod): the latency follows a link that changes, within two periods.
+  struct LatencyMin {
+    double current = -1, previous = -1;  // −1: no message in that period
+    Clock::time_point period_start{};
+    double value() const;
+  };
   struct LinkEntry {
     LinkStats stats;
     Clock::time_point covered_until{};
+    Clock::time_point last_end{};  // the latest completion on the link
+    LatencyMin latency;
     double ewma_bps = 0;
     bool has_sample = false;
   };
+  static constexpr std::chrono::seconds kLatencyPeriod{30};
 
   mutable std::mutex mu_;
   int self_rank_;

@@ -2300,6 +2300,47 @@ TEST_F(Launch, AutoCompressesTheTensorShardsSumsOnASlowLink) {
   EXPECT_NE(bad.output.find("int9"), std::string::npos) << bad.output;
 }
 
+// Issue 45: four stages over 10 Mbit/s links with 50 ms one way, where one message's latency outlasts an int4
+// activation's serialization (the busy-time estimate read hundreds of Mbit/s there and moved every link between none
+// and int4 every other decision). Measured by its serial time, each link direction settles: at most one move after
+// its first decision, every decision at a rate near the link's 10 Mbit/s.
+TEST_F(Launch, AutoSettlesOnSlowDistantLinks) {
+  const int steps = 36;
+  const std::string metrics = temp_path("auto_distant.jsonl");
+  std::vector<std::string> args = auto_job_args(steps, metrics, {});
+  auto set = [&](const std::string& flag, const std::string& value) {
+    auto it = std::find(args.begin(), args.end(), flag);
+    ASSERT_NE(it, args.end()) << flag;
+    *(it + 1) = value;
+  };
+  set("--workers", "4");
+  set("--pp", "4");
+  set("--layers", "4");
+  set("--auto-fit", "0.5");
+  auto link = std::find(args.begin(), args.end(), "--link");
+  *(link + 1) = "10M,50ms";
+  link = std::find(link + 2, args.end(), "--link");
+  args.erase(link, link + 2);  // the default job's one slow link
+  BinRun r = run(args, 600s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto records = read_step_metrics_file(metrics);
+  ASSERT_TRUE(records.ok()) << records.status().to_string();
+  auto sum = summarize_step_metrics(*records);
+  ASSERT_TRUE(sum.ok()) << sum.status().to_string();
+  std::map<std::string, std::vector<std::string>> moves;
+  for (const AutoDecision& d : sum->auto_decisions) {
+    moves[d.link].push_back(d.from + "->" + d.to + " at step " + std::to_string(d.step) + " (" +
+                            std::to_string(d.bandwidth_bps / 1e6) + " Mbit/s): " + d.reason);
+    EXPECT_NEAR(d.bandwidth_bps / 10e6, 1.0, 0.3) << d.link << ": " << d.reason;
+  }
+  EXPECT_FALSE(moves.empty()) << "auto never compressed a 10 Mbit/s link";
+  for (const auto& [name, list] : moves) {
+    std::string all;
+    for (const std::string& m : list) all += "\n  " + m;
+    EXPECT_LE(list.size(), 2u) << name << " moved " << list.size() << " times:" << all;
+  }
+}
+
 TEST_F(Launch, AutoCompressesTheSlowLinksOnlyAndFollowsReshapingAndSlowdowns) {
   // Long enough that set-link (a ctl process start, which loads cuBLAS: ~0.7 s here) lands with 12 steps to go.
   const int steps = 60;

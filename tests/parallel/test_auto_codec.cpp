@@ -62,6 +62,17 @@ WorkerStepMetrics record(int worker, int64_t step, double compute_s, std::vector
   return m;
 }
 
+// Link 0-1's activations, `bytes` per microbatch for each entry of the default ladder.
+AutoCodec::Link fwd_link(std::vector<uint64_t> bytes) {
+  AutoCodec::Link fwd;
+  fwd.src = 0;
+  fwd.dst = 1;
+  fwd.name = "0-1:fwd";
+  fwd.role = "act";
+  fwd.bytes_per_mb = std::move(bytes);
+  return fwd;
+}
+
 LinkTraffic sent(int src, int dst, const std::string& role, uint64_t wire, double seconds) {
   LinkTraffic t;
   t.src = src;
@@ -78,12 +89,7 @@ TEST(AutoCodec, DecidesFromAWindowAndConfirmsASwitch) {
   AutoCodecConfig config;
   config.every = 2;
   config.fit = 1;  // a transfer fits under all of the compute
-  AutoCodec::Link fwd;
-  fwd.src = 0;
-  fwd.dst = 1;
-  fwd.name = "0-1:fwd";
-  fwd.role = "act";
-  fwd.bytes_per_mb = kBytes;
+  AutoCodec::Link fwd = fwd_link(kBytes);
   AutoCodec a(config, {fwd}, /*workers=*/2, /*microbatches=*/4);
   auto window = [&](int64_t first, double bps, double compute_per_step) {
     std::optional<int64_t> due;
@@ -137,12 +143,7 @@ TEST(AutoCodec, LatencyIsNotReadAsLowBandwidth) {
   config.every = 2;
   config.fit = 1;
   config.tokens_per_step = 1000;  // steps of 1 s (tokens/s 1000): the link is busy 0.2 s of each, not queueing
-  AutoCodec::Link fwd;
-  fwd.src = 0;
-  fwd.dst = 1;
-  fwd.name = "0-1:fwd";
-  fwd.role = "act";
-  fwd.bytes_per_mb = kBytes;
+  AutoCodec::Link fwd = fwd_link(kBytes);
   const double latency = 0.050, busy = 4 * (65536 * 8 / 1e9 + latency);
   for (bool with_norm : {false, true}) {
     AutoCodec a(config, {fwd}, /*workers=*/2, /*microbatches=*/4);
@@ -190,6 +191,74 @@ TEST(AutoCodec, LatencyIsNotReadAsLowBandwidth) {
   EXPECT_NEAR(d[0].bandwidth_bps, 5e6, 1e3);
   EXPECT_NEAR(d[0].latency_s, 0.040, 1e-9);
   EXPECT_NE(d[0].reason.find("once a step (the link queues)"), std::string::npos) << d[0].reason;
+}
+
+// Issue 45's link (10 Mbit/s, 50 ms one way, a 4-microbatch step): with `none` a step's four 147,528-byte activations
+// keep the sender busy 0.52 s, with int4 four 19,656-byte ones 0.113 s — under the 50 ms latency per message, which is
+// how the busy-time estimate read 554 Mbit/s and moved the link back to `none` every other decision. The senders'
+// serial time (what their meters now report) gives 10 Mbit/s with either codec: one move, to int4, and it stays.
+TEST(AutoCodec, ALatencyBoundLinkSettlesOnItsFirstChoice) {
+  AutoCodecConfig config;
+  config.every = 2;
+  config.tokens_per_step = 1000;
+  AutoCodec::Link fwd = fwd_link({147528, 73800, 37000, 19656});
+  AutoCodec a(config, {fwd}, /*workers=*/2, /*microbatches=*/4);
+  int moves = 0;
+  for (int64_t first = 1; first < 40; first += 2) {
+    std::optional<int64_t> due;
+    for (int64_t s = first; s < first + 2; ++s) {
+      const uint64_t bytes = 4 * fwd.bytes_per_mb[size_t(a.links()[0].current)];
+      LinkTraffic act = sent(0, 1, "act", bytes, a.links()[0].current == 0 ? 0.52 : 0.113);
+      act.serial_s = double(bytes) * 8 / 10e6;
+      act.latency_s = 0.050;
+      LinkTraffic norm = sent(0, 1, "other", 16, 0.100);
+      norm.messages = 2;
+      norm.serial_s = 0;
+      norm.latency_s = 0.050;
+      WorkerStepMetrics m0 = record(0, s, 4 * 0.01564, {act, norm}), m1 = record(1, s, 4 * 0.01564);
+      m0.tokens_per_s = m1.tokens_per_s = 1000 / 1.8;
+      EXPECT_FALSE(a.observe(m0));
+      due = a.observe(m1);
+    }
+    ASSERT_TRUE(due);
+    for (const AutoDecision& d : a.decide(*due)) {
+      ++moves;
+      EXPECT_EQ(d.from, "none") << d.reason;
+      EXPECT_EQ(d.to, "int4") << d.reason;
+      EXPECT_NEAR(d.bandwidth_bps, 10e6, 1e3);
+      EXPECT_NEAR(d.latency_s, 0.050, 1e-9);
+      EXPECT_NE(d.reason.find("rate from the serial time"), std::string::npos) << d.reason;
+    }
+  }
+  EXPECT_EQ(moves, 1);
+  EXPECT_EQ(a.links()[0].current, 3);
+}
+
+// A link whose measurements wander near a boundary (20 and 24 Mbit/s, with no hysteresis or confirmation to hold it)
+// moves to bf16 once and does not go back to the int8 it left while the link measures as it did then; a link that
+// really changed (10 Mbit/s) moves again.
+TEST(AutoCodec, NoCodecIsTakenBackWithoutTheLinkChanging) {
+  AutoCodecConfig config;
+  config.every = 1;
+  config.fit = 1;
+  config.relax = 1;
+  config.confirm = 1;
+  AutoCodec::Link fwd = fwd_link(kBytes);
+  AutoCodec a(config, {fwd}, /*workers=*/1, /*microbatches=*/4);
+  std::vector<std::string> path;
+  auto step = [&](int64_t s, double bps) {
+    LinkTraffic act = sent(0, 1, "act", 4 * 16400, 0.1);
+    act.serial_s = 4 * 16400 * 8 / bps;
+    act.latency_s = 0.010;
+    ASSERT_TRUE(a.observe(record(0, s, 4 * 0.0125, {act})));
+    for (const AutoDecision& d : a.decide(s)) path.push_back(d.to);
+  };
+  step(1, 20e6);  // step 1 is warm-up: nothing measured
+  for (int64_t s = 2; s < 12; ++s) step(s, s % 2 ? 24e6 : 20e6);
+  EXPECT_EQ(path, (std::vector<std::string>{"int8", "bf16"}));
+  step(12, 10e6);
+  step(13, 10e6);
+  EXPECT_EQ(path, (std::vector<std::string>{"int8", "bf16", "int4"}));
 }
 
 TEST(AutoCodec, LadderAndAutoLinksOfAJob) {
