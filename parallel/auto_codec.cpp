@@ -179,13 +179,10 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     double step_s = 0;
     for (const auto& [st, tps] : slowest_tps_) step_s += config_.tokens_per_step / tps;
     if (!slowest_tps_.empty()) step_s /= double(slowest_tps_.size());
-    // Latency out of the busy time (small messages on the pair measure it). The busy time is the union of each
-    // message's [posted, arrived]: on a link that is busy most of the step the messages queue back to back and the
-    // union holds the latency once per step; on one that is mostly idle each message holds it once. At most 99% of
-    // the busy time is taken (a latency measured a little long must not make the bandwidth unbounded).
     // The link's rate: its wire bytes over their serial time, as the senders' meters measured it (each message's
     // completion beyond the latency and the message before it: right whatever the codec, the sizes and the queueing).
-    // Records without it (older workers): the busy time less an estimate of the latency it holds.
+    // Records without it (older workers): the busy time less the latency it holds (from the pair's small messages),
+    // once a step on a link busy most of it, else once a message; at most 99% of the busy time.
     double latency = 0, bw = 0;
     bool saturated = false;
     const Totals& tr = it->second;
