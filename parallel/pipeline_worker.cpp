@@ -184,8 +184,6 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   DataPortAllowList* allow = wp.allow;
   const std::vector<int>& data_ports = wp.data_ports;
   const std::set<std::string>& own = wp.own;
-  // What the last epoch left (a no-op on a plane that never connected, but for a fresh key pair for the Join).
-  ucx->reset("the job re-plans");
   // The data ports are closed to every other address until the plan names the members (then renewed below).
   if (allow)
     if (Status s = allow->set(data_ports, own); !s.ok()) LH_LOG_WARN("{}", s.message());
@@ -249,9 +247,24 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
   LH_RETURN_IF_ERROR(ucx->connect(plan.rank, peers, security));
   UcxDataPlane* ucx_plane = ucx;
   meter->set_self_rank(plan.rank);
+  // This epoch's shaper and stage runner, and the step heartbeats report. On every way out from here the guard below
+  // (destroyed before them) ends the epoch's transfers: no more heartbeats read the plane, the shaper's queued packets
+  // fail, and the kept plane is reset, letting go of every buffer of the runner's.
+  std::unique_ptr<LinkShaper> shaper_owned;
+  std::unique_ptr<StageRunner> runner;
+  std::atomic<int64_t> finished_step{plan.resume_step};
+  struct EpochEnd {
+    ControlClient& cc;
+    std::unique_ptr<LinkShaper>& shaper;
+    UcxDataPlane& ucx;
+    ~EpochEnd() {
+      cc.set_progress_source(nullptr);
+      shaper.reset();
+      ucx.reset("this worker's epoch ended");
+    }
+  } epoch_end{cc, shaper_owned, *ucx};
   // Emulated links: this worker's own --link under the job's rules (ctl set-link adds more while it runs). The shaper
   // is this epoch's; the plane under it stays.
-  std::unique_ptr<LinkShaper> shaper_owned;
   LinkShaper* shaper = nullptr;
   DataPlane* plane = ucx;
   std::vector<std::string> link_rules = job->links;
@@ -279,8 +292,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     LH_LOG_INFO("links reshaped by '{}'", m.rule);
   };
   // Heartbeats carry this worker's progress (its last step, what its data plane waits on) so the coordinator can
-  // name a stalled link; the source goes before the plane does.
-  std::atomic<int64_t> finished_step{plan.resume_step};
+  // name a stalled link; the source goes before the plane does (epoch_end).
   cc.set_progress_source([&finished_step, p = plane] {
     Heartbeat hb;
     hb.step = finished_step.load();
@@ -290,10 +302,6 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
     hb.blocked_ms = ms(Transfer::blocked_for());
     return hb;
   });
-  struct ProgressSourceGuard {
-    ControlClient& cc;
-    ~ProgressSourceGuard() { cc.set_progress_source(nullptr); }
-  } progress_guard{cc};
 
   const TrainConfig& train = job->train;
   auto data = train.data.empty() ? TextDataset::default_corpus(train.model.seq)
@@ -319,20 +327,7 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
       LH_LOG_INFO("--slowdown: this worker's compute takes {}x as long", ro.slowdown);
     }
   }
-  LH_ASSIGN_OR_RETURN(std::unique_ptr<StageRunner> runner,
-                      StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));
-  // Before the runner's buffers go (this guard is destroyed first), the epoch's transfers end: no more heartbeats read
-  // the plane, the shaper's queued packets fail, and the kept plane lets go of every buffer of the runner's.
-  struct EpochEnd {
-    ControlClient& cc;
-    std::unique_ptr<LinkShaper>& shaper;
-    UcxDataPlane& ucx;
-    ~EpochEnd() {
-      cc.set_progress_source(nullptr);
-      shaper.reset();
-      ucx.reset("this worker's epoch ended");
-    }
-  } epoch_end{cc, shaper_owned, *ucx};
+  LH_ASSIGN_OR_RETURN(runner, StageRunner::create(train, topology, partition, plan.rank, ro, *plane, codecs));
   LH_LOG_INFO("stage {} of {}: blocks [{}, {}){}{}", runner->span().stage, topology.pp(), runner->span().first_block,
               runner->span().end_block(), runner->span().has_embedding ? " + embedding" : "",
               runner->span().has_head ? " + head" : "");
@@ -542,7 +537,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
     LH_ASSIGN_OR_RETURN(wp.ucx, UcxDataPlane::create(options.ucx));
   } else {
     // The table guards the ports before UCX opens them (no stranger's byte reaches UCX in between): the --data-ports
-    // range, or a free range of this worker's choosing; then only the ports UCX listens on.
+    // range, or a free range of this worker's choosing; each epoch then narrows it to the ports UCX listens on.
     wp.allow = allow.get();
     wp.own = parse_ip_list(interface_addresses());
     UcxOptions uo = options.ucx;
@@ -566,8 +561,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
         LH_LOG_INFO("data ports {}: {}; choosing others", uo.data_ports, made.status().message());
       }
     }
-    wp.data_ports = listening_tcp_ports();
-    if (Status s = allow->set(wp.data_ports, wp.own); !s.ok()) LH_LOG_WARN("{}", s.message());
+    wp.data_ports = listening_tcp_ports();  // each epoch narrows the table to these (the range guards them until then)
   }
   for (;;) {
     Status s = run_epoch(options, *cc, &rank, wp);

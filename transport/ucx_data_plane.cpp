@@ -499,12 +499,18 @@ void UcxDataPlane::progress_loop() {
   close_endpoints();
   // Receives not matched to a packet can no longer finish. Transfers UCX still holds fail in the
   // destructor, once the worker is gone.
-  Status closed = unavailable("data plane closed");
+  drop_waiting(unavailable("data plane closed"));
+}
+
+void UcxDataPlane::drop_waiting(const Status& why) {
   for (auto& [k, v] : posted_)
-    for (auto& st : v) st->complete(closed);
+    for (auto& st : v) st->complete(why);
   posted_.clear();
   for (auto& [k, v] : unexpected_)
-    for (auto& in : v) unqueue_unexpected(*in);
+    for (auto& in : v) {
+      unqueue_unexpected(*in);
+      in->discard = true;
+    }
   unexpected_.clear();
 }
 
@@ -706,16 +712,7 @@ void UcxDataPlane::reset(const std::string& reason) {
         fail_peer_locked(r, reason);  // its receives, queued packets and in-flight transfers; its endpoint closes
         force_close(p.ep);            // one that had failed before may not have been closed by UCX yet
       }
-      Status why = aborted(reason);
-      for (auto& [key, v] : posted_)
-        for (auto& st : v) st->complete(why);
-      posted_.clear();
-      for (auto& [key, v] : unexpected_)
-        for (auto& in : v) {
-          unqueue_unexpected(*in);
-          in->discard = true;
-        }
-      unexpected_.clear();
+      drop_waiting(aborted(reason));
       peer_table_.clear();
       for (auto& [ep, a] : accepted_) {
         ucp_ep_h h = ep;

@@ -284,6 +284,8 @@ class UcxDataPlane final : public DataPlane {
   std::string drop_reason(int peer, uint64_t tag_bits);
   void note_drop(int peer, uint64_t length, const std::string& why);
   void allocate_packet(Inbound& in);
+  // Fails every receive still waiting for its packet with `why`, and drops every packet still waiting for its receive.
+  void drop_waiting(const Status& why);
   void queue_unexpected(const std::shared_ptr<Inbound>& in);
   void unqueue_unexpected(Inbound& in);
   // Fails the receives fail_peer left to UCX (writing into the caller's buffer) that are still unfinished
