@@ -95,6 +95,10 @@ TEST(WorkerStepMetrics, MalformedLinesNameLineAndField) {
        "field 'links[1].wire_bytes': must not be negative"},
       {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","raw_bytes":1e3}]})", "field 'links[0].raw_bytes'"},
       {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","seconds":-1}]})", "field 'links[0].seconds'"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","serial_s":-0.5}]})",
+       "field 'links[0].serial_s': must not be negative"},
+      {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","latency_s":"50ms"}]})",
+       "field 'links[0].latency_s': expected a number"},
       {R"({"step":1,"links":[{"src":0,"dst":1,"role":"act","codec":4}]})", "field 'links[0].codec': expected a string"},
   };
   for (const Case& c : cases) {
