@@ -48,10 +48,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--compress-fwd", f.job.compress_fwd,
-                  "codec spec for activations on every link (or preset:lossless|safe|balanced), or auto: per link, "
-                  "the least lossy codec of "
-                  "--auto-ladder whose transfer fits under the pipeline's compute per microbatch, re-decided every "
-                  "--auto-every steps from what the job measured")
+                  "codec spec for activations on every link (or preset:lossless|safe|balanced), or auto: the auto "
+                  "links' codecs of --auto-ladder, chosen together by the step the pipeline simulator predicts from "
+                  "what the job measured (the least lossy within --auto-tolerance of the fastest), re-decided every "
+                  "--auto-every steps")
       ->capture_default_str()
       ->group(g);
   cmd->add_option("--compress-bwd", f.job.compress_bwd, "codec spec for activation gradients on every link, or auto")
@@ -69,9 +69,16 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000))
       ->group(g);
+  cmd->add_option("--auto-tolerance", f.job.auto_tolerance,
+                  "auto on pipeline links: a codec is taken over a less lossy one only when the planner's predicted "
+                  "step (the pipeline simulator, from the measured rates, latencies and compute) is shorter by more "
+                  "than this share")
+      ->capture_default_str()
+      ->check(CLI::Range(0.001, 1.0))
+      ->group(g);
   cmd->add_option("--auto-fit", f.job.auto_fit,
-                  "auto: the share of the pipeline's compute per microbatch a link's transfer may take (under 1: "
-                  "room for the pipeline's fill and drain, when transfers are not hidden)")
+                  "auto on gradient exchanges (--compress-grad auto): the share of the pipeline's compute per "
+                  "microbatch an exchange may take")
       ->capture_default_str()
       ->check(CLI::Range(0.01, 4.0))
       ->group(g);

@@ -75,6 +75,14 @@ AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int curr
   return {pick, t(pick), "no codec's transfer fits under " + budget + "; the fastest: " + ms(t(pick))};
 }
 
+int least_lossy_within(const std::vector<double>& step, int current, double relax, double tolerance) {
+  if (step.empty()) return 0;
+  const double fastest = *std::min_element(step.begin(), step.end());
+  for (int i = 0; i < int(step.size()); ++i)
+    if (step[size_t(i)] <= (1 + (i < current ? relax : 1.0) * tolerance) * fastest) return i;
+  return int(std::min_element(step.begin(), step.end()) - step.begin());
+}
+
 AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int current, double bandwidth_bps,
                              int64_t ops_per_step, double step_s, double relax, double tolerance) {
   const int n = int(bytes_per_op.size());
@@ -88,14 +96,13 @@ AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int curr
   const std::string at =
       std::to_string(ops_per_step) + " transfers a step at " + mbit(bandwidth_bps) + ", step " + ms(step_s);
   auto pct = [](double x) { return std::to_string(int(std::lround(x * 100))) + "%"; };
-  for (int i = 0; i < n; ++i) {
-    const double limit = (i < current ? relax : 1.0) * tolerance;
-    if (step(i) <= (1 + limit) * step(fastest))
-      return {i, t(i),
-              "step " + ms(step(i)) + " within " + pct(limit) + " of the fastest codec's " + ms(step(fastest)) + " (" +
-                  at + ")"};
-  }
-  return {fastest, t(fastest), "the fastest step (" + at + ")"};
+  std::vector<double> steps;
+  for (int i = 0; i < n; ++i) steps.push_back(step(i));
+  const int i = least_lossy_within(steps, current, relax, tolerance);
+  const double limit = (i < current ? relax : 1.0) * tolerance;
+  return {i, t(i),
+          "step " + ms(step(i)) + " within " + pct(limit) + " of the fastest codec's " + ms(step(fastest)) + " (" + at +
+              ")"};
 }
 
 nlohmann::json auto_decision_to_json(const AutoDecision& d) {
@@ -167,39 +174,184 @@ std::optional<int64_t> AutoCodec::observe(const WorkerStepMetrics& m) {
   return m.step;
 }
 
+Result<JointChoice> choose_jointly(const std::vector<int>& sizes, const std::vector<int>& current_in,
+                                   const std::function<Result<double>(const std::vector<int>&)>& step, double relax,
+                                   double tolerance) {
+  const size_t n = sizes.size();
+  if (current_in.size() != n) return invalid_argument("choose_jointly: a current entry for each of the links");
+  std::vector<int> current(n), lossiest(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (sizes[k] < 1) return invalid_argument("choose_jointly: link " + std::to_string(k) + " has an empty ladder");
+    current[k] = std::clamp(current_in[k], 0, sizes[k] - 1);
+    lossiest[k] = sizes[k] - 1;
+  }
+  // The fastest choice: from the faster of the current codecs and the lossiest ones, each link in turn moved to the
+  // entry that shortens the step most, until none does.
+  std::vector<int> choice = current;
+  LH_ASSIGN_OR_RETURN(double fastest, step(choice));
+  LH_ASSIGN_OR_RETURN(double all_lossiest, step(lossiest));
+  if (all_lossiest < fastest) {
+    choice = lossiest;
+    fastest = all_lossiest;
+  }
+  for (int round = 0; round < 8; ++round) {
+    bool moved = false;
+    for (size_t k = 0; k < n; ++k)
+      for (int i = 0; i < sizes[k]; ++i) {
+        if (i == choice[k]) continue;
+        std::vector<int> t = choice;
+        t[k] = i;
+        LH_ASSIGN_OR_RETURN(double s, step(t));
+        if (s < fastest * (1 - 1e-9)) {
+          fastest = s;
+          choice = std::move(t);
+          moved = true;
+        }
+      }
+    if (!moved) break;
+  }
+  // Then each link in turn on the least lossy entry that keeps the whole step within the tolerance of the fastest:
+  // the links share the tolerance, so many links each a little slower do not add up to a slow step.
+  double now = fastest;
+  for (size_t k = 0; k < n; ++k)
+    for (int i = 0; i < choice[k]; ++i) {
+      std::vector<int> t = choice;
+      t[k] = i;
+      LH_ASSIGN_OR_RETURN(double s, step(t));
+      if (s <= (1 + (i < current[k] ? relax : 1.0) * tolerance) * fastest) {
+        choice = std::move(t);
+        now = s;
+        break;
+      }
+    }
+  return JointChoice{choice, fastest, now};
+}
+
 std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
   std::vector<AutoDecision> out;
   // The pace of the pipeline: the slowest stage's compute per microbatch (forward and backward).
   double pace = 0;
   for (const auto& [rank, s] : compute_s_)
     pace = std::max(pace, s / std::max(1, compute_steps_[rank]) / std::max(1, microbatches_));
-  for (Link& l : links_) {
+  double step_s = 0;
+  for (const auto& [st, tps] : slowest_tps_) step_s += config_.tokens_per_step / tps;
+  if (!slowest_tps_.empty()) step_s /= double(slowest_tps_.size());
+  // What the window says of each link: its rate, latency, and the records it comes from.
+  struct Measured {
+    bool ok = false;
+    double bw = 0, latency = 0;
+    bool saturated = false;
+    const Totals* tr = nullptr;
+  };
+  std::vector<Measured> measured(links_.size());
+  for (size_t k = 0; k < links_.size(); ++k) {
+    const Link& l = links_[k];
     auto it = traffic_.find({l.src, l.dst});
     if (it == traffic_.end() || it->second.seconds <= 0 || it->second.wire == 0 || pace <= 0) continue;
-    double step_s = 0;
-    for (const auto& [st, tps] : slowest_tps_) step_s += config_.tokens_per_step / tps;
-    if (!slowest_tps_.empty()) step_s /= double(slowest_tps_.size());
+    Measured& m = measured[k];
+    m.tr = &it->second;
+    const Totals& tr = it->second;
     // The link's rate: its wire bytes over their serial time, as the senders' meters measured it (each message's
     // completion beyond the latency and the message before it: right whatever the codec, the sizes and the queueing).
     // Records without it (older workers): the busy time less the latency it holds (from the pair's small messages),
     // once a step on a link busy most of it, else once a message; at most 99% of the busy time.
-    double latency = 0, bw = 0;
-    bool saturated = false;
-    const Totals& tr = it->second;
     if (tr.serial > 0 && tr.serial_wire > 0) {
-      bw = double(tr.serial_wire) * 8 / tr.serial;
-      latency = std::max(tr.latency, 0.0);
+      m.bw = double(tr.serial_wire) * 8 / tr.serial;
+      m.latency = std::max(tr.latency, 0.0);
     } else {
       if (auto sm = small_.find({l.src, l.dst}); sm != small_.end() && sm->second.messages > 0)
-        latency = sm->second.seconds / double(sm->second.messages);
+        m.latency = sm->second.seconds / double(sm->second.messages);
       const double window_s = step_s * double(slowest_tps_.size());
-      saturated = window_s <= 0 || tr.seconds > 0.5 * window_s;
-      const double held = saturated ? double(slowest_tps_.size()) : double(tr.messages);
-      const double busy = std::max(tr.seconds - latency * held, 0.01 * tr.seconds);
-      bw = double(tr.wire) * 8 / busy;
+      m.saturated = window_s <= 0 || tr.seconds > 0.5 * window_s;
+      const double held = m.saturated ? double(slowest_tps_.size()) : double(tr.messages);
+      const double busy = std::max(tr.seconds - m.latency * held, 0.01 * tr.seconds);
+      m.bw = double(tr.wire) * 8 / busy;
     }
-    if (!l.overlaps_compute && step_s <= 0) continue;
-    AutoChoice c = l.overlaps_compute
+    m.ok = !(!l.overlaps_compute && step_s <= 0);
+  }
+  // The step as it runs now, for the pipeline simulator: each stage's compute per microbatch (its slowest rank's,
+  // backward twice forward, as the planner takes it) and each measured auto link's transfer and latency.
+  std::optional<PipelineCosts> costs;
+  const AutoCodecConfig::Pipeline* pipe = config_.pipeline ? &*config_.pipeline : nullptr;
+  if (pipe && pipe->stages >= 2) {
+    PipelineCosts c;
+    c.transfer = 0;
+    c.latency = 0;
+    c.stage_forward.assign(size_t(pipe->stages), 0);
+    c.stage_backward.assign(size_t(pipe->stages), 0);
+    c.fwd_transfer.assign(size_t(pipe->stages - 1), 0);
+    c.bwd_transfer.assign(size_t(pipe->stages - 1), 0);
+    c.fwd_latency.assign(size_t(pipe->stages - 1), 0);
+    c.bwd_latency.assign(size_t(pipe->stages - 1), 0);
+    bool known = true;
+    for (const auto& [rank, total] : compute_s_) {
+      auto st = pipe->stage_of.find(rank);
+      if (st == pipe->stage_of.end() || st->second < 0 || st->second >= pipe->stages) {
+        known = false;
+        continue;
+      }
+      const double per_mb = total / std::max(1, compute_steps_[rank]) / std::max(1, microbatches_);
+      c.stage_forward[size_t(st->second)] = std::max(c.stage_forward[size_t(st->second)], per_mb / 3);
+      c.stage_backward[size_t(st->second)] = std::max(c.stage_backward[size_t(st->second)], 2 * per_mb / 3);
+    }
+    if (known) costs = c;
+  }
+  // The pipeline's auto links (between adjacent stages) are chosen together, by the step the simulator predicts with
+  // every one of them at its measured rate and latency.
+  std::map<size_t, AutoChoice> by_step;
+  if (costs) {
+    std::vector<size_t> joint;                // into links_
+    std::vector<std::pair<size_t, bool>> at;  // its pipeline link and direction (forward)
+    for (size_t k = 0; k < links_.size(); ++k) {
+      const Link& l = links_[k];
+      if (!measured[k].ok || !l.overlaps_compute) continue;
+      const int a = pipe->stage_of.count(l.src) ? pipe->stage_of.at(l.src) : -1;
+      const int b = pipe->stage_of.count(l.dst) ? pipe->stage_of.at(l.dst) : -1;
+      if (a < 0 || b < 0 || std::abs(a - b) != 1) continue;
+      joint.push_back(k);
+      at.emplace_back(size_t(std::min(a, b)), a < b);
+      (a < b ? costs->fwd_latency : costs->bwd_latency)[size_t(std::min(a, b))] = measured[k].latency;
+    }
+    auto schedule = PipelineSchedule::build(pipe->kind, pipe->stages, microbatches_);
+    if (!joint.empty() && schedule.ok()) {
+      auto transfer = [&](size_t j, int i) {
+        return double(links_[joint[j]].bytes_per_mb[size_t(i)]) * 8 / measured[joint[j]].bw;
+      };
+      auto step_of = [&](const std::vector<int>& choice) -> Result<double> {
+        PipelineCosts c = *costs;
+        for (size_t j = 0; j < joint.size(); ++j)
+          (at[j].second ? c.fwd_transfer : c.bwd_transfer)[at[j].first] = transfer(j, choice[j]);
+        LH_ASSIGN_OR_RETURN(PipelineSimResult sim, simulate_pipeline(*schedule, c));
+        return sim.makespan;
+      };
+      std::vector<int> sizes, current;
+      for (size_t k : joint) {
+        sizes.push_back(int(links_[k].bytes_per_mb.size()));
+        current.push_back(links_[k].current);
+      }
+      auto jc = choose_jointly(sizes, current, step_of, config_.relax, config_.step_tolerance);
+      if (jc.ok()) {
+        const std::string model = std::string("the pipeline simulator's step (") + schedule_kind_name(pipe->kind) +
+                                  ", " + std::to_string(pipe->stages) + " stages, " + std::to_string(microbatches_) +
+                                  " microbatches, every auto link at its measured rate and latency)";
+        const std::string pct = std::to_string(int(std::lround(config_.step_tolerance * 100))) + "%";
+        for (size_t j = 0; j < joint.size(); ++j)
+          by_step[joint[j]] =
+              AutoChoice{jc->index[j], transfer(j, jc->index[j]),
+                         "step " + ms(jc->step_s) + " within " + pct + " of the fastest codecs' " + ms(jc->fastest_s) +
+                             " (" + model + "; this link at " + mbit(measured[joint[j]].bw) + ")"};
+      }
+    }
+  }
+  for (size_t k = 0; k < links_.size(); ++k) {
+    Link& l = links_[k];
+    const Measured& m = measured[k];
+    if (!m.ok) continue;
+    const double bw = m.bw, latency = m.latency;
+    const Totals& tr = *m.tr;
+    auto joint_choice = by_step.find(k);
+    AutoChoice c = joint_choice != by_step.end() ? joint_choice->second
+                   : l.overlaps_compute
                        ? choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit)
                        : choose_step_codec(l.bytes_per_mb, l.current, bw, l.ops_per_step, step_s, config_.relax);
     const double weighed_against = l.overlaps_compute ? pace : step_s;
@@ -209,8 +361,8 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
       auto near = [&](double now, double before, double floor) {
         return std::abs(now - before) <= config_.changed * std::max(before, floor);
       };
-      unchanged = near(bw, then.bps, 1.0) && near(latency, then.latency_s, 1e-3) &&
-                  near(weighed_against, then.compute_s, 1e-6);
+      unchanged =
+          near(bw, then.bps, 1.0) && near(latency, then.latency_s, 1e-3) && near(weighed_against, then.compute_s, 1e-6);
     }
     if (c.index == l.current || unchanged) {  // settled: back to a codec it left only once something has changed
       l.wanted = -1;
@@ -234,11 +386,11 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     d.compute_s = weighed_against;
     d.reason = c.reason;
     if (latency > 0 && tr.serial > 0)
-      d.reason += "; rate from the serial time of " + std::to_string(tr.messages) + " messages, one-way latency " +
-                  ms(latency);
+      d.reason +=
+          "; rate from the serial time of " + std::to_string(tr.messages) + " messages, one-way latency " + ms(latency);
     else if (latency > 0)
       d.reason += "; one-way latency " + ms(latency) + " taken out of the busy time once a " +
-                  (saturated ? "step (the link queues)" : "message");
+                  (m.saturated ? "step (the link queues)" : "message");
     l.left[l.current] = {bw, latency, weighed_against};
     l.current = c.index;
     out.push_back(std::move(d));

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "core/status.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_sim.h"
 #include "parallel/step_metrics.h"
 #include "parallel/topology.h"
 
@@ -35,6 +37,17 @@ struct AutoCodecConfig {
   int confirm = 2;
   // Tokens of one step (the global batch), for the step time of links that overlap no compute.
   double tokens_per_step = 0;
+  // The job's pipeline, when its auto links are stage boundaries: each choice is then the planner's (the pipeline
+  // simulator's step, with every auto link's measured rate and latency and each stage's measured compute) instead of a
+  // share of the pace: per link, the least lossy codec whose predicted step is within step_tolerance of the fastest
+  // codec's (within relax × step_tolerance for a less lossy one than the current). Unset: the share of the pace.
+  struct Pipeline {
+    ScheduleKind kind = ScheduleKind::k1F1B;
+    int stages = 0;
+    std::map<int, int> stage_of;  // rank → its stage
+  };
+  std::optional<Pipeline> pipeline;
+  double step_tolerance = 0.05;  // --auto-tolerance
   // How much the measured bandwidth, latency or compute must change (a ratio: 0.25 is ±25%) before auto goes back to
   // a codec it left: the same measurements cannot make both choices right.
   double changed = 0.25;
@@ -55,12 +68,31 @@ struct AutoChoice {
 AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
                              double compute_s_per_mb, double relax, double fit = 1.0);
 
+// Of the ladder's predicted steps (least lossy first), the least lossy entry within `tolerance` of the fastest (within
+// relax · tolerance when less lossy than `current`: hysteresis). The planner's --evaluate settles auto links by it too.
+int least_lossy_within(const std::vector<double>& step, int current, double relax, double tolerance);
+
 // The choice for a transfer that overlaps no compute (tp partial sums): every op of the step waits for it, so the
 // step is what is minimised within the ladder (the loss budget). `ops_per_step` transfers of bytes_per_op[i] each;
 // `step_s` the measured step with the `current` codec. The least lossy whose predicted step is within `tolerance` of
 // the fastest codec's; a less lossy one than the current only within relax × tolerance (hysteresis).
 AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int current, double bandwidth_bps,
                              int64_t ops_per_step, double step_s, double relax, double tolerance = 0.05);
+
+// The codecs of several links chosen together by the step they make: link k has sizes[k] ladder entries (least lossy
+// first) and is on current[k]; step(choice) predicts the step with link k on entry choice[k]. First the fastest
+// choice (each link in turn moved to the entry that shortens the step most, until none does), then each link in turn
+// on the least lossy entry that keeps the whole step within `tolerance` of the fastest's (relax · tolerance for an
+// entry less lossy than its current one: hysteresis): the links share the tolerance. Used by AutoCodec with the
+// pipeline simulator and by the planner's --evaluate with its model of the job.
+struct JointChoice {
+  std::vector<int> index;
+  double fastest_s = 0;  // the fastest choice's step
+  double step_s = 0;     // the chosen one's
+};
+Result<JointChoice> choose_jointly(const std::vector<int>& sizes, const std::vector<int>& current,
+                                   const std::function<Result<double>(const std::vector<int>&)>& step, double relax,
+                                   double tolerance);
 
 // One decision, as the metrics carry it ("auto" on the link's sender's next record) and `report` prints it.
 struct AutoDecision {

@@ -22,7 +22,13 @@ Result<Cluster> cluster_from_measurements(const PipelineJobConfig& job, const st
                                           const nlohmann::json& preflight, const std::string& source) {
   LH_ASSIGN_OR_RETURN(std::vector<double> flops, train_flops_per_step(job));
   std::map<int, std::vector<double>> compute;
-  std::map<std::pair<int, int>, std::pair<double, double>> traffic;  // (src, dst) → (wire bytes, seconds)
+  // (src, dst) → wire bytes and busy seconds; wire bytes and serial seconds (where the records carry them); one-way
+  // latencies the senders' meters measured.
+  struct Traffic {
+    double wire = 0, seconds = 0, serial_wire = 0, serial = 0;
+  };
+  std::map<std::pair<int, int>, Traffic> traffic;
+  std::map<std::pair<int, int>, std::vector<double>> latencies;
   for (const auto& m : records) {
     if (m.worker < 0 || m.worker >= job.workers)
       return invalid_argument(source + (m.source_line > 0 ? " line " + std::to_string(m.source_line) : "") +
@@ -30,18 +36,25 @@ Result<Cluster> cluster_from_measurements(const PipelineJobConfig& job, const st
                               std::to_string(job.workers) + " workers (give the job's flags)");
     if (m.step < 2) continue;
     if (m.compute_s && *m.compute_s > 0) compute[m.worker].push_back(*m.compute_s);
-    // Only bulk transfers tell a link's bandwidth: a small message's busy time is mostly latency (the gradient
-    // norm's 8 bytes would read as a few kbit/s).
-    for (const auto& l : m.links)
-      if (l.dir == "send" && l.seconds > 0 && l.messages > 0 && l.wire_bytes / l.messages >= kBulkMessageBytes &&
-          l.src >= 0 && l.dst >= 0 && l.src < job.workers && l.dst < job.workers) {
-        auto& t = traffic[{l.src, l.dst}];
-        t.first += double(l.wire_bytes);
-        t.second += l.seconds;
+    for (const auto& l : m.links) {
+      if (l.dir != "send" || l.src < 0 || l.dst < 0 || l.src >= job.workers || l.dst >= job.workers) continue;
+      if (l.latency_s && *l.latency_s > 0) latencies[{l.src, l.dst}].push_back(*l.latency_s);
+      // Only bulk transfers tell a link's bandwidth: a small message's busy time is mostly latency (the gradient
+      // norm's 8 bytes would read as a few kbit/s). Their serial time (transport/link_meter.h) is the link's rate
+      // whatever the delay; the busy time, in older records, holds the latency too.
+      if (l.seconds <= 0 || l.messages == 0 || l.wire_bytes / l.messages < kBulkMessageBytes) continue;
+      Traffic& t = traffic[{l.src, l.dst}];
+      t.wire += double(l.wire_bytes);
+      t.seconds += l.seconds;
+      if (l.serial_s && *l.serial_s > 0) {
+        t.serial_wire += double(l.wire_bytes);
+        t.serial += *l.serial_s;
       }
+    }
   }
   std::map<std::pair<int, int>, double> bw, rtt;
-  for (const auto& [pair, t] : traffic) bw[pair] = t.first * 8 / t.second;
+  for (const auto& [pair, t] : traffic) bw[pair] = t.serial > 0 ? t.serial_wire * 8 / t.serial : t.wire * 8 / t.seconds;
+  for (const auto& [pair, v] : latencies) rtt[pair] = 2 * median(v);  // both ways' latency, as the probe's round trip
   for (const auto& e : preflight) {
     if (!e.is_object() || !e.value("ok", false)) continue;
     const int a = e.value("src", -1), b = e.value("dst", -1);

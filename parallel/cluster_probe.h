@@ -16,8 +16,9 @@ namespace lh {
 // Workers: the FLOPs of their slice per step over their median compute seconds (steps after the first; a worker
 // without such a record is an error naming it). Links: `preflight` entries ({"src","dst","ok","rtt_ms","mbps"}, as
 // Coordinator::preflight_json) give bandwidth src → dst and latency = round trip / 2; links they do not cover take
-// the senders' wire bytes over busy seconds of messages of at least 16 KiB, and links with neither the median of
-// the measured ones (latency 0 without a probe). `source` names the records in errors.
+// the senders' wire bytes of messages of at least 16 KiB over their serial seconds (over their busy seconds in records
+// without serial_s) and the median of the senders' one-way latency_s; links with neither the median of the measured
+// ones (latency 0 without a probe or latency_s). `source` names the records in errors.
 Result<Cluster> cluster_from_measurements(const PipelineJobConfig& job, const std::vector<WorkerStepMetrics>& records,
                                           const nlohmann::json& preflight, const std::string& source);
 

@@ -423,6 +423,9 @@ Status PipelineJobConfig::validate() const {
     return invalid_argument("--auto-every " + std::to_string(auto_every) + ": expected 1 or more steps");
   if (!(auto_fit > 0 && auto_fit <= 4))
     return invalid_argument("--auto-fit " + std::to_string(auto_fit) + ": expected a share of the compute in (0, 4]");
+  if (!(auto_tolerance > 0 && auto_tolerance <= 1))
+    return invalid_argument("--auto-tolerance " + std::to_string(auto_tolerance) +
+                            ": expected a share of the step in (0, 1]");
   LH_RETURN_IF_ERROR(codec_plan().status());
   if (compress_grad != "auto") {
     Status g = check_grad_codec_spec(compress_grad);
@@ -482,6 +485,7 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"auto_ladder", auto_ladder},
           {"auto_every", auto_every},
           {"auto_fit", auto_fit},
+          {"auto_tolerance", auto_tolerance},
           {"compress_bwd", compress_bwd},
           {"compress_link", compress_link},
           {"compress_grad", compress_grad},
@@ -522,7 +526,9 @@ std::string PipelineJobConfig::resume_hash() const {
   // How packets travel and how fast machines are, not what is trained.
   for (const char* f : {"data_protection", "links", "slowdown"}) j.erase(f);
   // The codecs auto chose are the job's codec changes, which a checkpoint holds on its own.
-  for (const char* f : {"auto_ladder", "auto_every", "auto_fit", "auto_grad_ladder", "auto_tp_ladder"}) j.erase(f);
+  for (const char* f :
+       {"auto_ladder", "auto_every", "auto_fit", "auto_tolerance", "auto_grad_ladder", "auto_tp_ladder"})
+    j.erase(f);
   // Resolved at planning time ("speed"); a resumed worker's state checks its own blocks and heads.
   j.erase("partition");
   j.erase("tp_split");
@@ -599,6 +605,7 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   if (r.find("auto_ladder")) LH_RETURN_IF_ERROR(r.string("auto_ladder", c.auto_ladder));
   if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
   if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.real("auto_fit", c.auto_fit));
+  if (r.find("auto_tolerance")) LH_RETURN_IF_ERROR(r.real("auto_tolerance", c.auto_tolerance));
   if (r.find("auto_grad_ladder")) LH_RETURN_IF_ERROR(r.string("auto_grad_ladder", c.auto_grad_ladder));
   if (r.find("auto_tp_ladder")) LH_RETURN_IF_ERROR(r.string("auto_tp_ladder", c.auto_tp_ladder));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));

@@ -35,6 +35,7 @@ struct PipelineJobConfig {
   std::string auto_ladder = "none,bf16,int8,int4";
   int auto_every = 10;
   float auto_fit = 0.5f;                   // AutoCodecConfig::fit
+  float auto_tolerance = 0.05f;            // AutoCodecConfig::step_tolerance
   std::vector<std::string> compress_link;  // "1-2:fwd=int4" …
   // Weight gradients between replicas (dp > 1): a spec, or "auto" (also as a --compress-link replica entry): per
   // stage's replica group, the least lossy codec of auto_grad_ladder whose all-reduce fits under --auto-fit of the

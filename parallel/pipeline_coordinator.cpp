@@ -635,6 +635,13 @@ Status PipelineCoordinator::setup_auto_locked() {
     if (!n.ok()) return Status(n.status()).prepend("--auto-ladder entry '" + spec + "' for activations");
     bytes.push_back(uint64_t(*n));
   }
+  // Decisions by the planner's step model: the pipeline simulator over the job's schedule and stages.
+  AutoCodecConfig::Pipeline pipe;
+  pipe.kind = job_.schedule;
+  pipe.stages = topology_.pp();
+  for (int r = 0; r < topology_.workers(); ++r) pipe.stage_of[r] = topology_.coord_of(r).stage;
+  config.pipeline = pipe;
+  config.step_tolerance = job_.auto_tolerance;
   std::vector<AutoCodec::Link> out;
   for (const auto& [l, d] : links) {
     // The link's stand-in pair (tp shard 0, replica 0), as set-codec's messages name it; all its pairs switch.

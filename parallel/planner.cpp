@@ -439,8 +439,7 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
   if (job.dp > 1 && s.grad.rfind("powersgd", 0) == 0)
     return invalid_argument(
         "plan: --compress-grad powersgd is not modelled yet (its two rounds are not a codec chain)");
-  // Codecs: the plan's, with "auto" links settled as auto settles (least lossy that fits under --auto-fit of the
-  // slowest stage's compute per microbatch).
+  // Codecs: the plan's, with "auto" links settled as auto settles.
   std::vector<std::pair<PipelineLink, LinkDir>> autos;
   LH_ASSIGN_OR_RETURN(autos, job.auto_links());
   LH_ASSIGN_OR_RETURN(CodecPlan codecs, job.codec_plan());
@@ -451,31 +450,22 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
   Model m{c, job.train, model_costs(job.train.model), {}, {}};
   if (auto_partition) LH_RETURN_IF_ERROR(improve_partition(m, s).status());
   if (!autos.empty()) {
+    // The auto links chosen together by the predicted step, as auto decides in a running job: the fastest codecs, then
+    // each link on the least lossy codec that keeps the step within --auto-tolerance of the fastest's.
     LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_ladder));
-    for (int round = 0; round < 2; ++round) {  // compute depends a little on the codecs (tp relays): settle twice
-      LH_ASSIGN_OR_RETURN(JobPlan base, m.step(s));
-      double pace = 0;
-      for (int st = 0; st < s.pp; ++st)
-        pace = std::max(pace, base.stage_forward_s[size_t(st)] + base.stage_backward_s[size_t(st)]);
-      for (const auto& [link, dir] : autos) {
-        std::vector<std::string>& slot = dir == LinkDir::kFwd ? s.fwd : s.bwd;
-        const int l = link.from;
-        double bw = 1e300;
-        for (int d = 0; d < s.dp; ++d)
-          for (int t = 0; t < s.tp; ++t) {
-            const int a = (l * s.dp + d) * s.tp + t, b = ((l + 1) * s.dp + d) * s.tp + t;
-            bw = std::min(bw, dir == LinkDir::kFwd ? c.bandwidth(a, b) : c.bandwidth(b, a));
-          }
-        std::vector<uint64_t> bytes;
-        const int64_t rows = (int64_t(job.train.batch / s.dp / s.M) * job.train.model.seq + s.tp - 1) / s.tp;
-        for (const auto& spec : ladder) {
-          LH_ASSIGN_OR_RETURN(double b, m.sizes.bytes(spec, rows, job.train.model.d_model));
-          bytes.push_back(uint64_t(b));
-        }
-        AutoChoice ch = choose_auto_codec(bytes, 0, bw, pace, 1.0, job.auto_fit);
-        slot[size_t(l)] = ladder[size_t(ch.index)];
-      }
-    }
+    auto apply = [&](const std::vector<int>& choice) {
+      for (size_t k = 0; k < autos.size(); ++k)
+        (autos[k].second == LinkDir::kFwd ? s.fwd : s.bwd)[size_t(autos[k].first.from)] = ladder[size_t(choice[k])];
+    };
+    auto step_of = [&](const std::vector<int>& choice) -> Result<double> {
+      apply(choice);
+      LH_ASSIGN_OR_RETURN(JobPlan p, m.step(s));
+      return p.step_s;
+    };
+    LH_ASSIGN_OR_RETURN(JointChoice jc,
+                        choose_jointly(std::vector<int>(autos.size(), int(ladder.size())),
+                                       std::vector<int>(autos.size(), 0), step_of, 1.0, job.auto_tolerance));
+    apply(jc.index);
   }
   // An auto gradient codec settles like auto links: the least lossy of its ladder whose exchange (the slowest
   // stage group's) fits under --auto-fit of the pace; one codec for every group here.

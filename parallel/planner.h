@@ -61,8 +61,8 @@ struct PlanOptions {
 
 // The step of `job` (its grid, partition — "auto" planned as plan_partition() does —, microbatches, schedule, codecs,
 // `--link` rules and `--slowdown` applied on top of the cluster as the emulation does: a rule's rate caps a link, its
-// delay adds to the link's latency) with rank r on cluster worker r. "auto" codecs are predicted as auto settles: the
-// least lossy of the ladder whose transfer fits under --auto-fit of the slowest stage's compute per microbatch.
+// delay adds to the link's latency) with rank r on cluster worker r. "auto" codecs are predicted as auto settles: per
+// link, the least lossy of the ladder whose predicted step is within --auto-tolerance of the fastest codec's there.
 Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& job);
 
 // `--partition auto`: the partition of `job` (its own partition ignored) on `cluster`, rank r on worker r, from the

@@ -261,6 +261,101 @@ TEST(AutoCodec, NoCodecIsTakenBackWithoutTheLinkChanging) {
   EXPECT_EQ(path, (std::vector<std::string>{"int8", "bf16", "int4"}));
 }
 
+// The planner's model decides when the job's pipeline is known: the pipeline simulator's step for each codec of the
+// link, the least lossy within 2% of the fastest. Over 10 Mbit/s with 50 ms (4 stages, 1F1B, 4 microbatches, 2 + 4 ms
+// of compute per microbatch) only int4 is fast enough; the same link under 100 + 200 ms of compute per microbatch
+// hides even `none`, which stays; and a link on int4 goes back to `none` only within 70% of the tolerance.
+// choose_jointly: the fastest choice, then each link on its least lossy entry that keeps the whole step within the
+// tolerance, the links sharing it; hysteresis for entries less lossy than the current.
+TEST(AutoCodec, LinksChosenTogetherShareTheTolerance) {
+  // Two links of a pipeline, 4 stages of 1F1B, 4 microbatches, 10 Mbit/s and 50 ms each; the step by the simulator.
+  const std::vector<uint64_t> bytes = {147528, 73800, 37000, 19656};
+  auto step_with = [&](double fwd, double bps) {
+    return [=](const std::vector<int>& choice) -> Result<double> {
+      PipelineCosts c;
+      c.stage_forward.assign(4, fwd);
+      c.stage_backward.assign(4, 2 * fwd);
+      c.fwd_transfer = {double(bytes[size_t(choice[0])]) * 8 / bps, double(bytes[size_t(choice[1])]) * 8 / bps, 0};
+      c.bwd_transfer.assign(3, 0);
+      c.fwd_latency.assign(3, 0.050);
+      c.bwd_latency.assign(3, 0.050);
+      LH_ASSIGN_OR_RETURN(PipelineSchedule s, PipelineSchedule::build(ScheduleKind::k1F1B, 4, 4));
+      LH_ASSIGN_OR_RETURN(PipelineSimResult r, simulate_pipeline(s, c));
+      return r.makespan;
+    };
+  };
+  // Slow links under fast stages: the fastest is int4 on both; the first link takes int8 within the 5%.
+  auto slow_step = step_with(0.002, 10e6);
+  JointChoice slow = value_of(choose_jointly({4, 4}, {0, 0}, slow_step, 0.7, 0.05));
+  EXPECT_NEAR(slow.fastest_s, value_of(slow_step({3, 3})), 1e-12);
+  EXPECT_EQ(slow.index, (std::vector<int>{2, 3}));
+  EXPECT_LE(slow.step_s, 1.05 * slow.fastest_s);
+  EXPECT_GT(value_of(slow_step({2, 2})), 1.05 * slow.fastest_s);
+  // Stages slow enough to hide the links but for the fill and drain: less lossy codecs, the step within 5% of the
+  // fastest, and no link can take a less lossy entry without leaving the 5%.
+  auto hidden_step = step_with(0.060, 10e6);
+  JointChoice hidden = value_of(choose_jointly({4, 4}, {0, 0}, hidden_step, 0.7, 0.05));
+  EXPECT_LT(hidden.index[0] + hidden.index[1], 6);
+  EXPECT_NEAR(value_of(hidden_step({3, 3})), hidden.fastest_s, 1e-12);
+  EXPECT_NEAR(value_of(hidden_step(hidden.index)), hidden.step_s, 1e-12);
+  EXPECT_LE(hidden.step_s, 1.05 * hidden.fastest_s);
+  for (int k = 0; k < 2; ++k) {
+    if (hidden.index[size_t(k)] == 0) continue;
+    std::vector<int> less = hidden.index;
+    --less[size_t(k)];
+    EXPECT_GT(value_of(hidden_step(less)), 1.05 * hidden.fastest_s) << k;
+  }
+  // Each link alone within 5% would be none + none here; together they would not be.
+  EXPECT_GT(value_of(hidden_step({0, 0})), 1.05 * hidden.fastest_s);
+  // Decided again from its own choice, the same choice: it settles. From int4 on both, a less lossy entry must fit in
+  // relax · tolerance, so the choice is never less lossy in all than from none.
+  for (double fwd : {0.002, 0.010, 0.030, 0.060, 0.100}) {
+    JointChoice from_none = value_of(choose_jointly({4, 4}, {0, 0}, step_with(fwd, 20e6), 0.7, 0.05));
+    EXPECT_EQ(value_of(choose_jointly({4, 4}, from_none.index, step_with(fwd, 20e6), 0.7, 0.05)).index, from_none.index)
+        << fwd;
+    JointChoice from_int4 = value_of(choose_jointly({4, 4}, {3, 3}, step_with(fwd, 20e6), 0.7, 0.05));
+    EXPECT_GE(from_int4.index[0] + from_int4.index[1], from_none.index[0] + from_none.index[1]) << fwd;
+  }
+  // A step that cannot be predicted is an error, and so is a mismatch of sizes.
+  auto broken = [](const std::vector<int>&) -> Result<double> { return invalid_argument("no model"); };
+  EXPECT_FALSE(choose_jointly({4}, {0}, broken, 0.7, 0.05).ok());
+  EXPECT_FALSE(choose_jointly({4, 4}, {0}, step_with(0.002, 10e6), 0.7, 0.05).ok());
+  EXPECT_FALSE(choose_jointly({0}, {0}, broken, 0.7, 0.05).ok());
+}
+
+// AutoCodec with the job's pipeline: the window's measurements become the simulator's costs (each stage's slowest
+// rank's compute, backward twice forward; each auto link's measured rate and latency), and the decision says so.
+TEST(AutoCodec, AJobsPipelineIsSimulatedFromTheWindow) {
+  AutoCodecConfig config;
+  config.every = 2;
+  config.tokens_per_step = 1000;
+  AutoCodecConfig::Pipeline pipe;
+  pipe.kind = ScheduleKind::k1F1B;
+  pipe.stages = 2;
+  pipe.stage_of = {{0, 0}, {1, 1}};
+  config.pipeline = pipe;
+  AutoCodec a(config, {fwd_link({147528, 73800, 37000, 19656})}, /*workers=*/2, /*microbatches=*/4);
+  std::optional<int64_t> due;
+  for (int64_t s = 1; s <= 2; ++s) {
+    LinkTraffic act = sent(0, 1, "act", 4 * 147528, 0.52);
+    act.serial_s = 4 * 147528 * 8 / 10e6;
+    act.latency_s = 0.050;
+    WorkerStepMetrics m0 = record(0, s, 4 * 0.006, {act}), m1 = record(1, s, 4 * 0.006);
+    m0.tokens_per_s = m1.tokens_per_s = 1000 / 0.6;
+    EXPECT_FALSE(a.observe(m0));
+    due = a.observe(m1);
+  }
+  ASSERT_TRUE(due);
+  auto d = a.decide(*due);
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].to, "int4") << d[0].reason;
+  EXPECT_NE(
+      d[0].reason.find("pipeline simulator's step (1f1b, 2 stages, 4 microbatches, every auto link at its measured "
+                       "rate and latency); this link at 10.00 Mbit/s"),
+      std::string::npos)
+      << d[0].reason;
+}
+
 TEST(AutoCodec, LadderAndAutoLinksOfAJob) {
   EXPECT_EQ(value_of(parse_auto_ladder("none,int8")), (std::vector<std::string>{"none", "int8"}));
   EXPECT_NE(parse_auto_ladder("none,,int4").status().message().find("entry ''"), std::string::npos);

@@ -120,7 +120,8 @@ TEST_F(PlanCli, BadInputIsNamed) {
   EXPECT_NE(r.output.find("no grid fits the workers' memory"), std::string::npos) << r.output;
 }
 
-// probe turns a job's metrics into a cluster that plan reads: GFLOP/s from compute_s, bandwidth from bulk sends.
+// probe turns a job's metrics into a cluster that plan reads: GFLOP/s from compute_s, bandwidth from bulk sends (their
+// serial time where the records carry it), latency from the senders' latency_s.
 TEST_F(PlanCli, ProbeWritesAClusterFromMetrics) {
   std::string lines;
   for (int step = 1; step <= 4; ++step)
@@ -136,6 +137,17 @@ TEST_F(PlanCli, ProbeWritesAClusterFromMetrics) {
                        {"wire_bytes", 400000},
                        {"messages", 4},
                        {"seconds", 0.032}}};
+      else  // with the serial time and latency of the link meter: busy 0.232 s, of which 50 ms a message is delay
+        m["links"] = {{{"src", 1},
+                       {"dst", 0},
+                       {"role", "act_grad"},
+                       {"dir", "send"},
+                       {"raw_bytes", 400000},
+                       {"wire_bytes", 400000},
+                       {"messages", 4},
+                       {"seconds", 0.232},
+                       {"serial_s", 0.032},
+                       {"latency_s", 0.050}}};
       lines += m.dump() + "\n";
     }
   const std::string metrics = write("job.jsonl", lines);
@@ -149,6 +161,9 @@ TEST_F(PlanCli, ProbeWritesAClusterFromMetrics) {
   // Worker 1 computed 4x as long for the same two blocks plus the head: slower, but by less than 4x / (head share).
   EXPECT_LT(g1, g0);
   EXPECT_NEAR(c["links"]["matrix"]["bandwidth"][0][1].get<double>(), 400000 * 8 / 0.032, 1e-6 * 1e8);
+  // The rate from the serial time, not the busy time that holds the delay; the latency the meter measured.
+  EXPECT_NEAR(c["links"]["matrix"]["bandwidth"][1][0].get<double>(), 400000 * 8 / 0.032, 1e-6 * 1e8);
+  EXPECT_NEAR(c["links"]["matrix"]["latency"][1][0].get<double>(), 0.050, 1e-9);
   const std::string cluster = write("probed.json", r.output);
   r = run("plan --cluster " + cluster + " " + kModel + " --evaluate --workers 2 --pp 2 --microbatches 4");
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -5,6 +5,7 @@
 
 #include "compress/codec_chain.h"
 #include "core/gpt.h"
+#include "parallel/auto_codec.h"
 #include "parallel/cluster.h"
 #include "parallel/planner.h"
 #include "tests/parallel/result_value.h"
@@ -185,6 +186,59 @@ TEST(Planner, SlowdownAndAutoFollowTheJob) {
   JobPlan a = value_of(evaluate_plan(c, j));
   EXPECT_NE(a.fwd_codec[0], "none");
   EXPECT_NE(a.bwd_codec[0], "none");
+}
+
+// auto links are predicted as auto settles in a job: chosen together, the least lossy codecs whose predicted step is
+// within --auto-tolerance of the fastest's. Over slow, distant links that is within the tolerance of the fastest
+// fixed codec; with a slow stage that hides the links, less lossy codecs.
+TEST(Planner, AutoLinksSettleWithinTheToleranceOfTheFastestStep) {
+  const std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
+  std::map<std::string, int> lossiness;
+  for (const char* slowdown : {"", "1=40"}) {
+    PipelineJobConfig j = pipeline_job(4, 4);
+    j.train.model.d_model = 256;
+    j.links = {"10M,50ms"};
+    if (*slowdown) j.slowdown = {slowdown};
+    Cluster c = Cluster::uniform(4, 10, 1e15, 0);
+    std::vector<double> fixed;
+    std::string steps;
+    for (const std::string& spec : ladder) {
+      j.compress_fwd = j.compress_bwd = spec;
+      fixed.push_back(value_of(evaluate_plan(c, j)).step_s);
+      steps += " " + spec + " " + std::to_string(fixed.back());
+    }
+    j.compress_fwd = j.compress_bwd = "auto";
+    JobPlan a = value_of(evaluate_plan(c, j));
+    EXPECT_LE(a.step_s, (1 + j.auto_tolerance) * *std::min_element(fixed.begin(), fixed.end()))
+        << slowdown << ":" << steps;
+    std::string chosen;
+    for (const auto* codecs : {&a.fwd_codec, &a.bwd_codec})
+      for (const std::string& codec : *codecs) {
+        chosen += " " + codec;
+        lossiness[slowdown] += int(std::find(ladder.begin(), ladder.end(), codec) - ladder.begin());
+      }
+    // None of the links can take a less lossy codec and keep the step within the tolerance.
+    for (size_t l = 0; l < a.fwd_codec.size(); ++l)
+      for (int dir = 0; dir < 2; ++dir) {
+        const std::string& now = (dir == 0 ? a.fwd_codec : a.bwd_codec)[l];
+        const int idx = int(std::find(ladder.begin(), ladder.end(), now) - ladder.begin());
+        if (idx == 0) continue;
+        PipelineJobConfig t = j;
+        t.compress_fwd = t.compress_bwd = "none";
+        for (size_t m = 0; m < a.fwd_codec.size(); ++m)
+          for (int e = 0; e < 2; ++e) {
+            const std::string spec =
+                m == l && e == dir ? ladder[size_t(idx - 1)] : (e == 0 ? a.fwd_codec : a.bwd_codec)[m];
+            t.compress_link.push_back(std::to_string(m) + "-" + std::to_string(m + 1) + (e == 0 ? ":fwd=" : ":bwd=") +
+                                      spec);
+          }
+        EXPECT_GT(value_of(evaluate_plan(c, t)).step_s,
+                  (1 + j.auto_tolerance) * *std::min_element(fixed.begin(), fixed.end()) * (1 - 1e-9))
+            << slowdown << ": link " << l << (dir == 0 ? ":fwd " : ":bwd ") << now << " could be "
+            << ladder[size_t(idx - 1)] << "; chose" << chosen << ";" << steps;
+      }
+  }
+  EXPECT_LT(lossiness["1=40"], lossiness[""]);
 }
 
 // --partition auto: from the speeds (over --slowdown), then blocks moved while the predicted step shrinks — never
