@@ -2386,7 +2386,12 @@ TEST_F(Launch, AutoCompressesTheSlowLinksOnlyAndFollowsReshapingAndSlowdowns) {
   job.token = temp_path("auto.key");
   ASSERT_EQ(run({"keygen", job.token}).code, 0);
   job.out = temp_path("auto_launch.txt");
-  job.launch = spawn(auto_job_args(steps, metrics, {"--key-file", job.token}), job.out);
+  // Every stage's compute eight times as long (a sleep, no CPU): the unlimited link's transfers, which a busy machine's
+  // loopback stretches to a few ms a microbatch (130 Mbit/s beside two busy loops), stay under auto's tolerance of the
+  // step, while int8 on the 5 Mbit/s link would still cost ~7% of it over int4.
+  job.launch = spawn(auto_job_args(steps, metrics,
+                                   {"--key-file", job.token, "--slowdown", "0=8", "--slowdown", "1=8", "--slowdown", "2=8"}),
+                     job.out);
   job.ep = wait_for_line(job.out, "coordinator ", 60s);
   job.ep = job.ep.substr(0, job.ep.find(' '));
   ASSERT_FALSE(job.ep.empty()) << slurp(job.out);
@@ -2411,19 +2416,25 @@ TEST_F(Launch, AutoCompressesTheSlowLinksOnlyAndFollowsReshapingAndSlowdowns) {
     EXPECT_LE(outcome[slow].second, 12) << slow << ": decided late";
   }
   ASSERT_TRUE(outcome.count("1-2:fwd")) << "1-2:fwd was not compressed after it was reshaped to 5 Mbit/s";
-  EXPECT_GT(outcome["1-2:fwd"].second, reshaped - 4) << "1-2:fwd was compressed while it was unlimited";
   EXPECT_NE(outcome["1-2:fwd"].first, "none");
   auto records = read_step_metrics_file(metrics);
   ASSERT_TRUE(records.ok());
   auto sum = summarize_step_metrics(*records);
   ASSERT_TRUE(sum.ok());
+  // While 1-2 was unlimited auto left it alone, or moved it only at a rate its loopback really ran at: a 2-core
+  // machine with a busy neighbour starves the workers' progress threads, and 64 KiB then take 1-7 ms (78-380 Mbit/s
+  // beside one busy loop), which at the fill and drain can be 5% of the step.
+  for (const AutoDecision& d : sum->auto_decisions)
+    if (d.link.rfind("1-2:", 0) == 0 && d.step <= reshaped - 4)
+      EXPECT_LT(d.bandwidth_bps, 300e6) << d.link << " was compressed while it was unlimited, at step " << d.step
+                                        << ": " << d.reason;
   EXPECT_NE(format_step_summary(*sum).find("auto, after step"), std::string::npos);
 
-  // The same job with stage 1 24 times slower: the stage hides 0-1's transfers but for the pipeline's fill and drain,
-  // so 0-1 is compressed less (int8 makes the step ~2% longer than int4 there, within --auto-tolerance's 5%; bf16
-  // ~10%).
+  // The same job with stage 1 three times slower again (24x): the stage hides 0-1's transfers but for the pipeline's
+  // fill and drain, so 0-1 is compressed less (int8 makes the step ~3% longer than int4 there, within
+  // --auto-tolerance's 5%; bf16 ~7%).
   const std::string slowed = temp_path("auto_slowed.jsonl");
-  BinRun b = run(auto_job_args(12, slowed, {"--slowdown", "1=24"}), 600s);
+  BinRun b = run(auto_job_args(12, slowed, {"--slowdown", "0=8", "--slowdown", "1=24", "--slowdown", "2=8"}), 600s);
   ASSERT_EQ(b.code, 0) << b.output;
   const std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
   auto index = [&](const std::string& spec) { return std::find(ladder.begin(), ladder.end(), spec) - ladder.begin(); };
