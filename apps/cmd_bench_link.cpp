@@ -21,7 +21,7 @@
 
 #include "apps/commands.h"
 #include "core/log.h"
-#include "parallel/step_metrics.h"
+#include "metrics/step_metrics.h"
 #include "transport/control_client.h"
 #include "transport/coordinator.h"
 #include "transport/link_shaper.h"

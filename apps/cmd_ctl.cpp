@@ -9,7 +9,7 @@
 #include "apps/commands.h"
 #include "apps/job_cli.h"
 #include "compress/spec.h"
-#include "parallel/link_shapes.h"
+#include "grid/link_shapes.h"
 #include "transport/control_client.h"
 
 namespace lh::app {

@@ -8,9 +8,9 @@
 #include "apps/commands.h"
 #include "apps/launch.h"
 #include "compress/spec.h"
-#include "parallel/metrics_plot.h"
-#include "parallel/metrics_summary.h"
-#include "parallel/step_metrics.h"
+#include "metrics/metrics_plot.h"
+#include "metrics/metrics_summary.h"
+#include "metrics/step_metrics.h"
 
 namespace lh::app {
 namespace {

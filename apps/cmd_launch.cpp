@@ -19,7 +19,7 @@
 #include "apps/job_cli.h"
 #include "apps/launch.h"
 #include "core/log.h"
-#include "parallel/link_shapes.h"
+#include "grid/link_shapes.h"
 #include "transport/link_shaper.h"
 
 namespace lh::app {

@@ -12,10 +12,10 @@
 
 #include "apps/commands.h"
 #include "apps/job_cli.h"
-#include "parallel/auto_codec.h"
-#include "parallel/cluster_probe.h"
-#include "parallel/planner.h"
-#include "parallel/step_metrics.h"
+#include "metrics/step_metrics.h"
+#include "plan/auto_codec.h"
+#include "plan/cluster_probe.h"
+#include "plan/planner.h"
 #include "transport/control_client.h"
 
 namespace lh::app {
@@ -150,7 +150,7 @@ void run_plan(PlanFlags& f, CLI::App* cmd) {
   std::printf("\nrun it (one machine, emulated):\n  %s\n", launch_command(best, train).c_str());
 }
 
-// A cluster description from what a job measured (parallel/cluster_probe.h): a finished job's metrics file, or a
+// A cluster description from what a job measured (plan/cluster_probe.h): a finished job's metrics file, or a
 // running job's coordinator (its pre-flight probe of every pair and the records so far, through `ctl cluster`).
 void run_probe(PlanFlags& f, CLI::App* cmd, const std::string& metrics_path, const std::string& coordinator,
                const SecretFlags& secret_flags) {

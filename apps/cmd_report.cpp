@@ -5,9 +5,9 @@
 #include <string>
 
 #include "apps/commands.h"
-#include "parallel/metrics_plot.h"
-#include "parallel/metrics_summary.h"
-#include "parallel/step_metrics.h"
+#include "metrics/metrics_plot.h"
+#include "metrics/metrics_summary.h"
+#include "metrics/step_metrics.h"
 
 namespace lh::app {
 namespace {

@@ -8,7 +8,7 @@
 #include "apps/commands.h"
 #include "apps/job_cli.h"
 #include "core/log.h"
-#include "parallel/pipeline_worker.h"
+#include "job/pipeline_worker.h"
 
 namespace lh::app {
 namespace {

@@ -13,7 +13,7 @@
 #include "apps/commands.h"
 #include "compress/spec.h"
 #include "core/log.h"
-#include "parallel/metrics_summary.h"
+#include "metrics/metrics_summary.h"
 
 namespace lh::app {
 

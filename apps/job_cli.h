@@ -8,8 +8,8 @@
 #include <string>
 
 #include "apps/model_flags.h"
-#include "parallel/job_config.h"
-#include "parallel/pipeline_coordinator.h"
+#include "job/pipeline_coordinator.h"
+#include "plan/job_config.h"
 #include "transport/job_secret.h"
 
 namespace lh::app {

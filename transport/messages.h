@@ -191,7 +191,7 @@ struct Plan {
   }
 };
 
-// What a worker's pre-flight measured on the data plane towards one peer it must talk to (parallel/peer_probe.h):
+// What a worker's pre-flight measured on the data plane towards one peer it must talk to (comm/peer_probe.h):
 // reachable or not (and why), the round trip of small messages, and its send rate to that peer from a short burst.
 struct PeerProbe {
   int32_t peer = -1;
@@ -401,7 +401,7 @@ struct Rollback {
 };
 
 // coordinator → workers (from `ctl set-link`): one more link shape rule of the job's emulated network
-// (parallel/link_shapes.h: "RATE[,DELAY]" or "LINK[:DIR]=RATE[,DELAY]"), applied at once, after the job's others.
+// (grid/link_shapes.h: "RATE[,DELAY]" or "LINK[:DIR]=RATE[,DELAY]"), applied at once, after the job's others.
 struct SetLink {
   std::string rule;
   template <class A>

@@ -26,9 +26,9 @@
 #include <sstream>
 #include <thread>
 
-#include "parallel/cluster.h"
-#include "parallel/metrics_summary.h"
-#include "parallel/step_metrics.h"
+#include "metrics/metrics_summary.h"
+#include "metrics/step_metrics.h"
+#include "plan/cluster.h"
 #include "tests/integration/netns_support.h"
 #include "transport/allow_list.h"
 #include "transport/job_secret.h"

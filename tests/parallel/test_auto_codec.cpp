@@ -4,8 +4,8 @@
 // Label `parallel`.
 #include <gtest/gtest.h>
 
-#include "parallel/auto_codec.h"
-#include "parallel/job_config.h"
+#include "plan/auto_codec.h"
+#include "plan/job_config.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -2,7 +2,7 @@
 // set-codec at a step boundary). Run by ctest with label `parallel`.
 #include <gtest/gtest.h>
 
-#include "parallel/codec_plan.h"
+#include "grid/codec_plan.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

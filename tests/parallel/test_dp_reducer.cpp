@@ -10,8 +10,8 @@
 #include <map>
 #include <thread>
 
+#include "comm/dp_reducer.h"
 #include "core/rng.h"
-#include "parallel/dp_reducer.h"
 #include "tests/parallel/local_data_plane.h"
 #include "tests/parallel/param_group_util.h"
 #include "tests/parallel/result_value.h"

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "parallel/job_checkpoint.h"
+#include "job/job_checkpoint.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/gpt.h"
-#include "parallel/job_config.h"
+#include "plan/job_config.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -2,7 +2,7 @@
 // axes of size 1 left out (a pipeline-only job keeps "0-1"). Label `parallel`.
 #include <gtest/gtest.h>
 
-#include "parallel/link_name.h"
+#include "grid/link_name.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -3,7 +3,7 @@
 // rule; and `--slowdown` entries. Label `parallel`.
 #include <gtest/gtest.h>
 
-#include "parallel/link_shapes.h"
+#include "grid/link_shapes.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

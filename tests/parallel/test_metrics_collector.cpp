@@ -1,12 +1,11 @@
 // Tests for MetricsCollector: workers' lines validated, written to the job's file, summarised.
 // Run by ctest with label `parallel`.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdio>
 
-#include "parallel/metrics_collector.h"
+#include "metrics/metrics_collector.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -10,7 +10,7 @@
 #include <sstream>
 #include <vector>
 
-#include "parallel/metrics_plot.h"
+#include "metrics/metrics_plot.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

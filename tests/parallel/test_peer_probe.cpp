@@ -1,4 +1,4 @@
-// Tests of the pre-flight probe (parallel/peer_probe.h) over in-process planes on threads: which pairs a grid
+// Tests of the pre-flight probe (comm/peer_probe.h) over in-process planes on threads: which pairs a grid
 // probes, a shaped link's round trip and rate read back, an unreachable peer named within the timeout, and a
 // cancelled probe.
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <memory>
 #include <thread>
 
+#include "comm/peer_probe.h"
 #include "local_data_plane.h"
-#include "parallel/peer_probe.h"
 #include "result_value.h"
 #include "transport/link_shaper.h"
 

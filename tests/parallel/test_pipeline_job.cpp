@@ -4,7 +4,6 @@
 // Label `parallel`.
 #include <gtest/gtest.h>
 #include <unistd.h>
-
 #include <zmq.h>
 
 #include <cmath>
@@ -14,8 +13,8 @@
 
 #include "core/exec.h"
 #include "core/rng.h"
-#include "parallel/pipeline_coordinator.h"
-#include "parallel/pipeline_worker.h"
+#include "job/pipeline_coordinator.h"
+#include "job/pipeline_worker.h"
 #include "tests/parallel/result_value.h"
 #include "transport/control_client.h"
 

@@ -5,8 +5,8 @@
 #include <cmath>
 
 #include "core/rng.h"
-#include "parallel/pipeline_schedule.h"
-#include "parallel/pipeline_sim.h"
+#include "grid/pipeline_schedule.h"
+#include "grid/pipeline_sim.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -5,9 +5,9 @@
 
 #include "compress/codec_chain.h"
 #include "core/gpt.h"
-#include "parallel/auto_codec.h"
-#include "parallel/cluster.h"
-#include "parallel/planner.h"
+#include "plan/auto_codec.h"
+#include "plan/cluster.h"
+#include "plan/planner.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

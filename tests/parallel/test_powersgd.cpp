@@ -5,9 +5,9 @@
 
 #include <cmath>
 
+#include "comm/dp_reducer.h"
+#include "comm/powersgd.h"
 #include "core/rng.h"
-#include "parallel/dp_reducer.h"
-#include "parallel/powersgd.h"
 #include "tests/parallel/param_group_util.h"
 #include "tests/parallel/result_value.h"
 

@@ -10,8 +10,8 @@
 #include <map>
 #include <thread>
 
+#include "comm/process_group.h"
 #include "core/rng.h"
-#include "parallel/process_group.h"
 #include "tests/parallel/local_data_plane.h"
 #include "tests/parallel/result_value.h"
 

@@ -6,8 +6,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "parallel/metrics_summary.h"
-#include "parallel/step_metrics.h"
+#include "metrics/metrics_summary.h"
+#include "metrics/step_metrics.h"
 #include "tests/parallel/result_value.h"
 
 namespace lh {

@@ -4,10 +4,10 @@
 
 #include <set>
 
+#include "grid/parse_number.h"
+#include "grid/partition.h"
+#include "grid/topology.h"
 #include "tests/parallel/result_value.h"
-#include "parallel/parse_number.h"
-#include "parallel/partition.h"
-#include "parallel/topology.h"
 
 namespace lh {
 namespace {

@@ -1,0 +1,25 @@
+# Run by the build (lh_add_library's MAY_INCLUDE): fails when a source of room ROOM includes a header of a project
+# folder outside MAY (a '|'-separated list), naming the file, the line and what the room may include, so an upward
+# include never builds. Writes STAMP when every file passes. Arguments (-D): ROOM, MAY, FOLDERS (every project folder,
+# '|'-separated), FILES ('|'-separated absolute paths), STAMP.
+cmake_minimum_required(VERSION 3.25)
+string(REPLACE "|" ";" may "${MAY}")
+string(REPLACE "|" ";" folders "${FOLDERS}")
+string(REPLACE "|" ";" files "${FILES}")
+list(APPEND may "${ROOM}")
+set(bad "")
+foreach(f IN LISTS files)
+  file(STRINGS "${f}" lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"[a-z_]+/")
+  foreach(line IN LISTS lines)
+    string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]*\"([a-z_]+)/.*" "\\1" dir "${line}")
+    if(dir IN_LIST folders AND NOT dir IN_LIST may)
+      string(STRIP "${line}" line)
+      string(APPEND bad "\n  ${f}: ${line}")
+    endif()
+  endforeach()
+endforeach()
+if(bad)
+  string(REPLACE ";" ", " may_text "${may}")
+  message(FATAL_ERROR "${ROOM}/ may include only ${may_text} (docs/architecture.md); an upward include:${bad}")
+endif()
+file(WRITE "${STAMP}" "ok\n")
