@@ -9,31 +9,12 @@
 #include <map>
 #include <sstream>
 
+#include "transport/link_shaper.h"
+
 namespace lh {
 namespace {
 
 using nlohmann::json;
-
-// A number with an optional suffix: value × the suffix's scale; false when the text is not such a number.
-bool parse_scaled(const std::string& text, const std::vector<std::pair<std::string, double>>& suffixes,
-                  double default_scale, double* out) {
-  const char* begin = text.c_str();
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  if (end == begin) return false;
-  std::string rest(end);
-  while (!rest.empty() && rest.front() == ' ') rest.erase(rest.begin());
-  if (rest.empty()) {
-    *out = v * default_scale;
-    return std::isfinite(*out);
-  }
-  for (const auto& [suffix, scale] : suffixes)
-    if (rest == suffix) {
-      *out = v * scale;
-      return std::isfinite(*out);
-    }
-  return false;
-}
 
 json yaml_to_json(const YAML::Node& n) {
   switch (n.Type()) {
@@ -75,25 +56,33 @@ Result<double> parse_bandwidth(const json& v, const std::string& field) {
   double bps = 0;
   if (v.is_number()) {
     bps = v.get<double>();
-  } else if (!v.is_string() ||
-             !parse_scaled(
-                 v.get<std::string>(),
-                 {{"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"bit", 1}, {"kbit", 1e3}, {"Mbit", 1e6}, {"Gbit", 1e9}}, 1,
-                 &bps)) {
-    return invalid_argument(field + ": '" + (v.is_string() ? v.get<std::string>() : v.dump()) +
-                            "' is not a bandwidth (bits/s: a number, or \"100M\", \"1.5G\", \"800k\")");
+  } else {
+    auto r = v.is_string() ? parse_rate_bps(v.get<std::string>(), "bandwidth") : Result<double>(invalid_argument(""));
+    if (!r.ok())
+      return invalid_argument(field + ": '" + (v.is_string() ? v.get<std::string>() : v.dump()) +
+                              "' is not a bandwidth (bits/s: a number, or \"100M\", \"1.5G\", \"800k\")");
+    bps = *r;
   }
   if (!(bps > 0) || !std::isfinite(bps)) return invalid_argument(field + ": a bandwidth must be > 0, got " + v.dump());
   return bps;
 }
 
-Result<double> parse_latency(const json& v, const std::string& field) {
+Result<double> parse_latency(const json& v, const std::string& field, bool plain_seconds) {
   double s = 0;
   if (v.is_number()) {
     s = v.get<double>();
-  } else if (!v.is_string() || !parse_scaled(v.get<std::string>(), {{"us", 1e-6}, {"ms", 1e-3}, {"s", 1}}, 1, &s)) {
-    return invalid_argument(field + ": '" + (v.is_string() ? v.get<std::string>() : v.dump()) +
-                            "' is not a latency (seconds: a number, or \"40ms\", \"50us\", \"0.1s\")");
+    if (!plain_seconds && s != 0)
+      return invalid_argument(field + ": " + v.dump() + " has no unit: write \"" + v.dump() + "ms\", \"" + v.dump() +
+                              "s\" or \"" + v.dump() + "us\" (plain seconds only in links.matrix, as probe writes it)");
+  } else if (!v.is_string()) {
+    return invalid_argument(field + ": " + v.dump() + " is not a latency (\"40ms\", \"50us\", \"0.1s\")");
+  } else {
+    const std::string text = v.get<std::string>();
+    auto r = parse_duration_s(text, "latency");
+    if (!r.ok() && r.status().message().find("has no unit") != std::string::npos)
+      return Status(r.status()).prepend(field);
+    if (!r.ok()) return invalid_argument(field + ": '" + text + "' is not a latency (\"40ms\", \"50us\", \"0.1s\")");
+    s = *r;
   }
   if (!(s >= 0) || s > 3600) return invalid_argument(field + ": a latency must be in [0, 3600] s, got " + v.dump());
   return s;
@@ -187,7 +176,7 @@ Result<Cluster> Cluster::from_json(const json& j, const std::string& source) {
       *bw = *b;
     }
     if (o.contains("latency")) {
-      auto l = parse_latency(o["latency"], source + ": " + f + ".latency");
+      auto l = parse_latency(o["latency"], source + ": " + f + ".latency", /*plain_seconds=*/false);
       if (!l.ok()) return l.status();
       *lat = *l;
     }
@@ -215,7 +204,7 @@ Result<Cluster> Cluster::from_json(const json& j, const std::string& source) {
         for (size_t b = 0; b < W; ++b) {
           if (a == b) continue;  // a worker's link to itself is not used
           const std::string fe = source + ": " + f + "[" + std::to_string(a) + "][" + std::to_string(b) + "]";
-          auto v = what[0] == 'b' ? parse_bandwidth(rows[a][b], fe) : parse_latency(rows[a][b], fe);
+          auto v = what[0] == 'b' ? parse_bandwidth(rows[a][b], fe) : parse_latency(rows[a][b], fe, /*plain_seconds=*/true);
           if (!v.ok()) return v.status();
           (what[0] == 'b' ? c.bandwidth_ : c.latency_)[a * W + b] = *v;
         }

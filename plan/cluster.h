@@ -57,8 +57,10 @@ class Cluster {
   std::vector<double> bandwidth_, latency_;  // W×W, row = sender
 };
 
-// "100M", "1.5G", 2e8 (bits/s) and "40ms", "50us", 0.04 (seconds), as the cluster file reads them.
+// "100M", "1.5G", 2e8 (bits/s) and "40ms", "50us" (seconds), as the cluster file reads them, in the grammar of --link
+// (transport/link_shaper.h parse_rate_bps, parse_duration_s). A latency that is a plain number is seconds only where
+// `plain_seconds` (links.matrix, which probe writes); elsewhere a number other than 0 is refused naming the units.
 Result<double> parse_bandwidth(const nlohmann::json& v, const std::string& field);
-Result<double> parse_latency(const nlohmann::json& v, const std::string& field);
+Result<double> parse_latency(const nlohmann::json& v, const std::string& field, bool plain_seconds);
 
 }  // namespace lh

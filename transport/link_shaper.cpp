@@ -33,17 +33,11 @@ bool split_number(const std::string& s, double& value, std::string& unit) {
 
 }  // namespace
 
-Result<LinkShape> parse_link_shape(const std::string& text) {
-  LinkShape shape;
-  std::string rate = text, delay;
-  if (auto comma = text.find(','); comma != std::string::npos) {
-    rate = text.substr(0, comma);
-    delay = text.substr(comma + 1);
-  }
+Result<double> parse_rate_bps(const std::string& text, const std::string& what) {
   double v;
   std::string unit;
-  if (!split_number(rate, v, unit) || v < 0)
-    return invalid_argument("link rate '" + rate + "' is not a number of bits per second (e.g. 20M, 1.5G, 800k)");
+  if (!split_number(text, v, unit) || v < 0)
+    return invalid_argument(what + " '" + text + "' is not a number of bits per second (e.g. 20M, 1.5G, 800k)");
   double mult = 1;
   if (!unit.empty() && (unit[0] == 'k' || unit[0] == 'K'))
     mult = 1e3, unit.erase(0, 1);
@@ -52,22 +46,37 @@ Result<LinkShape> parse_link_shape(const std::string& text) {
   else if (!unit.empty() && (unit[0] == 'G' || unit[0] == 'g'))
     mult = 1e9, unit.erase(0, 1);
   if (!(unit.empty() || unit == "bit" || unit == "bps" || unit == "bit/s" || unit == "b"))
-    return invalid_argument("link rate '" + rate + "': unknown unit '" + unit + "' (use k, M, G, optionally + bit)");
-  shape.rate_bps = v * mult;
+    return invalid_argument(what + " '" + text + "': unknown unit '" + unit + "' (use k, M, G, optionally + bit)");
+  return v * mult;
+}
+
+Result<double> parse_duration_s(const std::string& text, const std::string& what) {
+  double v;
+  std::string unit;
+  if (!split_number(text, v, unit) || v < 0)
+    return invalid_argument(what + " '" + text + "' is not a duration (e.g. 30ms, 0.1s, 500us)");
+  if (unit.empty()) {
+    if (v == 0) return 0.0;
+    return invalid_argument(what + " '" + text + "' has no unit: write " + text + "ms, " + text + "s or " + text + "us");
+  }
+  if (unit == "ms") return v * 1e-3;
+  if (unit == "s") return v;
+  if (unit == "us") return v * 1e-6;
+  return invalid_argument(what + " '" + text + "': unknown unit '" + unit + "' (use us, ms or s)");
+}
+
+Result<LinkShape> parse_link_shape(const std::string& text) {
+  LinkShape shape;
+  std::string rate = text, delay;
+  if (auto comma = text.find(','); comma != std::string::npos) {
+    rate = text.substr(0, comma);
+    delay = text.substr(comma + 1);
+  }
+  LH_ASSIGN_OR_RETURN(shape.rate_bps, parse_rate_bps(rate, "link rate"));
   if (!delay.empty()) {
-    if (!split_number(delay, v, unit) || v < 0)
-      return invalid_argument("link delay '" + delay + "' is not a duration (e.g. 30ms, 0.1s, 500us)");
-    double us;
-    if (unit.empty() || unit == "ms")
-      us = v * 1e3;
-    else if (unit == "s")
-      us = v * 1e6;
-    else if (unit == "us")
-      us = v;
-    else
-      return invalid_argument("link delay '" + delay + "': unknown unit '" + unit + "' (use us, ms or s)");
-    if (us > 60e6) return invalid_argument("link delay '" + delay + "' is over a minute");
-    shape.delay = std::chrono::microseconds(int64_t(std::llround(us)));
+    LH_ASSIGN_OR_RETURN(double s, parse_duration_s(delay, "link delay"));
+    if (s > 60) return invalid_argument("link delay '" + delay + "' is over a minute");
+    shape.delay = std::chrono::microseconds(int64_t(std::llround(s * 1e6)));
   }
   return shape;
 }

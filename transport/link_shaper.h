@@ -21,9 +21,16 @@ struct LinkShape {
   std::string to_string() const;       // "20 Mbit/s, 30 ms"
 };
 
-// "RATE[,DELAY]": RATE is bits per second with an optional k/M/G suffix (decimal) and an optional
-// "bit"/"bps"/"bit/s" unit ("20M", "1.5Gbit", "800k"); DELAY is a number with us/ms/s (default ms).
+// "RATE[,DELAY]": RATE and DELAY as parse_rate_bps and parse_duration_s below read them ("20M,30ms", "800k").
 Result<LinkShape> parse_link_shape(const std::string& text);
+
+// One grammar for rates and durations: --link, ctl set-link and cluster files (plan/cluster.h) all read theirs here.
+// A rate is bits per second: a number with an optional k, M or G (K and g too) and an optional bit, bps, bit/s or b
+// ("20M", "1.5Gbit", "800k", "100"). A duration is a number with its unit, us, ms or s ("30ms", "0.1s", "500us"); a
+// bare number other than 0 is refused, naming the units to add (it once meant ms in --link and s in cluster files).
+// `what` names the value in errors ("link delay '40' has no unit: write 40ms, 40s or 40us").
+Result<double> parse_rate_bps(const std::string& text, const std::string& what);
+Result<double> parse_duration_s(const std::string& text, const std::string& what);
 
 // Each (this rank → peer) link is a FIFO wire: a packet starts transmitting when the previous one has
 // left, takes size·8/rate seconds, and reaches the peer `delay` later, when the inner plane actually

@@ -87,6 +87,20 @@ TEST(Cluster, BadDescriptionsNameTheField) {
                "links.default.bandwidth: a bandwidth must be > 0");
   expect_error(err(R"({"workers": [{"gflops": 3}], "links": {"default": {"bandwidth": "1G", "latency": "5 days"}}})"),
                "links.default.latency: '5 days' is not a latency");
+  // A latency needs its unit, as --link's delay does: a bare number (once seconds here, ms in --link) is refused
+  // naming the units, except 0 and the plain seconds of links.matrix that probe writes.
+  expect_error(err(R"({"workers": [{"gflops": 3}], "links": {"default": {"bandwidth": "1G", "latency": 40}}})"),
+               "links.default.latency: 40 has no unit: write \"40ms\", \"40s\" or \"40us\"");
+  expect_error(err(R"({"workers": [{"gflops": 3}], "links": {"default": {"bandwidth": "1G", "latency": "40"}}})"),
+               "links.default.latency: latency '40' has no unit: write 40ms, 40s or 40us");
+  expect_error(Cluster::parse("workers: [{gflops: 3}]\nlinks: {default: {bandwidth: 1G, latency: 40}}", true, "c.yaml")
+                   .status(),
+               "c.yaml: links.default.latency: 40 has no unit");
+  EXPECT_DOUBLE_EQ(value_of(Cluster::parse(R"({"workers": [{"gflops": 3}, {"gflops": 3}], "links": {"default":
+               {"bandwidth": 100, "latency": 0}}})", false, "c.json")).bandwidth(0, 1), 100);  // bits/s, as in --link
+  EXPECT_DOUBLE_EQ(value_of(Cluster::parse(R"({"workers": [{"gflops": 3}, {"gflops": 3}], "links": {"matrix":
+               {"bandwidth": [[0, 1e6], [1e6, 0]], "latency": [[0, 0.04], [0.04, 0]]}}})", false, "c.json")).latency(0, 1),
+                   0.04);
   expect_error(err(R"({"workers": [{"gflops": 3}], "links": {"default": {"bandwidth": "1G"}}})"),
                "links.default: needs both 'bandwidth' and 'latency'");
   expect_error(err(R"({"workers": [{"gflops": 3}, {"gflops": 3}], "links": {"matrix": {"bandwidth": [[0, 1]],

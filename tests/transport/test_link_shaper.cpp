@@ -39,7 +39,14 @@ TEST(LinkShape, Parses) {
   EXPECT_DOUBLE_EQ(c->rate_bps, 800e3);
   EXPECT_EQ(c->delay, 0us);
   EXPECT_EQ(parse_link_shape("100,250us")->delay, 250us);
-  EXPECT_EQ(parse_link_shape("100,7")->delay, 7ms);
+  EXPECT_EQ(parse_link_shape("100,0")->delay, 0us);  // nothing to misread
+  // A bare delay is refused, naming the units (it meant ms here and s in cluster files).
+  auto bare = parse_link_shape("100,7");
+  ASSERT_FALSE(bare.ok());
+  EXPECT_NE(bare.status().message().find("link delay '7' has no unit: write 7ms, 7s or 7us"), std::string::npos)
+      << bare.status().to_string();
+  EXPECT_NE(parse_link_shape("20M,2m").status().message().find("unknown unit 'm' (use us, ms or s)"), std::string::npos);
+  EXPECT_NE(parse_link_shape("20M,90s").status().message().find("link delay '90s' is over a minute"), std::string::npos);
   for (const char* bad : {"", "fast", "20X", "20M,soon", "-5M", "20M,5h", "20M,-1ms"}) {
     auto r = parse_link_shape(bad);
     EXPECT_FALSE(r.ok()) << bad;
