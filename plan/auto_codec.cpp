@@ -75,14 +75,6 @@ AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int curr
   return {pick, t(pick), "no codec's transfer fits under " + budget + "; the fastest: " + ms(t(pick))};
 }
 
-int least_lossy_within(const std::vector<double>& step, int current, double relax, double tolerance) {
-  if (step.empty()) return 0;
-  const double fastest = *std::min_element(step.begin(), step.end());
-  for (int i = 0; i < int(step.size()); ++i)
-    if (step[size_t(i)] <= (1 + (i < current ? relax : 1.0) * tolerance) * fastest) return i;
-  return int(std::min_element(step.begin(), step.end()) - step.begin());
-}
-
 AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int current, double bandwidth_bps,
                              int64_t ops_per_step, double step_s, double relax, double tolerance) {
   const int n = int(bytes_per_op.size());
@@ -96,9 +88,10 @@ AutoChoice choose_step_codec(const std::vector<uint64_t>& bytes_per_op, int curr
   const std::string at =
       std::to_string(ops_per_step) + " transfers a step at " + mbit(bandwidth_bps) + ", step " + ms(step_s);
   auto pct = [](double x) { return std::to_string(int(std::lround(x * 100))) + "%"; };
-  std::vector<double> steps;
-  for (int i = 0; i < n; ++i) steps.push_back(step(i));
-  const int i = least_lossy_within(steps, current, relax, tolerance);
+  // One link's choice by the same rule as a pipeline's links together.
+  auto jc = choose_jointly({n}, {current}, [&](const std::vector<int>& c) -> Result<double> { return step(c[0]); },
+                           relax, tolerance);
+  const int i = jc.ok() ? jc->index[0] : fastest;
   const double limit = (i < current ? relax : 1.0) * tolerance;
   return {i, t(i),
           "step " + ms(step(i)) + " within " + pct(limit) + " of the fastest codec's " + ms(step(fastest)) + " (" + at +

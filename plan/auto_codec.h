@@ -69,10 +69,6 @@ struct AutoChoice {
 AutoChoice choose_auto_codec(const std::vector<uint64_t>& bytes_per_mb, int current, double bandwidth_bps,
                              double compute_s_per_mb, double relax, double fit = 1.0);
 
-// Of the ladder's predicted steps (least lossy first), the least lossy entry within `tolerance` of the fastest (within
-// relax · tolerance when less lossy than `current`: hysteresis). The planner's --evaluate settles auto links by it too.
-int least_lossy_within(const std::vector<double>& step, int current, double relax, double tolerance);
-
 // The choice for a transfer that overlaps no compute (tp partial sums): every op of the step waits for it, so the
 // step is what is minimised within the ladder (the loss budget). `ops_per_step` transfers of bytes_per_op[i] each;
 // `step_s` the measured step with the `current` codec. The least lossy whose predicted step is within `tolerance` of
