@@ -41,6 +41,7 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
       "  longhaul worker --coordinator tcp://<this host>:%s --key-file %s\n",
       (*coord)->endpoint().c_str(), (*coord)->endpoint().substr((*coord)->endpoint().rfind(':') + 1).c_str(),
       key_path.empty() ? "<the job's key file>" : key_path.c_str());
+  print_page_address(**coord, key_path);
   if ((*coord)->resumed_from() > 0)
     std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
                 f.job.checkpoint_dir.c_str());

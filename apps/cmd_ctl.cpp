@@ -1,6 +1,6 @@
 // `longhaul ctl --coordinator ADDR status | set-codec (--link A-B --dir fwd|bwd | --role grad|tp) SPEC | set-link
-// RULE`: talk to a running job's coordinator — print its plan, codecs and measured bandwidth per link, or switch a
-// link's codec live.
+// RULE | page-url`: talk to a running job's coordinator — print its plan, codecs and measured bandwidth per link, or
+// switch a link's codec live.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -210,6 +210,28 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
     else
       std::printf("links reshaped: %s (the job's rules now: %s)\n", f->spec.c_str(),
                   describe_link_rules(j.value("links", std::vector<std::string>())).c_str());
+  });
+
+  auto* page = cmd->add_subcommand(
+      "page-url",
+      "print the address of the job's live page with its token (after #: a browser never sends it; the token reads "
+      "the page and /metrics, nothing else)");
+  page->callback([f] {
+    auto j = request(*f, "status", "");
+    std::string url = j.value("http", std::string());
+    if (url.empty())
+      fail("page-url: the job serves no page: start its coordinator (or launch) with --http ADDR:PORT", 1);
+    // A coordinator bound to every interface names 127.0.0.1: name the host this ctl reached instead.
+    const std::string wildcard = "http://127.0.0.1:";
+    auto at = parse_tcp_endpoint(f->coordinator);
+    if (url.rfind(wildcard, 0) == 0 && at.ok() && at->host != "127.0.0.1" && at->host != "localhost" &&
+        j.value("http_bind", std::string()) == "0.0.0.0")
+      url = "http://" + at->host + ":" + url.substr(wildcard.size());
+    const JobSecret secret = required_secret(f->secret, "ctl");
+    if (f->json)
+      std::printf("%s\n", nlohmann::json{{"url", url}, {"token", secret.page_token()}}.dump().c_str());
+    else
+      std::printf("%s#token=%s\n", url.c_str(), secret.page_token().c_str());
   });
 });
 

@@ -61,6 +61,8 @@ void run_demo(DemoFlags& f, CLI::App* cmd) {
     else
       std::printf("no plot: %s\n", s.message().c_str());
   }
+  std::printf("the page, after the job: `longhaul report %s --html demo.html`, then open demo.html\n",
+              j.metrics.c_str());
   std::printf("next: `longhaul launch --help` for your own jobs, `longhaul train` for the single-process reference\n");
   std::fflush(stdout);
 }
@@ -76,6 +78,7 @@ RegisterCommand reg("", 5, [](CLI::App& app) {
   j.job.train.steps = 120;
   j.job.train.eval_every = 40;
   j.job.links = {"20M,20ms"};
+  j.http = "127.0.0.1:0";  // a live page on a free loopback port (its address is printed; --http '' for none)
   auto* cmd = app.add_subcommand(
       "demo", "a 4-stage job over emulated 20 Mbit/s links with compression: the bytes it saves (~2 min)");
   add_launch_flags(cmd, f->launch, "demo_metrics.jsonl");

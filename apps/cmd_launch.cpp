@@ -253,6 +253,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   std::printf("coordinator %s  (longhaul ctl --coordinator %s --key-file %s status)\n", ep.c_str(), ep.c_str(),
               key_path.empty() ? "<the job's key file>" : key_path.c_str());
   if (wrote_key) std::printf("wrote a new job secret to %s (mode 0600)\n", key_path.c_str());
+  print_page_address(**coord, key_path);
   if ((*coord)->resumed_from() > 0)
     std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
                 f.job.checkpoint_dir.c_str());

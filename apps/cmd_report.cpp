@@ -1,13 +1,17 @@
-// `longhaul report METRICS.jsonl [--png FILE]`: the per-link bytes table (raw vs wire, ratio, busy
+// `longhaul report METRICS.jsonl [--png FILE] [--html FILE]`: the per-link bytes table (raw vs wire, ratio, busy
 // time), the loss and tokens/s summary and codec changes of a job's metrics, optionally plotted.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 
 #include "apps/commands.h"
+#include "metrics/job_history.h"
 #include "metrics/metrics_plot.h"
 #include "metrics/metrics_summary.h"
 #include "metrics/step_metrics.h"
+#include "web/page.h"
 
 namespace lh::app {
 namespace {
@@ -15,6 +19,7 @@ namespace {
 struct ReportOptions {
   std::string metrics;
   std::string png;
+  std::string html;
   int rows = 10;
 };
 
@@ -31,6 +36,13 @@ void run_report(const ReportOptions& o) {
     if (!s.ok()) fail("--png " + o.png + ": " + s.message());
     std::printf("\nwrote %s\n", o.png.c_str());
   }
+  if (!o.html.empty()) {
+    const std::string page = report_page_html(report_page_data(*records, *summary, "report of " + o.metrics));
+    std::FILE* f = std::fopen(o.html.c_str(), "wb");
+    if (!f || std::fwrite(page.data(), 1, page.size(), f) != page.size() || std::fclose(f) != 0)
+      fail("--html " + o.html + ": cannot write it (" + std::string(std::strerror(errno)) + ")");
+    std::printf("\nwrote %s (the live page, with this job's data inside: open it in a browser)\n", o.html.c_str());
+  }
   std::fflush(stdout);
 }
 
@@ -41,6 +53,9 @@ RegisterCommand reg("", 70, [](CLI::App& app) {
       ->required();
   cmd->add_option("--png", opts->png,
                   "also draw loss vs step and cumulative raw vs wire bytes per link into this PNG (needs gnuplot)");
+  cmd->add_option("--html", opts->html,
+                  "also write the job's page (the one `--http` serves live) with this file's data inside, to open in "
+                  "a browser");
   cmd->add_option("--rows", opts->rows, "loss rows in the step summary")
       ->check(CLI::Range(2, 1000))
       ->capture_default_str();

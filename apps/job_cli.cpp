@@ -141,6 +141,11 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "RANK=FACTOR: that worker's forward and backward compute takes FACTOR times as long (it sleeps "
                   "the difference after each); repeat it for several ranks")
       ->group(e);
+  cmd->add_option("--http", f.http,
+                  "serve a live page of the job at ADDR:PORT, with /metrics for Prometheus and /api/status "
+                  "(127.0.0.1:8080; :0 picks a free port; any address beyond 127.0.0.1 needs the page token, "
+                  "which `longhaul ctl page-url` prints: put TLS or an ssh tunnel in front of it)")
+      ->group(g);
   cmd->add_option("--heartbeat-timeout", f.heartbeat_timeout_s, "seconds of silence before a worker is declared dead")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0))
@@ -374,11 +379,22 @@ CoordinatorOptions control_options(const std::string& listen, const JobSecret& s
   return o;
 }
 
+void print_page_address(const PipelineCoordinator& coord, const std::string& key_path) {
+  const HttpServer* http = coord.http();
+  if (!http) return;
+  std::printf("live page: %s  (Prometheus: %smetrics)\n", http->url().c_str(), http->url().c_str());
+  if (http->needs_token())
+    std::printf("  beyond loopback the page needs its token: longhaul ctl --coordinator %s --key-file %s page-url\n",
+                coord.endpoint().c_str(), key_path.empty() ? "<the job's key file>" : key_path.c_str());
+}
+
 PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret) {
   PipelineCoordinatorOptions o;
   o.control = control_options(listen, secret, f.heartbeat_timeout_s);
   o.control.replace_timeout = std::chrono::milliseconds(int64_t(f.replace_timeout_s * 1000));
   o.control.stall_timeout = std::chrono::milliseconds(int64_t(f.stall_timeout_s * 1000));
+  o.http = f.http;
+  o.http_token = secret.page_token();
   if (f.no_relay && f.relay_port > 0) fail("--no-relay and --relay-port exclude each other: choose one", 2);
   o.control.relay = !f.no_relay;
   if (!f.relay_at.empty()) {

@@ -30,6 +30,7 @@ struct JobFlags {
   bool encrypt_data = false, no_data_auth = false;
   double heartbeat_timeout_s = 5;
   double stall_timeout_s = 60;
+  std::string http;  // --http ADDR:PORT: the live page and /metrics
   // The data-plane relay for pairs that cannot connect directly (on the coordinator's host).
   bool no_relay = false;
   int relay_port = 0;  // 0: the control port + 1 (any free port when that is '*')
@@ -68,6 +69,8 @@ JobSecret coordinator_secret(const SecretFlags& f, const std::string& metrics, s
 CoordinatorOptions control_options(const std::string& listen, const JobSecret& secret, double heartbeat_timeout_s);
 // The coordinator's options from the job flags: control (heartbeats, --replace-timeout), metrics, checkpoints.
 PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret);
+// "live page: URL" when the job serves one (--http), with how to get its token when the address needs one.
+void print_page_address(const PipelineCoordinator& coord, const std::string& key_path);
 // After a failed job with checkpoints: "its last checkpoint is step N in DIR; resume it with …" ("" without).
 std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command);
 

@@ -10,8 +10,10 @@
 #include "core/log.h"
 #include "grid/link_name.h"
 #include "grid/link_shapes.h"
+#include "metrics/prometheus_text.h"
 #include "plan/cluster_probe.h"
 #include "plan/planner.h"
+#include "web/page.h"
 
 namespace lh {
 
@@ -91,6 +93,9 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   } else {
     LH_ASSIGN_OR_RETURN(c->collector_, MetricsCollector::open(options.metrics_path));
   }
+  c->history_ = std::make_unique<JobHistory>();
+  for (const WorkerStepMetrics& m : c->collector_->snapshot()) c->history_->observe(m);  // a resumed job's steps
+  c->collector_->set_observer([h = c->history_.get()](const WorkerStepMetrics& m) { h->observe(m); });
   {
     std::lock_guard<std::mutex> lock(c->mu_);
     LH_RETURN_IF_ERROR(c->setup_auto_locked());
@@ -112,6 +117,13 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     if (!s.ok()) LH_LOG_WARN("coordinator: {}", s.message());
   };
   hooks.on_worker_lost = [self](const WorkerInfo& w, const std::string& reason) { self->on_lost(w, reason); };
+  hooks.on_join = [self](const WorkerInfo& w) {
+    ++self->joined_;
+    self->note(std::max<int64_t>(self->collector_->newest_step(), 0), "join",
+               "a worker joined" + (w.join.hostname.empty() ? std::string() : " from " + w.join.hostname) +
+                   (w.join.device.empty() ? std::string() : " (" + w.join.device + ")") +
+                   (w.join.rank >= 0 ? ", asking for rank " + std::to_string(w.join.rank) : std::string()));
+  };
   hooks.on_unreachable = [self](const std::string& why) {
     if (self->claim_failure(why)) self->coordinator_->shutdown(why);
   };
@@ -128,6 +140,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
                : std::string();
   };
   LH_ASSIGN_OR_RETURN(c->coordinator_, Coordinator::start(control, std::move(hooks)));
+  LH_RETURN_IF_ERROR(c->start_http(options));
   return c;
 }
 
@@ -214,12 +227,17 @@ void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason
   // their steps say "done".
   const std::string said = reason.rfind("left: ", 0) == 0 ? reason.substr(6) : reason;
   if (w.state == WorkerInfo::State::kLeft && said == "done") return;
+  ++lost_;
   const std::string host = w.join.hostname.empty() ? "" : " (" + w.join.hostname + ")";
   // No rank: the job itself gave up (no replacement came for a lost worker).
   const std::string why = w.rank < 0 ? reason
                                      : "worker " + std::to_string(w.rank) + host +
                                            (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") +
                                            ": " + said;
+  note(collector_->newest_step(), "lost",
+       w.rank < 0 ? reason
+                  : "worker " + std::to_string(w.rank) + host +
+                        (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") + ": " + said);
   if (!claim_failure(why)) return;
   LH_LOG_ERROR("coordinator: {}", why);
   coordinator_->shutdown(why);
@@ -324,8 +342,10 @@ void PipelineCoordinator::save_shard(const ShardSaved& sh) {
   Status s = store_->commit(sh.step, extra);
   if (!s.ok())
     LH_LOG_ERROR("coordinator: checkpoint of step {} not committed: {}", sh.step, s.message());
-  else
+  else {
     LH_LOG_INFO("coordinator: checkpoint of step {} committed in '{}'", sh.step, store_->dir());
+    note(sh.step, "checkpoint", "checkpoint of step " + std::to_string(sh.step) + " committed");
+  }
 }
 
 bool PipelineCoordinator::on_resume_failed(const ResumeFailed& rf) {
@@ -391,6 +411,10 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
   }
   Status s = collector_->truncate_after(step);
   if (!s.ok()) LH_LOG_WARN("coordinator: metrics after step {} not dropped: {}", step, s.message());
+  history_->truncate_after(step);
+  ++rollbacks_;
+  note(step, "rollback",
+       "epoch " + std::to_string(epoch) + ": back to step " + std::to_string(step) + " (" + reason + ")");
   {
     std::lock_guard<std::mutex> lock(mu_);
     resume_ = std::move(from);
@@ -681,6 +705,7 @@ std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std:
       }
       LH_LOG_INFO("coordinator: auto: replica group {} {} → {} from step {} ({})", d.link, d.from, d.to, d.from_step,
                   d.reason);
+      note(d.from_step, "auto", "replica group " + d.link + " " + d.from + " → " + d.to + ": " + d.reason);
       int sender = -1;
       for (const AutoCodec::Link& l : auto_grad_->links())
         if (l.name == d.link) sender = l.src;
@@ -698,6 +723,7 @@ std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std:
         continue;
       }
       LH_LOG_INFO("coordinator: auto: tp sums {} → {} from step {} ({})", d.from, d.to, d.from_step, d.reason);
+      note(d.from_step, "auto", "tp sums " + d.from + " → " + d.to + ": " + d.reason);
       auto_to_record_[auto_tp_->links().front().src].push_back(auto_decision_to_json(d));
       auto_log_.push_back(d);
     }
@@ -715,6 +741,7 @@ std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std:
       d.from_step = change->from_step;
       coordinator_->broadcast(set_codec_message(*change, topology_));
       LH_LOG_INFO("coordinator: auto: link {} {} → {} from step {} ({})", d.link, d.from, d.to, d.from_step, d.reason);
+      note(d.from_step, "auto", d.link + " " + d.from + " → " + d.to + ": " + d.reason);
       int sender = -1;
       for (const AutoCodec::Link& l : auto_->links())
         if (l.name == d.link) sender = l.src;
@@ -813,7 +840,9 @@ nlohmann::json PipelineCoordinator::status_json() {
           {"links", links},
           {"codec_changes", changes},
           {"auto_decisions", decisions},
-          {"workers", coordinator_->status_json()}};
+          {"workers", coordinator_->status_json()},
+          {"http", http_url()},
+          {"http_bind", http_ ? http_->host() : std::string()}};
 }
 
 std::string PipelineCoordinator::group_label(int stage) const {
@@ -908,8 +937,19 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   // the replicas' and shards' collectives need every member at one step, and a worker that cannot refuses.)
   const int64_t newest = collector_->newest_step();
   if (newest + 2 > codecs_.current_step()) LH_RETURN_IF_ERROR(codecs_.begin_step(newest + 2));
-  if (text("role") == "grad") return set_grad_codec_locked(text("spec"), text("link"), ack_id);
-  if (text("role") == "tp") return set_tp_codec_locked(text("spec"), text("link"), ack_id);
+  if (text("role") == "grad" || text("role") == "tp") {
+    const bool grad = text("role") == "grad";
+    auto r = grad ? set_grad_codec_locked(text("spec"), text("link"), ack_id)
+                  : set_tp_codec_locked(text("spec"), text("link"), ack_id);
+    if (r.ok()) {
+      auto body = nlohmann::json::parse(*r, nullptr, false);
+      const int64_t from = body.is_object() ? body.value("from_step", int64_t(0)) : 0;
+      note(from, "codec",
+           std::string(grad ? "the replicas' gradients" : "the tp sums") +
+               (text("link").empty() ? "" : " of " + text("link")) + " → " + text("spec") + " (ctl set-codec)");
+    }
+    return r;
+  }
   CodecChange change;
   if (j.contains("link")) {
     LH_ASSIGN_OR_RETURN(change, codecs_.request_change(text("link"), text("dir"), text("spec")));
@@ -924,6 +964,8 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
   coordinator_->broadcast(message);
   LH_LOG_INFO("coordinator: link {} {} switches to {} at step {}", change.link.name(), link_dir_name(change.dir),
               change.spec, change.from_step);
+  note(change.from_step, "codec",
+       change.link.name() + ":" + link_dir_name(change.dir) + " → " + change.spec + " (ctl set-codec)");
   return nlohmann::json{{"link", change.link.name()},
                         {"dir", link_dir_name(change.dir)},
                         {"spec", change.spec},
@@ -949,10 +991,12 @@ Result<std::string> PipelineCoordinator::set_link(const std::string& args) {
   job_.links = std::move(next);  // the plans of later epochs carry it
   coordinator_->broadcast(SetLink{rule});
   LH_LOG_INFO("coordinator: link rule '{}' sent to every worker", rule);
+  note(collector_->newest_step(), "set-link", "link rule '" + rule + "' (ctl set-link)");
   return nlohmann::json{{"rule", rule}, {"links", job_.links}}.dump();
 }
 
 PipelineCoordinator::~PipelineCoordinator() {
+  http_.reset();         // no page is served after this
   coordinator_.reset();  // no hook runs after this
   {
     std::lock_guard<std::mutex> lock(writer_mu_);
@@ -1012,6 +1056,147 @@ void PipelineCoordinator::settle_pending_acks(bool ok, const std::string& note) 
     p.body["note"] = note;
     p.reply(ok ? Result<std::string>(p.body.dump()) : Result<std::string>(unavailable("set-codec: " + note)));
   }
+}
+
+// The page's data (web/page.html): the status ctl shows, with the series and events a watcher needs.
+nlohmann::json PipelineCoordinator::page_json() {
+  nlohmann::json st = status_json();
+  const nlohmann::json& control = st["workers"];
+  const PipelineJobConfig j = job();
+  char title[160];
+  std::snprintf(title, sizeof title, "%d stage%s × %d shard%s × %d replica%s · %lld steps", j.pp, j.pp == 1 ? "" : "s",
+                j.tp, j.tp == 1 ? "" : "s", j.dp, j.dp == 1 ? "" : "s", static_cast<long long>(j.train.steps));
+  return {{"mode", "live"},
+          {"title", title},
+          {"step", st["step"]},
+          {"steps", j.train.steps},
+          {"grid", {{"pp", j.pp}, {"tp", j.tp}, {"dp", j.dp}}},
+          {"schedule", st["schedule"]},
+          {"partition", st["partition"]},
+          {"links", st["links"]},
+          {"workers", control.value("workers", nlohmann::json::array())},
+          {"preflight", control.value("preflight", nlohmann::json::array())},
+          {"relay", control.value("relay", nlohmann::json())},
+          {"points", history_->points_json()},
+          {"events", history_->events_json()},
+          {"counters",
+           {{"workers_joined", joined_.load()},
+            {"workers_lost", lost_.load()},
+            {"rollbacks", rollbacks_.load()},
+            {"auth_failures", history_->auth_failures()},
+            {"refused_connections", coordinator_->refused_connections()},
+            {"rejected_messages", coordinator_->rejected()}}}};
+}
+
+// /metrics: names and units as Prometheus' conventions ask (base units, _total on counters, _info for labels).
+std::string PipelineCoordinator::prometheus_text() {
+  PrometheusText p;
+  const std::vector<LinkCounter> counters = history_->counters();
+  auto labels = [](const LinkCounter& c) {
+    return PromLabels{
+        {"link", c.link}, {"role", c.role}, {"codec", c.codec}, {"path", c.relayed ? "relayed" : "direct"}};
+  };
+  p.family("longhaul_link_raw_bytes_total", "counter",
+           "Bytes the tensors sent over a link would take uncompressed in fp32, counted by the sender.");
+  for (const LinkCounter& c : counters) p.sample("longhaul_link_raw_bytes_total", labels(c), c.raw_bytes);
+  p.family("longhaul_link_wire_bytes_total", "counter", "Bytes that crossed a link, counted by the sender.");
+  for (const LinkCounter& c : counters) p.sample("longhaul_link_wire_bytes_total", labels(c), c.wire_bytes);
+  p.family("longhaul_link_messages_total", "counter", "Messages sent over a link.");
+  for (const LinkCounter& c : counters) p.sample("longhaul_link_messages_total", labels(c), c.messages);
+  p.family("longhaul_link_busy_seconds_total", "counter", "Seconds a link was busy with its traffic.");
+  for (const LinkCounter& c : counters) p.sample("longhaul_link_busy_seconds_total", labels(c), c.seconds);
+  const std::vector<LinkGauge> gauges = history_->gauges();
+  p.family("longhaul_link_bandwidth_bytes_per_second", "gauge",
+           "A link's measured rate in its newest step: wire bytes over the link's serial time.");
+  for (const LinkGauge& g : gauges)
+    if (g.bytes_per_s)
+      p.sample("longhaul_link_bandwidth_bytes_per_second", {{"link", g.link}, {"role", g.role}}, *g.bytes_per_s);
+  p.family("longhaul_link_latency_seconds", "gauge", "A link's measured one-way latency in its newest step.");
+  for (const LinkGauge& g : gauges)
+    if (g.latency_s) p.sample("longhaul_link_latency_seconds", {{"link", g.link}, {"role", g.role}}, *g.latency_s);
+  nlohmann::json st = status_json();
+  p.family("longhaul_link_codec_info", "gauge",
+           "The codec each link and direction uses from the next step (always 1).");
+  for (const nlohmann::json& l : st["links"])
+    p.sample("longhaul_link_codec_info",
+             {{"link", l.value("link", "")}, {"dir", l.value("dir", "")}, {"codec", l.value("spec", "")}}, 1.0);
+  const JobHistory::Latest latest = history_->latest();
+  const PipelineJobConfig j = job();
+  p.family("longhaul_step", "gauge", "The newest step any worker reported.");
+  p.sample("longhaul_step", {}, double(latest.step));
+  p.family("longhaul_steps", "gauge", "The steps the job trains.");
+  p.sample("longhaul_steps", {}, double(j.train.steps));
+  if (latest.tokens_per_s && *latest.tokens_per_s > 0) {
+    p.family("longhaul_tokens_per_second", "gauge", "Tokens per second in the newest step a worker reported it.");
+    p.sample("longhaul_tokens_per_second", {}, *latest.tokens_per_s);
+    p.family("longhaul_step_seconds", "gauge", "Seconds of the newest step: its tokens over tokens per second.");
+    p.sample("longhaul_step_seconds", {}, double(j.train.batch) * j.train.model.seq / *latest.tokens_per_s);
+  }
+  if (latest.loss) {
+    p.family("longhaul_loss", "gauge", "Training loss of the newest step that reported one.");
+    p.sample("longhaul_loss", {}, *latest.loss);
+  }
+  if (latest.val_loss) {
+    p.family("longhaul_validation_loss", "gauge", "The newest validation loss.");
+    p.sample("longhaul_validation_loss", {}, *latest.val_loss);
+  }
+  p.family("longhaul_workers", "gauge", "Workers the coordinator knows, by state.");
+  std::map<std::string, int> states;
+  for (const nlohmann::json& w : st["workers"].value("workers", nlohmann::json::array()))
+    ++states[w.value("state", "")];
+  for (const auto& [state, n] : states) p.sample("longhaul_workers", {{"state", state}}, double(n));
+  p.family("longhaul_workers_joined_total", "counter",
+           "Joins the coordinator admitted (rejoins after a rollback too).");
+  p.sample("longhaul_workers_joined_total", {}, joined_.load());
+  p.family("longhaul_workers_lost_total", "counter", "Workers that stopped heartbeating or left before the job's end.");
+  p.sample("longhaul_workers_lost_total", {}, lost_.load());
+  p.family("longhaul_rollbacks_total", "counter", "Rollbacks to the last checkpoint.");
+  p.sample("longhaul_rollbacks_total", {}, rollbacks_.load());
+  p.family("longhaul_data_auth_failures", "gauge",
+           "Packets the workers' data planes refused as unauthenticated in this epoch (each worker's newest count).");
+  p.sample("longhaul_data_auth_failures", {}, history_->auth_failures());
+  p.family("longhaul_control_refused_connections_total", "counter",
+           "Control-plane connections refused by CURVE (no or a wrong job secret).");
+  p.sample("longhaul_control_refused_connections_total", {}, coordinator_->refused_connections());
+  p.family("longhaul_control_rejected_messages_total", "counter",
+           "Control messages refused (a bad token, garbage, an unknown type, a member not joined).");
+  p.sample("longhaul_control_rejected_messages_total", {}, coordinator_->rejected());
+  uint64_t decisions = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    decisions = auto_log_.size();
+  }
+  p.family("longhaul_auto_decisions_total", "counter", "Codec changes adaptive compression (auto) made.");
+  p.sample("longhaul_auto_decisions_total", {}, decisions);
+  if (http_) {
+    p.family("longhaul_http_unauthorized_requests_total", "counter", "Requests to this endpoint without the token.");
+    p.sample("longhaul_http_unauthorized_requests_total", {}, http_->unauthorized());
+  }
+  return p.str();
+}
+
+Status PipelineCoordinator::start_http(const PipelineCoordinatorOptions& options) {
+  if (options.http.empty()) return Status::Ok();
+  auto json_response = [](const nlohmann::json& j) {
+    return HttpResponse{200, "application/json", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+  };
+  std::map<std::string, HttpRoute> routes;
+  // The page itself carries no data (it asks api/page with the token from its URL's fragment).
+  routes["/"] = {[] { return HttpResponse{200, "text/html; charset=utf-8", live_page_html()}; }, false, 0};
+  // At most one answer a second: a client that polls fast costs the job no more than one that polls slowly.
+  routes["/api/page"] = {[this, json_response] { return json_response(page_json()); }, true, 1.0};
+  routes["/api/status"] = {[this, json_response] { return json_response(status_json()); }, true, 1.0};
+  routes["/metrics"] = {[this] {
+                          return HttpResponse{200, PrometheusText::kContentType, prometheus_text()};
+                        },
+                        true, 1.0};
+  HttpServerOptions o;
+  o.listen = options.http;
+  o.token = options.http_token;
+  LH_ASSIGN_OR_RETURN(http_, HttpServer::start(o, std::move(routes)));
+  LH_LOG_INFO("coordinator: the live page is at {} (/metrics for Prometheus{})", http_->url(),
+              http_->needs_token() ? "; beyond loopback every request needs the page token" : "");
+  return Status::Ok();
 }
 
 }  // namespace lh

@@ -4,6 +4,7 @@
 // of any worker lost. Used by `longhaul coordinator` and `longhaul launch`.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -19,10 +20,12 @@
 #include "comm/dp_reducer.h"
 #include "grid/codec_plan.h"
 #include "job/job_checkpoint.h"
+#include "metrics/job_history.h"
 #include "metrics/metrics_collector.h"
 #include "plan/auto_codec.h"
 #include "plan/job_config.h"
 #include "transport/coordinator.h"
+#include "web/http_server.h"
 
 namespace lh {
 
@@ -37,6 +40,10 @@ struct PipelineCoordinatorOptions {
   // --elastic (dp > 1): a lost worker's replica is dropped at the rollback instead of waiting for a replacement
   // (when no standby waits); see PipelineJobConfig::without_replica.
   bool elastic = false;
+  // --http ADDR:PORT: the live page (/), /metrics (Prometheus) and /api/status, /api/page; empty: none. Beyond
+  // loopback every request for data needs `http_token` (JobSecret::page_token) as "Authorization: Bearer …".
+  std::string http;
+  std::string http_token;
 };
 
 class PipelineCoordinator {
@@ -72,6 +79,14 @@ class PipelineCoordinator {
   // `ack_id` non-zero: the SetCodec messages carry it and every worker acknowledges it (CodecApplied).
   Result<std::string> handle_ctl(const std::string& command, const std::string& args, uint64_t ack_id = 0);
   ~PipelineCoordinator();
+
+  // The live page's address ("http://HOST:PORT/"; empty without --http).
+  std::string http_url() const { return http_ ? http_->url() : std::string(); }
+  const HttpServer* http() const { return http_.get(); }
+  // What the page shows (web/page.html's data: status, series, events, counters) and the Prometheus exposition.
+  nlohmann::json page_json();
+  std::string prometheus_text();
+  const JobHistory& history() const { return *history_; }
 
  private:
   // `ctl set-link`: {"rule": "0-1:fwd=5M,80ms"} appended to the job's link rules and sent to every worker.
@@ -161,6 +176,11 @@ class PipelineCoordinator {
   std::map<int, std::vector<nlohmann::json>> auto_to_record_;  // rank → decisions for its next metrics line
   std::vector<AutoDecision> auto_log_;                         // every decision, for ctl status
   std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<JobHistory> history_;  // the page's series and events, /metrics' counters
+  std::atomic<uint64_t> joined_{0}, lost_{0}, rollbacks_{0};
+  void note(int64_t step, const std::string& kind, const std::string& text) { history_->event(step, kind, text); }
+  Status start_http(const PipelineCoordinatorOptions& options);
+  std::unique_ptr<HttpServer> http_;  // stopped first: its handlers read everything above
 };
 
 }  // namespace lh

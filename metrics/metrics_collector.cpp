@@ -98,6 +98,7 @@ Status MetricsCollector::add(int rank, int64_t step, const std::string& json_lin
   lines_.push_back(json_line);
   seen_.insert({rank, step});
   newest_ = std::max(newest_, step);
+  if (observer_) observer_(records_.back());
   return Status::Ok();
 }
 

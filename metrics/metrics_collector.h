@@ -3,6 +3,7 @@
 // Used by the coordinator (launch / `longhaul coordinator`).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,8 @@ class MetricsCollector {
   Status add(int rank, int64_t step, const std::string& json_line);
   static constexpr size_t kMaxKeptBytesPerRank = size_t(256) << 20;
   void set_kept_bytes_per_rank(size_t bytes) { kept_limit_ = bytes; }  // kMaxKeptBytesPerRank unless set
+  // Called with every record add() takes (under the collector's lock: it must not call back into the collector).
+  void set_observer(std::function<void(const WorkerStepMetrics&)> fn) { observer_ = std::move(fn); }
   // Whether worker `rank`'s line for `step` was taken (a checkpoint shard follows its step's metrics).
   bool has(int rank, int64_t step) const;
 
@@ -56,6 +59,7 @@ class MetricsCollector {
   std::map<int, size_t> kept_bytes_;        // worker → bytes of its lines in lines_
   size_t kept_limit_ = kMaxKeptBytesPerRank;
   int64_t newest_ = -1;
+  std::function<void(const WorkerStepMetrics&)> observer_;
 };
 
 }  // namespace lh

@@ -12,7 +12,12 @@ PACKAGES=(
   clang libclang-rt-14-dev libomp-dev
   fortunes fortunes-min
   gnuplot-nox iproute2 nftables procps jq
+  libcivetweb-dev
+  python3-prometheus-client chromium
 )
+# libcivetweb-dev: the coordinator's --http page and /metrics. For the tests: python3-prometheus-client's parser reads
+# /metrics as Prometheus would (the prometheus package would bring a server that starts at boot), and headless
+# chromium runs the live page's script.
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then

@@ -14,7 +14,7 @@ namespace lh {
 namespace {
 
 constexpr char kKdfContext[crypto_kdf_CONTEXTBYTES + 1] = "lhctrl01";
-enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3, kRelayRanks = 4 };
+enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3, kRelayRanks = 4, kPageToken = 5 };
 
 void init_sodium() {
   static const int rc = sodium_init();  // thread-safe, idempotent; −1 only if no randomness is available
@@ -172,6 +172,15 @@ std::string JobSecret::relay_rank_key() const {
   crypto_kdf_derive_from_key(reinterpret_cast<uint8_t*>(key.data()), key.size(), kRelayRanks, kKdfContext,
                              key_.data());
   return key;
+}
+
+std::string JobSecret::page_token() const {
+  init_sodium();
+  uint8_t token[24];
+  crypto_kdf_derive_from_key(token, sizeof(token), kPageToken, kKdfContext, key_.data());
+  char hex[2 * sizeof(token) + 1];
+  sodium_bin2hex(hex, sizeof(hex), token, sizeof(token));
+  return hex;
 }
 
 }  // namespace lh

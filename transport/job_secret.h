@@ -39,6 +39,9 @@ class JobSecret {
   std::string join_proof() const;
   // The key a relay checks each rank's hello with (RelayOptions::rank_key; 32 bytes), derived apart from the others.
   std::string relay_rank_key() const;
+  // The live page's token (`--http`; 48 hex digits), derived apart from the others: it reads the job's page and
+  // /metrics, nothing else, and the secret cannot be recovered from it.
+  std::string page_token() const;
 
  private:
   std::array<uint8_t, kBytes> key_{};

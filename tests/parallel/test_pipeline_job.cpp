@@ -9,13 +9,17 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include "core/exec.h"
 #include "core/rng.h"
 #include "job/pipeline_coordinator.h"
 #include "job/pipeline_worker.h"
+#include "tests/integration/netns_support.h"
 #include "tests/parallel/result_value.h"
+#include "tests/web/http_client.h"
 #include "transport/control_client.h"
 
 namespace lh {
@@ -239,6 +243,143 @@ TEST_F(PipelineJob, TensorShardsSplitByReportedSpeed) {
     const float ref = value_of(trainer->step()).loss;
     EXPECT_NEAR(sum.loss[step - 1].value, ref, 1e-5 * ref) << "step " << step;
   }
+}
+
+// The live page (--http) while a 4-stage job runs, read by headless Chromium: the 3 stage links with codecs and
+// savings, a loss curve that gains points, a set-codec that shows; then /metrics, valid exposition (promtool) whose
+// byte counters equal the job's metrics, and /api/status equal to ctl status. The screenshot goes to the test's
+// temporary folder (its path is printed) for the note.
+TEST_F(PipelineJob, TheLivePageShowsTheJobAndMetricsAgreeWithItsFile) {
+  const int steps = 60;
+  PipelineJobConfig cfg = job(4, steps);
+  PipelineCoordinatorOptions o = coordinator_options();
+  o.http = "127.0.0.1:0";
+  o.metrics_path = ::testing::TempDir() + "lh_live_page_" + std::to_string(getpid()) + ".jsonl";
+  std::filesystem::remove(o.metrics_path);
+  auto coord = value_of(PipelineCoordinator::start(cfg, o));
+  const std::string url = coord->http_url();
+  ASSERT_FALSE(url.empty());
+  const int port = coord->http()->port();
+  std::vector<Status> results(4);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < 4; ++i)
+    workers.emplace_back([&, i] {
+      PipelineWorkerOptions w = worker_options(coord->endpoint());
+      w.link = value_of(parse_link_shape("2M,2ms"));  // a few seconds of job for the browser to watch
+      results[i] = run_pipeline_worker(w);
+    });
+  auto wait_step = [&](int64_t step) {
+    for (int i = 0; i < 3000 && coord->newest_step() < step; ++i) std::this_thread::sleep_for(10ms);
+  };
+  wait_step(2);
+  const bool browser = have_command("chromium");
+  std::string dom1, dom2;
+  int64_t from = -1;
+  if (browser) dom1 = chromium_dom(url);
+  auto reply = coord->handle_ctl("set-codec", R"({"link":"1-2","dir":"fwd","spec":"int4"})");
+  ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+  from = nlohmann::json::parse(*reply)["from_step"].get<int64_t>();
+  wait_step(from + 1);
+  if (browser) {
+    dom2 = chromium_dom(url);
+    const std::string png = ::testing::TempDir() + "lh_live_page.png";
+    EXPECT_TRUE(chromium_screenshot(url, png));
+    std::printf("screenshot of the live page: %s\n", png.c_str());
+  }
+  for (auto& t : workers) t.join();
+  for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.to_string();
+  ASSERT_TRUE(coord->wait(30s).ok());
+  ASSERT_LT(from, steps) << "the job ended before the change applied: the page could not show it";
+
+  if (browser && !(chromium_ran(dom1) && chromium_ran(dom2))) {
+    std::printf("chromium did not run here, so the page's rendering was not checked: %s\n",
+                dom1.substr(0, 2000).c_str());
+  } else if (browser) {
+    auto rows = [](const std::string& dom) {
+      std::map<std::string, std::pair<std::string, double>> r;  // "0-1:fwd" → codec, saved %
+      const std::regex row(
+          "class=\"lh-link\" data-link=\"([^\"]+)\" data-dir=\"([^\"]+)\" data-codec=\"([^\"]*)\" "
+          "data-saved=\"([^\"]+)\"");
+      for (auto it = std::sregex_iterator(dom.begin(), dom.end(), row); it != std::sregex_iterator(); ++it)
+        r[(*it)[1].str() + ":" + (*it)[2].str()] = {(*it)[3], std::stod((*it)[4])};
+      return r;
+    };
+    const auto before = rows(dom1), after = rows(dom2);
+    ASSERT_EQ(before.size(), 6u) << "3 stage links × fwd, bwd:\n" << dom1.substr(0, 3000);
+    for (const char* l : {"0-1", "1-2", "2-3"}) {
+      EXPECT_EQ(before.at(std::string(l) + ":fwd").first, "none");
+      EXPECT_EQ(before.at(std::string(l) + ":bwd").first, "none");
+    }
+    ASSERT_EQ(after.size(), 6u);
+    EXPECT_EQ(after.at("1-2:fwd").first, "int4") << "the set-codec shows on the page";
+    EXPECT_GT(after.at("1-2:fwd").second, 10.0) << "and so do the bytes it saves";
+    EXPECT_EQ(after.at("0-1:fwd").first, "none");
+    const int p1 = std::stoi("0" + dom_attribute(dom1, "id=\"lh-loss\"", "data-points"));
+    const int p2 = std::stoi("0" + dom_attribute(dom2, "id=\"lh-loss\"", "data-points"));
+    EXPECT_GE(p1, 1);
+    EXPECT_GT(p2, p1) << "the loss curve gains points";
+    EXPECT_EQ(dom_attribute(dom2, "id=\"lh-state\"", "data-mode"), "live");
+    EXPECT_NE(dom2.find("ctl set-codec"), std::string::npos) << "the switch is in the event list";
+  } else {
+    std::printf("chromium is not installed (scripts/setup.sh installs it): the page's rendering was not checked\n");
+  }
+
+  std::this_thread::sleep_for(1100ms);  // past the endpoint's one-second cache
+  const std::string metrics = body_of(http_get(port, "/metrics"));
+  ASSERT_FALSE(metrics.empty());
+  MetricsSummary sum = value_of(coord->summary());
+  uint64_t raw = 0, wire = 0;
+  const std::regex sample("^longhaul_link_(raw|wire)_bytes_total\\{[^}]*\\} ([0-9]+)$");
+  std::istringstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, sample)) (m[1] == "raw" ? raw : wire) += std::stoull(m[2]);
+  }
+  EXPECT_EQ(raw, sum.total.raw_bytes) << "/metrics' raw byte counters against the metrics file's";
+  EXPECT_EQ(wire, sum.total.wire_bytes);
+  EXPECT_NE(metrics.find("longhaul_link_codec_info{link=\"1-2\",dir=\"fwd\",codec=\"int4\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("longhaul_step " + std::to_string(steps) + "\n"), std::string::npos);
+  EXPECT_NE(metrics.find("longhaul_workers_lost_total 0\n"), std::string::npos);
+  const std::string file = ::testing::TempDir() + "lh_live_page_metrics_" + std::to_string(getpid()) + ".txt";
+  std::ofstream(file) << metrics;
+  int code = 1;
+  // The format as Prometheus reads it (python3-prometheus-client's parser) and its naming conventions.
+  std::string said = run_capture("/usr/bin/python3 " + source_script("check_prometheus.py") + " < " + file, &code);
+  EXPECT_EQ(code, 0) << "scripts/check_prometheus.py: " << said;
+  EXPECT_EQ(said.rfind("ok: ", 0), 0u) << said;
+  if (have_command("promtool")) {  // Prometheus' own lint, where it is installed
+    said = run_capture("promtool check metrics < " + file, &code);
+    EXPECT_EQ(code, 0) << "promtool check metrics: " << said;
+    EXPECT_EQ(said, "") << "promtool's lint";
+  }
+  std::filesystem::remove(file);
+  const auto status = nlohmann::json::parse(body_of(http_get(port, "/api/status")), nullptr, false);
+  ASSERT_TRUE(status.is_object());
+  const auto ctl = nlohmann::json::parse(value_of(coord->handle_ctl("status", "")));
+  EXPECT_EQ(status["links"], ctl["links"]);
+  EXPECT_EQ(status["step"], ctl["step"]);
+  EXPECT_EQ(status["http"], url);
+  coord.reset();
+  std::filesystem::remove(o.metrics_path);
+}
+
+// Bound beyond loopback, the coordinator's data needs the page token (the page itself carries none).
+TEST_F(PipelineJob, ThePageBeyondLoopbackNeedsItsToken) {
+  PipelineCoordinatorOptions o = coordinator_options();
+  o.http = "0.0.0.0:0";
+  o.http_token = "page-token-for-the-test";
+  auto coord = value_of(PipelineCoordinator::start(job(2, 2), o));
+  const int port = coord->http()->port();
+  EXPECT_EQ(status_of(http_get(port, "/")), 200);
+  for (const char* path : {"/metrics", "/api/status", "/api/page"}) {
+    EXPECT_EQ(status_of(http_get(port, path)), 401) << path;
+    EXPECT_EQ(status_of(http_get(port, path, "Authorization: Bearer page-token-for-the-test\r\n")), 200) << path;
+  }
+  EXPECT_EQ(status_of(http_get(port, "/etc/passwd")), 404);
+  o.http_token.clear();
+  auto refused = PipelineCoordinator::start(job(2, 2), o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("needs the job's page token"), std::string::npos);
 }
 
 TEST_F(PipelineJob, ASilentWorkerStopsTheJobNamingIt) {
