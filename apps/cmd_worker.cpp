@@ -1,11 +1,26 @@
-// `longhaul worker --coordinator tcp://HOST:PORT`: one worker process of a pipeline job (its stage, codecs and
-// training settings come from the coordinator's plan). Started by users on each machine and by `launch`.
+// `longhaul worker --coordinator tcp://HOST:PORT` (or `--from-env`): one worker process of a pipeline job (its stage,
+// codecs and training settings come from the coordinator's plan). Started by users on each machine and by `launch`.
+#include <netdb.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include "apps/commands.h"
+#include "apps/from_env.h"
 #include "apps/job_cli.h"
 #include "core/log.h"
 #include "job/pipeline_worker.h"
@@ -28,13 +43,86 @@ struct WorkerFlags {
   std::string data_bind;
   bool relay_only = false;
   bool no_allow_list = false;
+  bool from_env = false, show_place = false, start_coordinator = false;
+  std::vector<std::string> coordinator_args;  // after --: the job flags of the coordinator --start-coordinator starts
 };
 
+// True when something accepts a TCP connection at host:port within a second (a coordinator already listening).
+bool listening(const std::string& host, int port) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) return false;
+  bool ok = false;
+  for (addrinfo* a = res; a && !ok; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof(err);
+      ok = ::poll(&p, 1, 1000) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  freeaddrinfo(res);
+  return ok;
+}
+
+// --start-coordinator at rank 0: `longhaul coordinator` as a child process on the place's port, with the job flags
+// given after --, unless a coordinator already listens there (then this worker joins it). Returns its pid (0: none).
+pid_t start_coordinator(const WorkerFlags& f, const EnvPlace& place) {
+  if (listening(place.coordinator_host, place.coordinator_port)) {
+    std::printf("a coordinator already listens at %s: joining it\n", place.coordinator.c_str());
+    return 0;
+  }
+  std::vector<std::string> args = {self_exe(), "coordinator", "--listen",
+                                   "tcp://0.0.0.0:" + std::to_string(place.coordinator_port)};
+  if (std::find(f.coordinator_args.begin(), f.coordinator_args.end(), "--workers") == f.coordinator_args.end())
+    args.insert(args.end(), {"--workers", std::to_string(place.world)});
+  if (!f.secret.key_file.empty()) args.insert(args.end(), {"--key-file", f.secret.key_file});
+  args.insert(args.end(), f.coordinator_args.begin(), f.coordinator_args.end());
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) fail(std::string("--start-coordinator: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // never outlives the worker that started it
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    std::fprintf(stderr, "longhaul worker --start-coordinator: cannot run %s: %s\n", argv[0], std::strerror(errno));
+    _exit(127);
+  }
+  std::printf("started the job's coordinator (pid %d) on port %d\n", int(pid), place.coordinator_port);
+  std::fflush(stdout);
+  return pid;
+}
+
 void run_worker(const WorkerFlags& f) {
-  if (f.coordinator.rfind("tcp://", 0) != 0 || f.coordinator.rfind(':') <= 6)
-    fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
   PipelineWorkerOptions o;
-  o.coordinator = f.coordinator;
+  std::optional<EnvPlace> place;
+  if (f.from_env) {
+    if (f.rank >= 0) fail("--rank and --from-env both give this worker's rank: choose one", 2);
+    auto p = place_from_env([](const char* name) { return std::getenv(name); }, scontrol_hostnames, f.coordinator);
+    if (!p.ok()) fail("--from-env: " + p.status().message(), 2);
+    place = *p;
+    std::printf("--from-env: %s\n", place->describe().c_str());
+    std::fflush(stdout);
+    if (f.show_place) return;
+    o.coordinator = place->coordinator;
+  } else {
+    if (f.show_place) fail("--show-place shows what --from-env reads: give --from-env", 2);
+    if (f.start_coordinator) fail("--start-coordinator needs --from-env (it starts the coordinator at rank 0)", 2);
+    if (f.coordinator.empty()) fail("--coordinator tcp://HOST:PORT is required (or --from-env)", 2);
+    if (f.coordinator.rfind("tcp://", 0) != 0 || f.coordinator.rfind(':') <= 6)
+      fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
+    o.coordinator = f.coordinator;
+  }
+  if (!f.coordinator_args.empty() && !f.start_coordinator)
+    fail("the arguments after -- are the job flags of --start-coordinator's coordinator: give --start-coordinator", 2);
   o.hostname = f.hostname;
   if (o.hostname.empty()) {
     // Several workers may share a machine: the pid tells them apart in the coordinator's messages.
@@ -67,7 +155,7 @@ void run_worker(const WorkerFlags& f) {
     o.ucx.relay_only = true;
   }
   o.allow_list = !f.no_allow_list;
-  o.rank = f.rank;
+  o.rank = place ? place->rank : f.rank;
   o.connect_timeout = std::chrono::milliseconds(int64_t(f.connect_timeout_s * 1000));
   if (!f.link.empty()) {
     auto shape = parse_link_shape(f.link);
@@ -86,14 +174,62 @@ void run_worker(const WorkerFlags& f) {
     name_this_process("longhaul-w" + std::to_string(rank));
     set_log_role("worker " + std::to_string(rank) + " " + host);
   };
+  const pid_t coordinator = place && f.start_coordinator && place->rank == 0 ? start_coordinator(f, *place) : 0;
+  // The coordinator this worker started is watched: one that fails (a bad job flag after --, a port taken) ends
+  // this worker too, at once, rather than leaving it to wait for a coordinator that will never answer.
+  std::atomic<bool> worker_done{false};
+  std::atomic<int> coordinator_code{-1};
+  std::thread watch;
+  if (coordinator > 0)
+    watch = std::thread([&] {
+      int st = 0;
+      const pid_t none = 0;
+      while (waitpid(coordinator, &st, WNOHANG) == none) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+      coordinator_code = code;
+      if (code != 0 && !worker_done) {
+        std::fprintf(stderr,
+                     "longhaul: error: the job's coordinator (pid %d) exited with code %d before the job "
+                     "ended; this worker stops\n",
+                     int(coordinator), code);
+        std::fflush(nullptr);
+        std::_Exit(code);
+      }
+    });
   Status s = run_pipeline_worker(o);
+  worker_done = true;
+  if (coordinator > 0) {
+    // The coordinator ends with the job; a worker that failed tells it to stop first.
+    if (!s.ok()) kill(coordinator, SIGTERM);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (coordinator_code < 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (coordinator_code < 0) kill(coordinator, SIGKILL);
+    watch.join();
+    const int code = coordinator_code;
+    if (s.ok() && code != 0)
+      fail("the job's coordinator (pid " + std::to_string(coordinator) + ") exited with code " + std::to_string(code),
+           code);
+  }
   if (!s.ok()) fail("worker " + o.hostname + ": " + s.message());
 }
 
 RegisterCommand reg("", 40, [](CLI::App& app) {
   auto f = std::make_shared<WorkerFlags>();
   auto* cmd = app.add_subcommand("worker", "join a pipeline job's coordinator and train the stage it assigns");
-  cmd->add_option("--coordinator", f->coordinator, "the coordinator's tcp://HOST:PORT")->required();
+  cmd->add_option("--coordinator", f->coordinator,
+                  "the coordinator's tcp://HOST:PORT (required unless --from-env finds it)");
+  cmd->add_flag("--from-env", f->from_env,
+                "take this worker's rank, the job's size and the coordinator's address from its launcher: Slurm "
+                "(SLURM_PROCID, SLURM_NTASKS, the first host of SLURM_JOB_NODELIST), torchrun (RANK, WORLD_SIZE, "
+                "MASTER_ADDR, port MASTER_PORT + 1) or a Kubernetes Indexed Job (JOB_COMPLETION_INDEX, "
+                "LH_WORLD_SIZE, LH_SERVICE); LH_COORDINATOR, LH_COORDINATOR_PORT and LH_ENGINE override");
+  cmd->add_flag("--show-place", f->show_place, "with --from-env: print the place it found and exit");
+  cmd->add_flag("--start-coordinator", f->start_coordinator,
+                "with --from-env, at rank 0: start the job's coordinator beside this worker (the job flags follow "
+                "--; --workers is the job's size), unless one already listens at the address");
+  cmd->add_option("coordinator_args", f->coordinator_args,
+                  "after --: the job flags of the coordinator --start-coordinator starts, e.g. -- --pp 4 --steps 100");
   add_secret_flags(cmd, f->secret);
   cmd->add_option("--hostname", f->hostname, "name shown by the coordinator (default: host and pid)");
   cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
