@@ -234,10 +234,7 @@ void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason
                                      : "worker " + std::to_string(w.rank) + host +
                                            (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") +
                                            ": " + said;
-  note(collector_->newest_step(), "lost",
-       w.rank < 0 ? reason
-                  : "worker " + std::to_string(w.rank) + host +
-                        (w.state == WorkerInfo::State::kDead ? " stopped heartbeating" : " left") + ": " + said);
+  note(collector_->newest_step(), "lost", why);
   if (!claim_failure(why)) return;
   LH_LOG_ERROR("coordinator: {}", why);
   coordinator_->shutdown(why);

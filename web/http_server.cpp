@@ -69,7 +69,7 @@ bool loopback_host(const char* header) {
   if (!header) return false;
   std::string host(header);
   if (const size_t colon = host.rfind(':'); colon != std::string::npos) host.resize(colon);
-  return host == "localhost" || host.rfind("127.", 0) == 0;
+  return host == "localhost" || HttpAddress{host, 0}.loopback();
 }
 
 }  // namespace

@@ -54,24 +54,8 @@ inline std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-// `$LH_BIN args...` with stdout and stderr into `out`.
-inline pid_t spawn(const std::vector<std::string>& args, const std::string& out) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    std::vector<char*> argv = {const_cast<char*>(bin())};
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(bin(), argv.data());
-    _exit(127);
-  }
-  return pid;
-}
-
-// `$LH_BIN args...` like spawn(), with `env` set in its environment (an empty value unsets the variable).
+// `$LH_BIN args...` with stdout and stderr into `out`, and `env` set in its environment (an empty value unsets the
+// variable).
 inline pid_t spawn_env(const std::vector<std::string>& args, const std::string& out,
                        const std::map<std::string, std::string>& env) {
   pid_t pid = fork();
@@ -93,6 +77,10 @@ inline pid_t spawn_env(const std::vector<std::string>& args, const std::string& 
     _exit(127);
   }
   return pid;
+}
+
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& out) {
+  return spawn_env(args, out, {});
 }
 
 // The exit code, or -1 when it had to be killed after `timeout`, or 128+signal.

@@ -8,6 +8,7 @@
 
 #include "tests/integration/launch_util.h"
 #include "tests/web/http_client.h"
+#include "web/http_server.h"
 
 namespace lh {
 namespace {
@@ -138,17 +139,9 @@ TEST_F(FromEnv, ATorchrunStyleJobReproducesLaunch) {
 
   const std::string key = make_key("from_env");
   // A free port for the coordinator (torchrun's store would take the one below it, MASTER_PORT).
-  const int master_port = [] {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    ::close(fd);
-    return int(ntohs(a.sin_port)) - 1;
-  }();
+  auto free_port = free_tcp_port("127.0.0.1");
+  ASSERT_TRUE(free_port.ok()) << free_port.status().to_string();
+  const int master_port = *free_port - 1;
   std::vector<std::string> job = {"--pp", "3", "--microbatches", "4", "--metrics", got};
   for (const std::string& m : model_flags(steps)) job.push_back(m);
   std::vector<pid_t> pids;
