@@ -14,10 +14,13 @@ PACKAGES=(
   gnuplot-nox iproute2 nftables procps jq
   libcivetweb-dev
   python3-prometheus-client chromium
+  slurm-wlm munge openssh-server openssh-client
 )
 # libcivetweb-dev: the coordinator's --http page and /metrics. For the tests: python3-prometheus-client's parser reads
 # /metrics as Prometheus would (the prometheus package would bring a server that starts at boot), and headless
-# chromium runs the live page's script.
+# chromium runs the live page's script. slurm-wlm, munge and openssh-server: the launchers' tests start their own
+# one-node Slurm cluster and sshd in the foreground (tests/integration/test_slurm.cpp, test_ssh_launch.cpp); the
+# packages' own services are never started (policy-rc.d below).
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
@@ -35,5 +38,17 @@ if [ "${#missing[@]}" -eq 0 ]; then
 fi
 echo "setup.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# Installing slurm-wlm, munge or openssh-server would start their services (slurmctld, slurmd, munged, sshd) on a
+# machine that runs an init system: a policy-rc.d that refuses every start (exit 101) holds them back while apt runs,
+# and is removed after, unless one was there already.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
+  $SUDO chmod 755 "$policy"
+  own_policy=1
+fi
+cleanup() { if [ "$own_policy" = 1 ]; then $SUDO rm -f "$policy"; fi; }
+trap cleanup EXIT
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
