@@ -50,12 +50,20 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
   std::signal(SIGTERM, on_stop_signal);
   int64_t printed = 0;
   Status result = unavailable("not finished");
+  bool preempting = false;
   for (;;) {
     result = (*coord)->wait(std::chrono::milliseconds(200));
     if (result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout")
       break;
     print_progress(**coord, job.train.steps, printed, job.dp);
-    if (g_stop_signal) {
+    if (g_stop_signal == SIGTERM && !preempting) {
+      // What a scheduler sends before its kill: checkpoint and stop (a second signal stops at once).
+      preempting = true;
+      g_stop_signal = 0;
+      std::printf("\nSIGTERM: the job saves a checkpoint and stops (send it again to stop at once)\n");
+      std::fflush(stdout);
+      (*coord)->preempt("the coordinator was sent SIGTERM");
+    } else if (g_stop_signal) {
       std::printf("\nstopping: signal %d; the workers are told to stop\n", int(g_stop_signal));
       result = unavailable("interrupted by signal " + std::to_string(g_stop_signal));
       (*coord)->stop("the coordinator was stopped by signal " + std::to_string(g_stop_signal));
@@ -66,6 +74,8 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
   print_job_summary(**coord, f.job.metrics);
   if (!result.ok()) {
     const std::string hint = resume_hint(**coord, f.job, "coordinator");
+    if ((*coord)->preempted())  // EX_TEMPFAIL: try again (a scheduler's requeue, or the same command with --resume)
+      fail("the job stopped: " + result.message() + (hint.empty() ? "" : "\n" + hint), kPreemptedExitCode);
     fail("the job failed: " + result.message() + (hint.empty() ? "" : "\n" + hint));
   }
 }

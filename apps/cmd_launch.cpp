@@ -1,5 +1,6 @@
 // `longhaul launch --workers S --pp S [job flags] [--link RATE[,DELAY] | --netns RATE]`: a whole pipeline job on
 // this machine — the coordinator in this process, S `longhaul worker` processes — stopped together on failure.
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
@@ -11,11 +12,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/hostfile.h"
 #include "apps/job_cli.h"
 #include "apps/launch.h"
 #include "core/log.h"
@@ -39,14 +42,23 @@ std::string describe_exit(int st) {
   return "stopped";
 }
 
-// The worker processes: started in this process group with a parent-death signal, so none outlives launch.
+// The worker processes: started in this process group with a parent-death signal, so none outlives launch. A remote
+// worker (`label` given: the argv is an ssh command) gets the secret on its standard input, which stays open while it
+// runs (closing it stops the worker: ssh does not forward signals), and its output comes back prefixed with `label`.
 class WorkerGroup {
  public:
-  ~WorkerGroup() { stop(3s); }
+  ~WorkerGroup() {
+    stop(3s);
+    for (std::thread& t : readers_) t.join();
+  }
   Result<pid_t> start(const std::vector<std::string>& argv, const std::vector<std::string>& prefix,
-                      const std::string& secret) {
+                      const std::string& secret, const std::string& label = "") {
     std::vector<std::string> all = prefix;
     all.insert(all.end(), argv.begin(), argv.end());
+    int in[2] = {-1, -1}, out[2] = {-1, -1};
+    if (!label.empty() && (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0))
+      return io_error(std::string("pipe: ") + std::strerror(errno));
+    std::fflush(nullptr);
     const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) return io_error("fork failed");
@@ -55,8 +67,15 @@ class WorkerGroup {
       if (getppid() != parent) _exit(126);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      setenv("LH_JOB_KEY", secret.c_str(), 1);  // not on the command line, where `ps` shows it
       unsetenv("LH_JOB_TOKEN");
+      if (label.empty()) {
+        setenv("LH_JOB_KEY", secret.c_str(), 1);  // not on the command line, where `ps` shows it
+      } else {
+        unsetenv("LH_JOB_KEY");
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        dup2(out[1], 2);
+      }
       std::vector<char*> args;
       for (auto& a : all) args.push_back(const_cast<char*>(a.c_str()));
       args.push_back(nullptr);
@@ -66,6 +85,15 @@ class WorkerGroup {
     }
     pids_.push_back(pid);
     status_[pid] = -1;
+    if (!label.empty()) {
+      ::close(in[0]);
+      ::close(out[1]);
+      const std::string line = secret + "\n";
+      if (::write(in[1], line.data(), line.size()) != ssize_t(line.size()))
+        return io_error("could not hand the job secret to " + label + ": " + std::strerror(errno));
+      stdin_[pid] = in[1];
+      readers_.emplace_back([fd = out[0], tag = "[" + label + "] "] { prefix_lines(fd, tag); });
+    }
     return pid;
   }
   // A worker that was replaced: its exit is no longer the job's failure.
@@ -109,9 +137,13 @@ class WorkerGroup {
     }
     return true;
   }
-  // SIGTERM, then SIGKILL after `grace`; reaps everything.
+  // Remote workers' channels closed (they stop), then SIGTERM, then SIGKILL after `grace`; reaps everything.
   void stop(std::chrono::milliseconds grace) {
+    const bool remote = !stdin_.empty();
+    for (auto& [pid, fd] : stdin_) ::close(fd);
+    stdin_.clear();
     if (all_exited()) return;
+    if (remote && wait_all(grace)) return;
     for (pid_t p : pids_)
       if (status_[p] == -1) kill(p, SIGTERM);
     if (wait_all(grace)) return;
@@ -123,8 +155,37 @@ class WorkerGroup {
   }
 
  private:
+  // One remote worker's output, a line at a time with its label in front, until the channel closes.
+  static void prefix_lines(int fd, const std::string& tag) {
+    static std::mutex mu;
+    std::string pending;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n > 0) pending.append(buf, size_t(n));
+      size_t start = 0;
+      for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+        std::lock_guard<std::mutex> lock(mu);
+        std::fwrite(tag.data(), 1, tag.size(), stdout);
+        std::fwrite(pending.data() + start, 1, nl + 1 - start, stdout);
+        std::fflush(stdout);
+      }
+      pending.erase(0, start);
+      if (n <= 0) break;
+    }
+    if (!pending.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      std::printf("%s%s\n", tag.c_str(), pending.c_str());
+      std::fflush(stdout);
+    }
+    ::close(fd);
+  }
+
   std::vector<pid_t> pids_;
   std::map<pid_t, int> status_;
+  std::map<pid_t, int> stdin_;  // remote workers: the write end of their standard input
+  std::vector<std::thread> readers_;
   std::vector<std::pair<pid_t, int>> abnormal_;
   std::set<pid_t> forgiven_;
 };
@@ -226,6 +287,38 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     if (std::system(up.c_str()) != 0) fail("--netns: could not build the namespaces with " + wan.script);
     listen = "tcp://" + wan.subnet + ".254:*";
   }
+  // --hosts: the workers start on the hostfile's machines over ssh; the coordinator listens where they reach it.
+  std::vector<HostSlot> slots;
+  std::vector<std::string> ssh;
+  std::string coordinator_host = "127.0.0.1";
+  if (!f.hosts.empty()) {
+    if (!f.netns.empty() || f.nat_sites > 0 || f.job.elastic)
+      fail("--hosts starts the workers on other machines: it takes no --netns, --nat-sites or --elastic", 2);
+    auto read = read_hostfile(f.hosts);
+    if (!read.ok()) fail(read.status().message(), 2);
+    slots = std::move(read).value();
+    if (int(slots.size()) < job.workers)
+      fail("--hosts '" + f.hosts + "' has " + std::to_string(slots.size()) + " slots, fewer than the job's " +
+               std::to_string(job.workers) + " workers",
+           2);
+    slots.resize(size_t(job.workers));
+    auto words = ssh_words(f.ssh);
+    if (!words.ok()) fail(words.status().message(), 2);
+    ssh = std::move(words).value();
+    const bool all_loopback =
+        std::all_of(slots.begin(), slots.end(), [](const HostSlot& h) { return loopback_host(h.host); });
+    if (!f.coordinator_host.empty()) {
+      coordinator_host = f.coordinator_host;
+    } else if (!all_loopback) {
+      char name[256] = {0};
+      gethostname(name, sizeof(name) - 1);
+      coordinator_host = name;
+    }
+    if (!cmd->get_option("--listen")->count() && !all_loopback) listen = "tcp://0.0.0.0:*";
+  } else if (!f.coordinator_host.empty() || cmd->get_option("--ssh")->count() ||
+             cmd->get_option("--remote-longhaul")->count()) {
+    fail("--coordinator-host, --ssh and --remote-longhaul go with --hosts FILE", 2);
+  }
   std::string key_path;
   bool wrote_key = false;
   const JobSecret secret = coordinator_secret(f.job.secret, f.job.metrics, &key_path, &wrote_key);
@@ -237,14 +330,24 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
   if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
   job = (*coord)->job();  // an --elastic job resumed with fewer replicas than its flags say
   const std::string ep = (*coord)->endpoint();
+  // What the workers connect to: the endpoint as bound, or this machine's name for it when it listens on every
+  // interface (--hosts beyond loopback).
+  const std::string worker_ep =
+      slots.empty() ? ep : "tcp://" + coordinator_host + ep.substr(ep.rfind(':'));
   std::printf(
       "longhaul launch: %s, %d workers (pp %d × tp %d × dp %d, %d thread%s each), %lld steps, schedule %s, %d "
       "microbatches\n",
       job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp, threads, threads == 1 ? "" : "s",
       static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
+  std::vector<std::string> hosts;
+  for (const HostSlot& h : slots)
+    if (std::find(hosts.begin(), hosts.end(), h.host) == hosts.end()) hosts.push_back(h.host);
+  std::string where;
+  for (const std::string& h : hosts) where += (where.empty() ? " " : ", ") + h;
   std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job.compress_fwd.c_str(), job.compress_bwd.c_str(),
               job.compress_link.empty() ? "" : " (with per-link overrides)",
               !job.links.empty() ? ("shaped " + describe_link_rules(job.links)).c_str()
+              : !slots.empty()   ? ("over ssh to" + where).c_str()
               : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
               : nat.up           ? (std::to_string(nat.sites) + " sites behind NAT routers, up to " +
                           std::to_string(nat.per_site) + " workers each")
@@ -284,6 +387,26 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                                      "--coordinator-timeout",
                                      "0"};
     std::vector<std::string> prefix;
+    if (!slots.empty()) {
+      // Over ssh: the remote shell runs the worker in its place (exec), the secret on its standard input.
+      const HostSlot& h = slots[size_t(i)];
+      argv = {f.remote_longhaul.empty() ? exe : f.remote_longhaul, "--log-level", level};
+      if (f.worker_threads > 0 || std::all_of(slots.begin(), slots.end(), [](const HostSlot& x) {
+            return loopback_host(x.host);
+          }))
+        argv.insert(argv.begin() + 1, {"--threads", std::to_string(threads)});
+      argv.insert(argv.end(), {"worker", "--coordinator", worker_ep, "--coordinator-timeout", "0", "--key-stdin",
+                               "--rank", std::to_string(i), "--hostname", h.host + " slot " + std::to_string(i)});
+      if (!h.advertise.empty()) argv.insert(argv.end(), {"--advertise", h.advertise});
+      if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
+      if (f.no_allow_list) argv.push_back("--no-allow-list");
+      std::vector<std::string> remote = ssh;
+      remote.insert(remote.end(), {"-T", "-o", "BatchMode=yes", h.host, "exec " + shell_command(argv)});
+      const std::string label = "w" + std::to_string(i) + " " + h.host + (h.site.empty() ? "" : " " + h.site);
+      LH_ASSIGN_OR_RETURN(pid_t pid, group.start(remote, {}, secret.to_hex(), label));
+      slot_of[pid] = i;
+      return pid;
+    }
     if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
     if (f.no_allow_list) argv.push_back("--no-allow-list");
     if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
@@ -321,6 +444,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     }
   }
   int64_t printed = 0;
+  bool preempting = false, interrupted = false;
   size_t next_switch = 0;
   std::string failure;
   Status result = Status::Ok();
@@ -344,8 +468,17 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                     r.status().message().c_str());
       std::fflush(stdout);
     }
+    if (g_stop_signal == SIGTERM && !preempting) {
+      // What a scheduler sends before its kill: the job saves a checkpoint and stops (a second signal stops it now).
+      preempting = true;
+      g_stop_signal = 0;
+      std::printf("SIGTERM: the job saves a checkpoint and stops (send it again to stop at once)\n");
+      std::fflush(stdout);
+      (*coord)->preempt("launch was sent SIGTERM");
+    }
     if (g_stop_signal) {
       failure = std::string("interrupted by signal ") + strsignal(g_stop_signal) + "; stopping every worker";
+      interrupted = true;
       break;
     }
     if (auto bad = group.poll()) {
@@ -408,7 +541,8 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     if (!result.ok() && !timed_out)
       msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result.message();
     const std::string hint = resume_hint(**coord, f.job, "launch");
-    fail((msg.empty() ? "the job failed" : msg) + (hint.empty() ? "" : "\n" + hint));
+    fail((msg.empty() ? "the job failed" : msg) + (hint.empty() ? "" : "\n" + hint),
+         (*coord)->preempted() && !interrupted ? kPreemptedExitCode : 1);
   }
 }
 
@@ -436,6 +570,21 @@ void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_
       ->check(CLI::Range(0, 1000))
       ->group("Checkpoints and recovery");
   cmd->add_option("--wan-script", f.wan_script, "path of scripts/wan.sh for --netns (found next to the build)");
+  cmd->add_option("--hosts", f.hosts,
+                  "start the workers over ssh on the machines of a hostfile (one per line: HOST [slots=N] [site=NAME] "
+                  "[advertise=ADDR]; ranks in file order, each site's together); the job secret goes over the ssh "
+                  "channel, and a worker stops when its channel closes")
+      ->group("Hosts over ssh");
+  cmd->add_option("--ssh", f.ssh, "with --hosts: the ssh command (your config and agent apply), e.g. 'ssh -F FILE'")
+      ->capture_default_str()
+      ->group("Hosts over ssh");
+  cmd->add_option("--remote-longhaul", f.remote_longhaul,
+                  "with --hosts: the longhaul binary's path on the hosts (default: this one's path)")
+      ->group("Hosts over ssh");
+  cmd->add_option("--coordinator-host", f.coordinator_host,
+                  "with --hosts: the name or address the hosts reach this machine at (default: its host name, or "
+                  "127.0.0.1 when every host is this machine)")
+      ->group("Hosts over ssh");
 }
 
 namespace {

@@ -28,6 +28,19 @@
 namespace lh::app {
 namespace {
 
+// SIGTERM (what Slurm and Kubernetes send before a kill): the first asks the job to checkpoint and stop; a second one,
+// or one before training began (nothing to save), ends the worker at once.
+volatile std::sig_atomic_t g_term = 0;
+std::atomic<bool> g_training{false};
+void on_term(int sig) {
+  if (g_term || !g_training) {
+    static const char msg[] = "longhaul worker: stopped by SIGTERM\n";
+    (void)!write(2, msg, sizeof(msg) - 1);
+    _exit(128 + sig);
+  }
+  g_term = sig;
+}
+
 struct WorkerFlags {
   std::string coordinator;
   SecretFlags secret;
@@ -43,9 +56,42 @@ struct WorkerFlags {
   std::string data_bind;
   bool relay_only = false;
   bool no_allow_list = false;
-  bool from_env = false, show_place = false, start_coordinator = false;
+  bool from_env = false, show_place = false, start_coordinator = false, key_stdin = false;
   std::vector<std::string> coordinator_args;  // after --: the job flags of the coordinator --start-coordinator starts
 };
+
+// --key-stdin: the job secret is the first line of standard input (how `launch --hosts` hands it over the ssh channel,
+// never in an argument or the environment), and the worker stops when standard input closes: ssh without a terminal
+// does not signal a remote command when its launcher goes, it closes the channel.
+JobSecret secret_from_stdin() {
+  std::string line;
+  char c = 0;
+  for (;;) {
+    const ssize_t n = ::read(0, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || c == '\n') break;
+    if (line.size() >= 4096) fail("--key-stdin: the first line of standard input is longer than a job secret", 2);
+    line.push_back(c);
+  }
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line.empty()) fail("--key-stdin: standard input closed before it gave the job secret (one line of hex)", 2);
+  bool weak = false;
+  auto secret = JobSecret::parse(line, &weak);
+  if (!secret.ok()) fail("--key-stdin: " + secret.status().message(), 2);
+  if (weak) fail("--key-stdin: not a job key (the first line of a key file: 64 hex digits)", 2);
+  std::thread([] {
+    char buf[256];
+    for (;;) {
+      const ssize_t n = ::read(0, buf, sizeof(buf));
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      break;
+    }
+    static const char msg[] = "longhaul worker: standard input closed (the launcher is gone): stopping\n";
+    (void)!::write(2, msg, sizeof(msg) - 1);
+    std::_Exit(1);
+  }).detach();
+  return *secret;
+}
 
 // True when something accepts a TCP connection at host:port within a second (a coordinator already listening).
 bool listening(const std::string& host, int port) {
@@ -162,7 +208,9 @@ void run_worker(const WorkerFlags& f) {
     if (!shape.ok()) fail("--link '" + f.link + "': " + shape.status().message(), 2);
     o.link = *shape;
   }
-  const JobSecret secret = required_secret(f.secret, "worker");
+  if (f.key_stdin && (!f.secret.key_file.empty() || !f.secret.token_file.empty() || !f.secret.token.empty()))
+    fail("--key-stdin and --key-file (or --token) both give the job secret: choose one", 2);
+  const JobSecret secret = f.key_stdin ? secret_from_stdin() : required_secret(f.secret, "worker");
   o.token = secret.join_proof();
   o.curve = secret.client_curve();
   o.join_timeout = std::chrono::milliseconds(int64_t(f.join_timeout_s * 1000));
@@ -174,6 +222,12 @@ void run_worker(const WorkerFlags& f) {
     name_this_process("longhaul-w" + std::to_string(rank));
     set_log_role("worker " + std::to_string(rank) + " " + host);
   };
+  o.on_training = [](bool on) { g_training = on; };
+  o.stop_requested = [] { return g_term ? std::string("this worker was sent SIGTERM") : std::string(); };
+  struct sigaction sa {};
+  sa.sa_handler = on_term;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
   const pid_t coordinator = place && f.start_coordinator && place->rank == 0 ? start_coordinator(f, *place) : 0;
   // The coordinator this worker started is watched: one that fails (a bad job flag after --, a port taken) ends
   // this worker too, at once, rather than leaving it to wait for a coordinator that will never answer.
@@ -231,6 +285,9 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
   cmd->add_option("coordinator_args", f->coordinator_args,
                   "after --: the job flags of the coordinator --start-coordinator starts, e.g. -- --pp 4 --steps 100");
   add_secret_flags(cmd, f->secret);
+  cmd->add_flag("--key-stdin", f->key_stdin,
+                "read the job secret (hex) from the first line of standard input, and stop when standard input closes "
+                "(how `launch --hosts` starts workers over ssh)");
   cmd->add_option("--hostname", f->hostname, "name shown by the coordinator (default: host and pid)");
   cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports (default: $UCX_TLS or UCX's choice)");

@@ -38,5 +38,7 @@ void name_this_process(const std::string& name);
 
 // Prints "longhaul: error: <message>" to stderr and throws CLI::RuntimeError(code).
 [[noreturn]] void fail(const std::string& message, int code = 1);
+// The exit code of a job that was preempted (SIGTERM) and saved a checkpoint to resume from: EX_TEMPFAIL.
+inline constexpr int kPreemptedExitCode = 75;
 
 }  // namespace lh::app

@@ -22,6 +22,8 @@ struct LaunchFlags {
   std::string wan_script;
   int worker_threads = 0;
   int restarts = 3;  // killed worker processes started again (in all)
+  // --hosts FILE: the workers start over ssh on the hostfile's machines (apps/hostfile.h).
+  std::string hosts, ssh = "ssh", remote_longhaul, coordinator_host;
 };
 
 // A codec change launch makes itself once step `after_step` was reported, through the same path as

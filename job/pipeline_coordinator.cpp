@@ -131,6 +131,11 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     self->handle_ctl_async(r, std::move(reply));
   };
   hooks.on_codec_applied = [self](const CodecApplied& a) { self->on_codec_applied(a); };
+  hooks.on_all_ready = [self] { self->training_ = true; };
+  hooks.on_preempt = [self](const WorkerInfo& w, const Preempt& p) {
+    self->preempt("worker " + std::to_string(w.rank) + (w.join.hostname.empty() ? "" : " (" + w.join.hostname + ")") +
+                  ": " + p.reason);
+  };
   hooks.on_shard = [self](const ShardSaved& sh) { self->on_shard(sh); };
   hooks.on_resume_failed = [self](const ResumeFailed& rf) { return self->on_resume_failed(rf); };
   hooks.on_rollback = [self](int64_t epoch, const std::string& reason) { self->on_rollback(epoch, reason); };
@@ -302,8 +307,13 @@ void PipelineCoordinator::on_shard(const ShardSaved& sh) {
   // Only for a step the job checkpoints, and only after the rank's own metrics for it (a worker sends them first, on
   // the same socket): a member cannot park shards for steps it has not reached.
   const int64_t every = job_.checkpoint_every;
-  if (sh.step < 1 || sh.step > job_.train.steps || every <= 0 ||
-      (sh.step % every != 0 && sh.step != job_.train.steps)) {
+  int64_t preempt_at = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    preempt_at = preempt_at_;
+  }
+  if (sh.step < 1 || sh.step > job_.train.steps ||
+      (sh.step != preempt_at && (every <= 0 || (sh.step % every != 0 && sh.step != job_.train.steps)))) {
     LH_LOG_WARN(
         "coordinator: checkpoint shard of rank {} for step {} refused: the job checkpoints every {} steps of {}",
         sh.rank, sh.step, every, job_.train.steps);
@@ -391,6 +401,12 @@ void PipelineCoordinator::drain_writes() {
 }
 
 void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) {
+  training_ = false;
+  if (preempted_) {
+    // The checkpoint the preemption asked for will not come: the job stops, its last committed one stands.
+    const std::string stop = "preempted, and then " + reason;
+    if (claim_failure(stop)) coordinator_->shutdown(stop);
+  }
   drain_writes();  // a shard of the abandoned epoch is on disk (or refused) before the rollback looks
   std::optional<JobCheckpoint> from;
   int64_t step = 0;
@@ -549,7 +565,51 @@ Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
   drain_writes();  // the last checkpoint is committed before the job is reported done
   settle_pending_acks(false, "the job ended before every worker reached the step boundary where it applies");
   std::lock_guard<std::mutex> lock(mu_);
-  return failure_.value_or(Status::Ok());
+  if (failure_) return *failure_;
+  const int64_t done = collector_->newest_step();
+  if (preempt_at_ > 0 && done < job_.train.steps) {
+    const int64_t committed = store_ ? store_->last_committed() : 0;
+    return unavailable("preempted (" + preempt_reason_ + ") after step " + std::to_string(done) + "; " +
+                       (committed == preempt_at_ ? "its checkpoint is committed"
+                        : committed > 0
+                            ? "its checkpoint is incomplete: the newest committed one is step " +
+                                  std::to_string(committed)
+                            : "no checkpoint was committed"));
+  }
+  return Status::Ok();
+}
+
+void PipelineCoordinator::preempt(const std::string& reason) {
+  if (preempted_.exchange(true)) return;
+  std::string stop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    preempt_reason_ = reason;
+    const int64_t newest = collector_->newest_step();
+    if (!store_) {
+      stop = "preempted (" + reason + "): the job keeps no checkpoints (--checkpoint-dir), so it stops after step " +
+             std::to_string(std::max<int64_t>(newest, 0)) + " with nothing saved";
+    } else if (!training_ || coordinator_->recovering()) {
+      stop = "preempted (" + reason + ") before its workers trained; the newest committed checkpoint is step " +
+             std::to_string(store_->last_committed());
+    } else {
+      // Ahead of every worker (one may have begun the step after the newest report), but soon: the scheduler's grace
+      // period (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds; 30 s by default) is running. Never past
+      // the last step: a job that would end first simply ends.
+      preempt_at_ = std::min<int64_t>(std::max(newest, resumed_from_) + 2, job_.train.steps);
+    }
+  }
+  if (!stop.empty()) {
+    LH_LOG_WARN("coordinator: {}", stop);
+    note(collector_->newest_step(), "preempt", stop);
+    if (claim_failure(stop)) coordinator_->shutdown(stop);
+    return;
+  }
+  LH_LOG_WARN("coordinator: preempted ({}): every worker saves a checkpoint after step {} and stops", reason,
+              preempt_at_);
+  note(preempt_at_, "preempt",
+       "preempted (" + reason + "): checkpoint after step " + std::to_string(preempt_at_) + ", then stop");
+  coordinator_->broadcast(Preempt{preempt_at_, reason});
 }
 
 // Adaptive compression of the replicas' gradients: one auto "link" per stage whose group's codec is auto, its

@@ -60,6 +60,12 @@ class PipelineCoordinator {
   int64_t newest_step() const { return collector_->newest_step(); }
   // Tells every worker the job is over (they stop; a worker would otherwise wait for its coordinator to come back).
   void stop(const std::string& reason) { coordinator_->shutdown(reason); }
+  // Preemption (SIGTERM to the coordinator, or a worker's Preempt): with a checkpoint directory and the job training,
+  // every worker is told to save its state after a step just ahead of all of them and stop there, and wait() then
+  // reports the preemption; otherwise the job stops at once. Once per job (later calls change nothing).
+  void preempt(const std::string& reason);
+  // Whether the job was preempted (wait()'s error then says after which step, and which checkpoint is committed).
+  bool preempted() const { return preempted_; }
   // The step the job started from (0, or the checkpoint --resume found) and the newest committed checkpoint.
   int64_t resumed_from() const { return resumed_from_; }
   int64_t last_checkpoint() const { return store_ ? store_->last_committed() : 0; }
@@ -178,6 +184,10 @@ class PipelineCoordinator {
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<JobHistory> history_;  // the page's series and events, /metrics' counters
   std::atomic<uint64_t> joined_{0}, lost_{0}, rollbacks_{0};
+  std::atomic<bool> training_{false};   // every worker of this epoch was ready (Barrier 0), and no rollback since
+  std::atomic<bool> preempted_{false};  // preempt() was called
+  int64_t preempt_at_ = -1;             // the step the workers checkpoint after and stop (guarded by mu_)
+  std::string preempt_reason_;          // guarded by mu_
   void note(int64_t step, const std::string& kind, const std::string& text) { history_->event(step, kind, text); }
   Status start_http(const PipelineCoordinatorOptions& options);
   std::unique_ptr<HttpServer> http_;  // stopped first: its handlers read everything above

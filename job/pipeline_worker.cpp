@@ -32,8 +32,13 @@ namespace {
 class EventPump {
  public:
   // `on_set_link` runs on the pump's thread for each SetLink (ctl set-link).
-  EventPump(ControlClient& cc, DataPlane& plane, std::function<void(const SetLink&)> on_set_link)
-      : cc_(cc), plane_(plane), on_set_link_(std::move(on_set_link)), thread_([this] { run(); }) {}
+  EventPump(ControlClient& cc, DataPlane& plane, std::function<void(const SetLink&)> on_set_link,
+            std::function<std::string()> stop_requested)
+      : cc_(cc),
+        plane_(plane),
+        on_set_link_(std::move(on_set_link)),
+        stop_requested_(std::move(stop_requested)),
+        thread_([this] { run(); }) {}
   ~EventPump() {
     stop_ = true;
     thread_.join();
@@ -49,18 +54,38 @@ class EventPump {
     std::lock_guard<std::mutex> lock(mu_);
     return stop_reason_;
   }
+  // The coordinator's preemption: save a checkpoint after this step and stop (−1: none).
+  int64_t preempt_step() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return preempt_ ? preempt_->at_step : -1;
+  }
+  std::string preempt_reason() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return preempt_ ? preempt_->reason : std::string();
+  }
 
  private:
   void fail_all(const std::string& reason) {
     for (int peer : plane_.peers()) plane_.fail_peer(peer, reason);
   }
   void run() {
+    bool asked = false;
     while (!stop_) {
+      if (!asked && stop_requested_) {
+        const std::string why = stop_requested_();
+        if (!why.empty()) {  // once: the coordinator answers every worker's request the same way
+          asked = true;
+          LH_LOG_WARN("{}: asking the coordinator to checkpoint the job and stop", why);
+          cc_.request_preempt(why);
+        }
+      }
       auto ev = cc_.wait_event(std::chrono::milliseconds(50));
       if (!ev) continue;
       std::lock_guard<std::mutex> lock(mu_);
       if (auto* m = std::get_if<SetCodec>(&*ev)) {
         changes_.push_back(*m);
+      } else if (auto* p = std::get_if<Preempt>(&*ev)) {
+        if (!preempt_) preempt_ = *p;
       } else if (auto* l = std::get_if<SetLink>(&*ev)) {
         if (on_set_link_) on_set_link_(*l);
       } else if (auto* lost = std::get_if<PeerLost>(&*ev)) {
@@ -83,8 +108,10 @@ class EventPump {
   ControlClient& cc_;
   DataPlane& plane_;
   std::function<void(const SetLink&)> on_set_link_;
+  std::function<std::string()> stop_requested_;
   std::mutex mu_;
   std::deque<SetCodec> changes_;
+  std::optional<Preempt> preempt_;
   std::optional<Status> stop_reason_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -413,7 +440,14 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
 
   Status result = Status::Ok();
   {
-    EventPump events(cc, *plane, on_set_link);
+    EventPump events(cc, *plane, on_set_link, options.stop_requested);
+    if (options.on_training) options.on_training(true);
+    struct TrainingEnds {
+      const PipelineWorkerOptions& o;
+      ~TrainingEnds() {
+        if (o.on_training) o.on_training(false);
+      }
+    } training_ends{options};
     std::vector<int32_t> tokens, targets;
     // A failed step waits this long for the coordinator's verdict: a lost neighbour (a rollback) or not.
     const auto verdict_wait = std::chrono::milliseconds(plan.heartbeat_timeout_ms) + std::chrono::seconds(3);
@@ -470,7 +504,15 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
         LH_LOG_WARN("fault injection: stalling for {} ms after step {}", fault_stall().ms, step);
         std::this_thread::sleep_for(std::chrono::milliseconds(fault_stall().ms));
       }
-      if (job->checkpoint_every > 0 && (step % job->checkpoint_every == 0 || step == train.steps)) {
+      // Preempted: every worker saves its state after the coordinator's step and stops there. One that is past it (the
+      // order came late) saves after this step instead: that checkpoint is incomplete, and the job keeps its last one.
+      const int64_t preempt_at = events.preempt_step();
+      const bool preempted = preempt_at > 0 && step >= preempt_at && step < train.steps;
+      if (preempted && step > preempt_at)
+        LH_LOG_ERROR("rank {}: the preemption's step {} has passed; stopping after step {}", plan.rank, preempt_at,
+                     step);
+      if (preempted ||
+          (job->checkpoint_every > 0 && (step % job->checkpoint_every == 0 || step == train.steps))) {
         auto bytes = runner->save_state(sampler.rng());
         if (!bytes.ok()) {
           // Draining --sync delayed's exchanges waits on the replicas: a lost one is the coordinator's to judge.
@@ -485,6 +527,11 @@ Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* r
           break;
         }
         cc.send_shard(step, std::vector<uint8_t>(bytes->begin(), bytes->end()));
+      }
+      if (preempted) {
+        LH_LOG_WARN("rank {}: preempted ({}): saved this worker's state after step {} and stops", plan.rank,
+                    events.preempt_reason(), step);
+        break;
       }
     }
   }

@@ -41,6 +41,13 @@ struct PipelineWorkerOptions {
   // reach this worker's data ports (transport/allow_list.h); until the plan comes, only the loopback. Renewed every
   // epoch. Off (--no-allow-list), or without root or nft: any address may (logged once).
   bool allow_list = true;
+  // Polled while the worker trains: non-empty once this process was told to stop (SIGTERM from its scheduler; the
+  // text says so). The worker asks the coordinator to preempt the job: every worker saves a checkpoint after the step
+  // the coordinator names and stops there (the job then resumes from it with --resume).
+  std::function<std::string()> stop_requested;
+  // Called with true when the worker's training loop begins (its plan, data plane and pre-flight done) and with false
+  // when it ends: a stop requested outside it has nothing to save.
+  std::function<void(bool)> on_training;
 };
 
 // The caller names the process in logs (set_log_role) once it knows; this function never does,

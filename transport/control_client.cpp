@@ -147,6 +147,7 @@ void ControlClient::on_message(Frames&& frames) {
     case MsgType::kRollback:
     case MsgType::kRelays:
     case MsgType::kShardAck:
+    case MsgType::kPreempt:
       break;
     default:
       LH_LOG_WARN("control: ignoring {} from the coordinator (not a message a coordinator sends)",
@@ -247,6 +248,7 @@ void ControlClient::on_message(Frames&& frames) {
     case MsgType::kSetCodec:
     case MsgType::kSetLink:
     case MsgType::kPeerLost:
+    case MsgType::kPreempt:
       events_.push_back(std::move(m));
       break;
     default:

@@ -72,6 +72,9 @@ class ControlClient {
   void send_metrics(int64_t step, std::string json);
   // What became of a SetCodec with an id (scheduled from a step, or refused), for `ctl set-codec`.
   void acknowledge(const CodecApplied& ack) { send(ack); }
+  // This worker was told to stop (SIGTERM): the coordinator answers with a Preempt naming the step after which every
+  // worker saves a checkpoint and stops (an event), or shuts the job down when it keeps no checkpoints.
+  void request_preempt(const std::string& reason) { send(Preempt{-1, reason}); }
   // This worker's state after `step` (a job checkpoint's shard). It goes in parts of kShardPartBytes, each sent once
   // the coordinator's ShardAcks say that no more than about a second of the link's measured rate (at least 4 parts)
   // is in flight: the heartbeats and metrics sent meanwhile pass the rest of the shard, so a slow link does not get

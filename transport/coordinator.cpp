@@ -38,6 +38,7 @@ bool sent_by_workers(MsgType t) {
     case MsgType::kShardSaved:
     case MsgType::kCodecApplied:
     case MsgType::kResumeFailed:
+    case MsgType::kPreempt:
       return true;
     default:
       return false;
@@ -435,6 +436,16 @@ void Coordinator::on_message(Frames&& frames) {
       }
       case MsgType::kShutdown: {
         declare_lost(*w, WorkerInfo::State::kLeft, "left: " + printable_reason(std::get<Shutdown>(m).reason), later);
+        break;
+      }
+      case MsgType::kPreempt: {
+        if (w->rank < 0) {
+          lock.unlock();
+          return reject(id, "Preempt before a plan", type);
+        }
+        Preempt p = std::get<Preempt>(m);
+        p.reason = printable_reason(p.reason);
+        if (hooks_.on_preempt) later.push_back([this, copy = *w, p] { hooks_.on_preempt(copy, p); });
         break;
       }
       case MsgType::kCodecApplied: {

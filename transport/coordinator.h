@@ -99,6 +99,8 @@ struct CoordinatorHooks {
   // coordinator lives), e.g. once the workers acknowledged a codec change.
   using CtlReplyFn = std::function<void(Result<std::string>)>;
   std::function<void(const CtlRequest&, CtlReplyFn reply)> on_ctl_async;
+  // A planned worker was told to stop (SIGTERM from its scheduler: Preempt from it, `reason` made printable).
+  std::function<void(const WorkerInfo&, const Preempt&)> on_preempt;
   // A worker acknowledged a SetCodec with an id (CodecApplied).
   std::function<void(const CodecApplied&)> on_codec_applied;
   // A worker's checkpoint shard, whole once its last part arrived (only from a worker of the current epoch).

@@ -206,6 +206,11 @@ Status validate(const ResumeFailed& m) {
   return check_len(m.reason, "resume-failed reason");
 }
 
+Status validate(const Preempt& m) {
+  if (m.at_step < -1) return corrupt("preempt step " + std::to_string(m.at_step));
+  return check_len(m.reason, "preempt reason");
+}
+
 Status validate(const Rollback& m) {
   if (m.epoch < 1) return corrupt("rollback epoch " + std::to_string(m.epoch));
   return check_len(m.reason, "rollback reason");
@@ -282,6 +287,8 @@ const char* msg_type_name(MsgType t) {
       return "ShardAck";
     case MsgType::kResumeFailed:
       return "ResumeFailed";
+    case MsgType::kPreempt:
+      return "Preempt";
   }
   return "unknown";
 }
@@ -317,7 +324,7 @@ Result<ControlHeader> decode_header(const uint8_t* data, size_t size) {
   if (magic != kControlMagic) return corrupt("bad magic (not a longhaul control message)");
   if (version != kProtocolVersion)
     return corrupt("protocol version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion));
-  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kResumeFailed))
+  if (type < uint16_t(MsgType::kJoin) || type > uint16_t(MsgType::kPreempt))
     return corrupt("unknown message type " + std::to_string(type));
   return ControlHeader{static_cast<MsgType>(type), seq};
 }
@@ -377,6 +384,8 @@ Result<ControlMessage> decode_message(const uint8_t* data, size_t size) {
       return decode_as<ShardAck>(body, n);
     case MsgType::kResumeFailed:
       return decode_as<ResumeFailed>(body, n);
+    case MsgType::kPreempt:
+      return decode_as<Preempt>(body, n);
   }
   return corrupt("unknown message type " + std::to_string(uint16_t(h.type)));
 }

@@ -74,6 +74,7 @@ enum class MsgType : uint16_t {
   kRelays = 18,
   kShardAck = 19,
   kResumeFailed = 20,
+  kPreempt = 21,
 };
 const char* msg_type_name(MsgType t);
 
@@ -410,6 +411,17 @@ struct SetLink {
   }
 };
 
+// Preemption (SIGTERM from Slurm or Kubernetes before a kill). worker → coordinator: this worker was told to stop
+// (at_step −1, `reason` says by what); coordinator → workers: save a checkpoint after step `at_step` and stop there.
+struct Preempt {
+  int64_t at_step = -1;
+  std::string reason;
+  template <class A>
+  void serialize(A& ar) {
+    ar(at_step, reason);
+  }
+};
+
 template <class A>
 void Heartbeat::serialize(A& ar) {
   ar(seq, step, bounded(pending, 2 * 4096, "heartbeat pending links"), join_attempt, blocked_ms);
@@ -421,7 +433,8 @@ size_t utf8_length_at(const std::string& s, size_t i);
 
 using ControlMessage =
     std::variant<Join, Plan, Ready, Barrier, Heartbeat, SetCodec, StepMetrics, Shutdown, Reject, PeerLost, CtlRequest,
-                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight, Relays, ShardAck, ResumeFailed>;
+                 CtlReply, ShardSaved, Rollback, CodecApplied, SetLink, Preflight, Relays, ShardAck, ResumeFailed,
+                 Preempt>;
 
 MsgType message_type(const ControlMessage& m);
 

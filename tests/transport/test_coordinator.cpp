@@ -552,6 +552,41 @@ TEST(Coordinator, AGapInAWorkersMessageNumbersRollsTheJobBackOrStopsIt) {
 
 // A worker's CodecApplied reaches the hook (ctl set-codec waits for them); one naming another rank, or from a
 // stranger, is refused.
+// A worker's Preempt (it was sent SIGTERM) reaches the hook once it has a plan, its words made printable; before its
+// plan it is refused, naming why.
+TEST(Coordinator, APreemptReachesTheHookOnlyFromAPlannedWorker) {
+  std::mutex mu;
+  std::vector<std::pair<int, std::string>> seen;
+  CoordinatorHooks hooks;
+  hooks.on_preempt = [&](const WorkerInfo& w, const Preempt& p) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.emplace_back(w.rank, p.reason);
+  };
+  auto c = Coordinator::start(opts(1), hooks);
+  ASSERT_TRUE(c.ok());
+  RawWorker w((*c)->endpoint());
+  w.send_next(Join{"secret", "raw", "cpu", 1, fake_address(0), -1});
+  // A second worker's socket that joined nothing may not preempt anyone.
+  RawWorker stranger((*c)->endpoint());
+  stranger.send_next(Preempt{-1, "SIGTERM"});
+  EXPECT_NE(stranger.reject_reason().find("not joined"), std::string::npos);
+  ASSERT_TRUE(w.next<Plan>().has_value());
+  w.send_next(Ready{0});
+  ASSERT_TRUE(w.next<Barrier>().has_value());
+  w.send_next(Preempt{-1, "this worker was sent SIGTERM\x1b[2J"});
+  for (int i = 0; i < 300; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!seen.empty()) break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].first, 0);
+  EXPECT_EQ(seen[0].second, "this worker was sent SIGTERM?[2J");
+}
+
 TEST(Coordinator, CodecAcknowledgementsReachTheHookFromTheirOwnRankOnly) {
   std::vector<CodecApplied> acks;
   std::mutex mu;

@@ -45,7 +45,8 @@ TEST(Messages, EveryTypeRoundTrips) {
                                                 PeerProbe{2, false, "sending to rank 2: timed out", 0, 0, 0}}},
                                      Relays{{1, 0}, {2, 3}, "", 7001},
                                      ShardAck{10, 65536},
-                                     ResumeFailed{2, 10, "corrupt shard"}};
+                                     ResumeFailed{2, 10, "corrupt shard"},
+                                     Preempt{12, "worker 1: this worker was sent SIGTERM"}};
   ASSERT_EQ(all.size(), std::variant_size_v<ControlMessage>);
   for (const auto& m : all) {
     auto bytes = encode_message(m);
@@ -94,6 +95,9 @@ TEST(Messages, ResumeFieldsAreChecked) {
             std::string::npos);
   EXPECT_NE(decode_message(encode_message(ResumeFailed{1, 0, "x"})).status().message().find("resume-failed step 0"),
             std::string::npos);
+  EXPECT_NE(decode_message(encode_message(Preempt{-2, "x"})).status().message().find("preempt step -2"),
+            std::string::npos);
+  EXPECT_TRUE(decode_message(encode_message(Preempt{-1, "SIGTERM"})).ok());
   EXPECT_NE(decode_message(encode_message(ShardSaved{1, 3, {}})).status().message().find("empty shard"),
             std::string::npos);
   EXPECT_NE(decode_message(encode_message(Join{"t", "h", "cpu", 1, {1}, 5000})).status().message().find("join rank"),
