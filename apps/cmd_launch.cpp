@@ -398,6 +398,7 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
       argv.insert(argv.end(), {"worker", "--coordinator", worker_ep, "--coordinator-timeout", "0", "--key-stdin",
                                "--rank", std::to_string(i), "--hostname", h.host + " slot " + std::to_string(i)});
       if (!h.advertise.empty()) argv.insert(argv.end(), {"--advertise", h.advertise});
+      if (!h.site.empty()) argv.insert(argv.end(), {"--site", h.site});
       if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
       if (f.no_allow_list) argv.push_back("--no-allow-list");
       std::vector<std::string> remote = ssh;
@@ -520,10 +521,13 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     }
   }
   // Workers leave after the coordinator saw their last step; give them a moment, then stop the rest.
-  if (g_stop_signal)
+  if (g_stop_signal) {
+    // Told by the coordinator first: a worker sent SIGTERM mid-job would otherwise ask for a checkpoint.
+    (*coord)->stop(failure);
     group.stop(2s);
-  else if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s))
+  } else if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s)) {
     group.stop(2s);
+  }
   // A worker process that died is the cause; the coordinator's message (a neighbour that lost it) follows.
   for (const auto& [pid, st] : group.abnormal()) {
     if (g_stop_signal) break;  // we stopped them

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -45,6 +46,7 @@ struct WorkerFlags {
   std::string coordinator;
   SecretFlags secret;
   std::string hostname;
+  std::string site;
   std::string link;
   std::string ucx_tls;
   double compute_speed = 0;
@@ -170,6 +172,17 @@ void run_worker(const WorkerFlags& f) {
   if (!f.coordinator_args.empty() && !f.start_coordinator)
     fail("the arguments after -- are the job flags of --start-coordinator's coordinator: give --start-coordinator", 2);
   o.hostname = f.hostname;
+  o.site = f.site;
+  if (o.site.empty() && f.from_env && std::getenv("LH_SITE")) o.site = std::getenv("LH_SITE");
+  if (!o.site.empty()) {
+    const bool ok = o.site.size() <= 64 && std::all_of(o.site.begin(), o.site.end(), [](char c) {
+                      return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+                    });
+    if (!ok)
+      fail(std::string(f.site.empty() ? "LH_SITE" : "--site") + " '" + o.site +
+               "': a site is up to 64 letters, digits, '-', '_' or '.'",
+           2);
+  }
   if (o.hostname.empty()) {
     // Several workers may share a machine: the pid tells them apart in the coordinator's messages.
     char buf[256] = {0};
@@ -289,6 +302,10 @@ RegisterCommand reg("", 40, [](CLI::App& app) {
                 "read the job secret (hex) from the first line of standard input, and stop when standard input closes "
                 "(how `launch --hosts` starts workers over ssh)");
   cmd->add_option("--hostname", f->hostname, "name shown by the coordinator (default: host and pid)");
+  cmd->add_option("--site", f->site,
+                  "the site this worker is at (with --from-env also $LH_SITE): when workers name sites, the "
+                  "coordinator gives each site's workers consecutive ranks (pipeline neighbours share a site), ordered "
+                  "in a site by the rank each asks for (--rank, or its launcher's)");
   cmd->add_option("--link", f->link, "in-process shaper on this worker's outgoing links: RATE[,DELAY], e.g. 20M,30ms");
   cmd->add_option("--ucx-tls", f->ucx_tls, "UCX transports (default: $UCX_TLS or UCX's choice)");
   cmd->add_option("--rank", f->rank,

@@ -977,7 +977,13 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
     auto c = cluster_from_measurements(job_, collector_->snapshot(), coordinator_->preflight_json(),
                                        "the job's step metrics");
     if (!c.ok()) return Status(c.status()).prepend("cluster");
-    return c->to_json().dump();
+    nlohmann::json out = c->to_json();
+    // Where each worker said it is (worker --site), so a plan made from this cluster keeps its sites.
+    for (const WorkerInfo& w : coordinator_->workers())
+      if (!w.join.site.empty() && w.rank >= 0 && out.contains("workers") && out["workers"].is_array() &&
+          size_t(w.rank) < out["workers"].size())
+        out["workers"][size_t(w.rank)]["site"] = w.join.site;
+    return out.dump();
   }
   if (command != "set-codec")
     return invalid_argument("unknown ctl command '" + command + "' (allowed: status, set-codec, set-link, cluster)");

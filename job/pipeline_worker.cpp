@@ -558,6 +558,7 @@ Status run_pipeline_worker(const PipelineWorkerOptions& options) {
   co.token = options.token;
   co.curve = options.curve;
   co.hostname = options.hostname;
+  co.site = options.site;
   co.compute_speed = options.compute_speed;
   // What UCX puts in its worker address: the interfaces it may use (UCX_NET_DEVICES, or all).
   const char* env_devices = std::getenv("UCX_NET_DEVICES");

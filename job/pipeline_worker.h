@@ -21,6 +21,7 @@ struct PipelineWorkerOptions {
   std::string token;
   std::optional<ZmqLoop::Curve> curve;  // the control plane's encryption (JobSecret::client_curve)
   std::string hostname;                 // empty: gethostname()
+  std::string site;                     // --site: where it is (the coordinator keeps each site's ranks together)
   double compute_speed = 0;             // measured GFLOP/s for `--partition speed`; 0: unknown
   UcxOptions ucx;
   std::optional<LinkShape> link;  // in-process shaper on every outgoing link

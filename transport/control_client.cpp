@@ -330,6 +330,7 @@ Result<Plan> ControlClient::join(const std::vector<uint8_t>& ucx_address, std::c
   Join j;
   j.token = options_.token;
   j.hostname = options_.hostname;
+  j.site = options_.site;
   j.device = options_.device;
   j.compute_speed = options_.compute_speed;
   j.data_addresses = options_.data_addresses;

@@ -22,6 +22,7 @@ struct ControlClientOptions {
   std::string coordinator;  // "tcp://HOST:PORT"
   std::string token;
   std::string hostname;  // empty: gethostname()
+  std::string site;      // Join::site
   std::string device = "cpu";
   double compute_speed = 0;
   // The addresses its data plane listens at (Join::data_addresses), for messages naming a pair that cannot connect.

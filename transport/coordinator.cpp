@@ -5,8 +5,11 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <tuple>
 
 #include "core/json_limits.h"
 #include "core/log.h"
@@ -596,23 +599,43 @@ bool Coordinator::complete_locked() const {
 
 void Coordinator::send_plans() {
   {
-    // Ranks: survivors keep theirs; a worker naming a free rank (one coming back to a restarted coordinator) gets
-    // it; the others take the free ranks in join order. Then workers_ is in rank order.
+    // Ranks: survivors keep theirs; the others take the free ones (below). Then workers_ is in rank order.
     std::lock_guard<std::mutex> lock(mu_);
     const int n = options_.expected_workers;
     std::vector<bool> used(size_t(n), false);
     for (auto& w : workers_)
       if (w.rank >= 0 && w.rank < n) used[size_t(w.rank)] = true;
+    // When workers name sites, the new ones take the free ranks site by site: sites in the order of the lowest rank
+    // their workers ask for (then by name), and in a site by the rank each asks for, then in join order. Two Slurm
+    // allocations whose SLURM_PROCIDs both start at 0 then hold consecutive ranks each, as a hostfile's sites do, and
+    // a restarted coordinator gives the workers that come back the ranks they held.
+    std::vector<WorkerInfo*> fresh;
     for (auto& w : workers_)
-      if (w.rank < 0 && w.join.rank >= 0 && w.join.rank < n && !used[size_t(w.join.rank)]) {
-        w.rank = w.join.rank;
-        used[size_t(w.rank)] = true;
+      if (w.rank < 0) fresh.push_back(&w);
+    if (std::any_of(workers_.begin(), workers_.end(), [](const WorkerInfo& w) { return !w.join.site.empty(); })) {
+      std::map<std::string, int32_t> lowest;  // site → the lowest rank its workers ask for (INT32_MAX: none)
+      auto asked = [](const WorkerInfo* w) { return w->join.rank >= 0 ? w->join.rank : INT32_MAX; };
+      for (const WorkerInfo* w : fresh) {
+        auto it = lowest.emplace(w->join.site, INT32_MAX).first;
+        it->second = std::min(it->second, asked(w));
       }
+      std::stable_sort(fresh.begin(), fresh.end(), [&](const WorkerInfo* a, const WorkerInfo* b) {
+        return std::make_tuple(lowest[a->join.site], a->join.site, asked(a)) <
+               std::make_tuple(lowest[b->join.site], b->join.site, asked(b));
+      });
+    } else {
+      // Without sites: a worker naming a free rank (one coming back to a restarted coordinator) gets it.
+      for (WorkerInfo* w : fresh)
+        if (w->join.rank >= 0 && w->join.rank < n && !used[size_t(w->join.rank)]) {
+          w->rank = w->join.rank;
+          used[size_t(w->rank)] = true;
+        }
+    }
     int next = 0;
-    for (auto& w : workers_)
-      if (w.rank < 0) {
+    for (WorkerInfo* w : fresh)
+      if (w->rank < 0) {
         while (used[size_t(next)]) ++next;
-        w.rank = next;
+        w->rank = next;
         used[size_t(next)] = true;
       }
     std::stable_sort(workers_.begin(), workers_.end(),
@@ -1211,6 +1234,7 @@ nlohmann::json Coordinator::status_json() const {
   for (auto& w : workers_)
     ws.push_back({{"rank", w.rank},
                   {"hostname", w.join.hostname},
+                  {"site", w.join.site},
                   {"device", w.join.device},
                   {"compute_speed", w.join.compute_speed},
                   {"state", worker_state_name(w.state)},

@@ -81,7 +81,8 @@ const char* worker_state_name(WorkerInfo::State s);
 struct CoordinatorHooks {
   std::function<void(const WorkerInfo&)> on_join;
   // Builds the Plans once expected_workers have joined; `workers` is in rank order (workers[i].rank == i: survivors
-  // of a rollback keep theirs, a worker naming a free rank gets it, the rest take the free ranks in join order) and
+  // of a rollback keep theirs, a worker naming a free rank gets it, the rest take the free ranks in join order; when
+  // workers name sites, the new ones take the free ranks site by site, see Join::site) and
   // plan i goes to workers[i]. Plan ranks must be 0..N-1, each once; the coordinator sets each plan's epoch. The
   // coordinator fills in `peers` (every rank's hostname, device and UCX address) when a plan leaves it empty, and
   // always sets the heartbeat fields. Unset: worker i gets rank i in a pp=N pipeline with no codecs and an empty

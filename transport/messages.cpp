@@ -60,6 +60,7 @@ Status validate(const Join& m) {
   LH_RETURN_IF_ERROR(check_name(m.device, "device"));
   LH_RETURN_IF_ERROR(check_name(m.data_addresses, "data addresses"));
   LH_RETURN_IF_ERROR(check_name(m.interfaces, "interface addresses"));
+  LH_RETURN_IF_ERROR(check_name(m.site, "site"));
   if (!(m.compute_speed >= 0) || m.compute_speed > 1e12)
     return corrupt("compute speed " + std::to_string(m.compute_speed) + " is not a speed");
   if (m.ucx_address.empty() || m.ucx_address.size() > (1u << 20))

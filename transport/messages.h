@@ -14,7 +14,8 @@
 namespace lh {
 
 constexpr uint32_t kControlMagic = 0x50434c48;  // "LHCP" little-endian
-constexpr uint16_t kProtocolVersion = 8;  // 8: Join/PeerInfo interfaces (allow-lists); 7: Plan::relay_token, shard parts
+constexpr uint16_t kProtocolVersion =
+    9;  // 9: Join::site, Preempt; 8: Join/PeerInfo interfaces (allow-lists); 7: Plan::relay_token, shard parts
 // magic u32, version u16, type u16, sequence u32. The sequence numbers one sender's messages to one receiver so
 // that a receiver notices messages lost when a connection was reset: see ControlHeader::seq.
 constexpr size_t kControlHeaderBytes = 12;
@@ -101,10 +102,13 @@ struct Join {
   // The IP addresses of its interfaces (also when it advertises another): its peers let these reach their data ports
   // (their allow-lists, transport/allow_list.h).
   std::string interfaces;
+  // The site it says it is at (worker --site; empty: none). When workers name sites, the coordinator gives each
+  // site's new workers consecutive ranks (transport/coordinator.h), so pipeline neighbours share a site.
+  std::string site;
   template <class A>
   void serialize(A& ar) {
     ar(token, hostname, device, compute_speed, ucx_address, rank, attempt, data_key, data_ciphers, data_addresses,
-       interfaces);
+       interfaces, site);
   }
 };
 

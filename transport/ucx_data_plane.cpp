@@ -408,7 +408,21 @@ UcxDataPlane::~UcxDataPlane() {
     wake();
     thread_.join();
   }
-  if (worker_) ucp_worker_destroy(worker_);
+  if (worker_) {
+    // A wireup message UCX still holds queued (a peer's reconnect answered just before a reset) is purged by
+    // ucp_worker_destroy, and the UCX of Debian 12 (1.13) asserts that no such reply is there (the assertion was
+    // removed upstream, openucx/ucx#8175): the worker first sends what it holds, until it has been idle a moment.
+    const auto until = Clock::now() + std::chrono::milliseconds(200);
+    for (int idle = 0; idle < 20 && Clock::now() < until;) {
+      if (ucp_worker_progress(worker_) != 0) {
+        idle = 0;
+      } else {
+        ++idle;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    ucp_worker_destroy(worker_);
+  }
   // Only now can UCX no longer touch a buffer it was given: transfers it still held fail here, not before
   // (a send_view's or recv_into's memory is the caller's again once its Transfer is done).
   Status closed = unavailable("data plane closed");

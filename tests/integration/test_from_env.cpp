@@ -16,9 +16,9 @@ namespace {
 // Every variable --from-env reads, unset, so the test's own environment cannot leak in.
 std::map<std::string, std::string> clean_env(std::map<std::string, std::string> set) {
   std::map<std::string, std::string> env;
-  for (const char* v :
-       {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "JOB_COMPLETION_INDEX", "LH_WORLD_SIZE", "LH_SERVICE", "LH_COORDINATOR", "LH_COORDINATOR_PORT", "LH_ENGINE"})
+  for (const char* v : {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "RANK", "WORLD_SIZE", "MASTER_ADDR",
+                        "MASTER_PORT", "JOB_COMPLETION_INDEX", "LH_WORLD_SIZE", "LH_SERVICE", "LH_COORDINATOR",
+                        "LH_COORDINATOR_PORT", "LH_ENGINE", "LH_SITE"})
     env[v] = "";
   for (auto& [k, v] : set) env[k] = v;
   return env;
@@ -169,6 +169,59 @@ TEST_F(FromEnv, ATorchrunStyleJobReproducesLaunch) {
   const auto want = losses_of(ref), have = losses_of(got);
   ASSERT_EQ(have.size(), size_t(steps));
   for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+}
+
+// Two Slurm allocations at two sites join one coordinator (--coordinator given): SLURM_PROCID starts at 0 in each, so
+// the coordinator assigns the ranks, each site's workers together (--site, or $LH_SITE) and in a site by their
+// SLURM_PROCID, whatever order they join in; the job trains as launch's does. A bad site is named.
+TEST_F(FromEnv, TwoSlurmAllocationsAtTwoSitesJoinOneCoordinatorSiteBySite) {
+  const int steps = 4;
+  const std::string ref = temp_path("sites_ref.jsonl"), got = temp_path("sites_job.jsonl");
+  BinRun l = run(launch_args(4, steps, ref, {"--pp", "4"}), 300s);
+  ASSERT_EQ(l.code, 0) << l.output;
+  const std::string key = make_key("sites");
+  std::vector<std::string> job = {"--log-level", "warn",      "coordinator", "--listen",   "tcp://127.0.0.1:*",
+                                  "--workers",   "4",         "--pp",        "4",          "--microbatches",
+                                  "4",           "--metrics", got,           "--key-file", key};
+  for (const std::string& m : model_flags(steps)) job.push_back(m);
+  std::string ep;
+  const std::string coordinator_out = temp_path("sites_coordinator.txt");
+  const pid_t coordinator = spawn_coordinator(job, coordinator_out, &ep);
+  ASSERT_FALSE(ep.empty()) << slurp(coordinator_out);
+  // Paris joins first; Oslo sorts first (both sites' lowest SLURM_PROCID is 0, then by name).
+  struct Member {
+    std::string site;
+    int procid;
+    int rank;  // the one the coordinator should give
+  };
+  const std::vector<Member> members = {{"paris", 1, 3}, {"paris", 0, 2}, {"oslo", 1, 1}, {"oslo", 0, 0}};
+  std::vector<pid_t> pids;
+  std::vector<std::string> outs;
+  for (const Member& m : members) {
+    std::vector<std::string> args = {"--threads", "1",   "--log-level", "info", "worker",        "--from-env",
+                                     "--ucx-tls", "tcp", "--key-file",  key,    "--coordinator", ep};
+    std::map<std::string, std::string> env = {{"SLURM_PROCID", std::to_string(m.procid)}, {"SLURM_NTASKS", "2"}};
+    if (m.procid == 0)
+      env["LH_SITE"] = m.site;
+    else
+      args.insert(args.end(), {"--site", m.site});
+    outs.push_back(temp_path("sites_" + m.site + std::to_string(m.procid) + ".txt"));
+    pids.push_back(spawn_env(args, outs.back(), clean_env(env)));
+    std::this_thread::sleep_for(300ms);
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    EXPECT_EQ(wait_exit(pids[i], 300s), 0) << slurp(outs[i]);
+    const std::string said = slurp(outs[i]);
+    const std::string want = "rank " + std::to_string(members[i].rank) + " (stage " + std::to_string(members[i].rank);
+    EXPECT_NE(said.find(want), std::string::npos) << members[i].site << " " << members[i].procid << ":\n" << said;
+  }
+  EXPECT_EQ(wait_exit(coordinator, 60s), 0) << slurp(coordinator_out);
+  const auto want = losses_of(ref), have = losses_of(got);
+  ASSERT_EQ(have.size(), size_t(steps));
+  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  BinRun bad = run_env({"worker", "--coordinator", ep, "--key-file", key, "--site", "a b"}, clean_env({}));
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--site 'a b': a site is up to 64 letters"), std::string::npos) << bad.output;
 }
 
 // --start-coordinator with a job flag the coordinator refuses: rank 0 stops at once with the coordinator's error and

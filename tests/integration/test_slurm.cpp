@@ -258,6 +258,55 @@ TEST_F(Slurm, SbatchJobMatchesLaunch) {
 
 // A job flag the coordinator refuses: the job ends at once with the coordinator's code and words, and no worker
 // step is started to wait for a coordinator that is gone.
+// One job over two allocations at two sites (two sbatch jobs of 2 tasks): site a's starts the coordinator, site b's
+// joins it (--coordinator). SLURM_PROCID counts from 0 in each, so the coordinator assigns the ranks, each site's
+// workers consecutive; the job trains as launch's 4 workers do, and both allocations end with code 0.
+TEST_F(Slurm, TwoAllocationsAtTwoSitesRunOneJob) {
+  const int steps = 6;
+  const std::string ref = temp_path("sites_ref.jsonl"), got = dir_ + "/sites_job.jsonl";
+  BinRun l = run(launch_args(4, steps, ref, {"--pp", "4"}), 300s);
+  ASSERT_EQ(l.code, 0) << l.output;
+  const std::string key = make_key("slurm_sites");
+  auto port = free_tcp_port("0.0.0.0");
+  ASSERT_TRUE(port.ok()) << port.status().to_string();
+  const std::string common = "--key-file " + shell_word(key) + " --logs " + shell_word(logs_) + " --longhaul " +
+                             shell_word(bin()) +
+                             " --flags '--threads 1 --log-level info' --worker-flags '--ucx-tls tcp'";
+  std::string job_flags = "--workers 4 --pp 4 --microbatches 4 --metrics " + shell_word(got);
+  for (const std::string& f : model_flags(steps)) job_flags += " " + f;
+  const std::string script = shell_word(source_script("slurm/longhaul.sbatch"));
+  const std::string submit = "cd " + shell_word(dir_) +
+                             " && export SLURM_CONF=" + shell_word(cluster_ + "/slurm.conf") +
+                             " && timeout 300 sbatch --wait --ntasks 2 --output " + shell_word(dir_ + "/batch-%j.out") +
+                             " " + script + " " + common;
+  const ShellRun both =
+      shell("(" + submit + " --site a --port " + std::to_string(*port) + " -- " + job_flags +
+            "; echo \"site a: $?\") & sleep 2; (" + submit +
+            " --site b --coordinator tcp://127.0.0.1:" + std::to_string(*port) + "; echo \"site b: $?\") & wait");
+  ASSERT_NE(both.output.find("site a: 0"), std::string::npos) << both.output;
+  ASSERT_NE(both.output.find("site b: 0"), std::string::npos) << both.output;
+  std::vector<std::string> jobs;
+  for (size_t at = 0; (at = both.output.find("Submitted batch job ", at)) != std::string::npos; at += 20)
+    jobs.push_back(both.output.substr(at + 20, both.output.find('\n', at) - at - 20));
+  ASSERT_EQ(jobs.size(), 2u) << both.output;
+  // Each allocation's task t holds the rank its site's place gives: a's 0 and 1, b's 2 and 3.
+  std::string all;
+  for (const std::string& job : jobs) {
+    const std::string batch = batch_log(job);
+    all += batch;
+    const int first = batch.find("at site b") != std::string::npos ? 2 : 0;
+    for (int task = 0; task < 2; ++task) {
+      const std::string said = slurp(logs_ + "/" + job + "-" + std::to_string(task) + ".out");
+      const std::string want = "rank " + std::to_string(first + task) + " (stage " + std::to_string(first + task);
+      EXPECT_NE(said.find(want), std::string::npos) << "job " << job << " task " << task << ":\n" << said;
+    }
+  }
+  EXPECT_NE(all.find("join tcp://127.0.0.1:" + std::to_string(*port)), std::string::npos) << all;
+  const auto want = losses_of(ref), have = losses_of(got);
+  ASSERT_EQ(have.size(), size_t(steps)) << all;
+  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+}
+
 TEST_F(Slurm, ACoordinatorThatFailsEndsTheJob) {
   const std::string key = make_key("slurm_bad");
   std::string job;

@@ -217,9 +217,9 @@ TEST(Coordinator, GarbageAndProtocolErrorsAreRejectedWhileServing) {
   raw.send({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}});
   EXPECT_NE(raw.reject_reason().find("magic"), std::string::npos);
   auto wrong_version = encode_message(Join{"secret", "h", "cpu", 1, {1}});
-  wrong_version[4] = 9;
+  wrong_version[4] = 7;
   raw.send({wrong_version});
-  EXPECT_NE(raw.reject_reason().find("protocol version 9"), std::string::npos);
+  EXPECT_NE(raw.reject_reason().find("protocol version 7, expected 9"), std::string::npos);
   auto unknown = encode_message(Heartbeat{1, -1, {}});
   unknown[6] = 200;
   raw.send({unknown});
@@ -585,6 +585,37 @@ TEST(Coordinator, APreemptReachesTheHookOnlyFromAPlannedWorker) {
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].first, 0);
   EXPECT_EQ(seen[0].second, "this worker was sent SIGTERM?[2J");
+}
+
+// Workers naming sites take the ranks site by site: sites by the lowest rank their workers ask for, then by name; in
+// a site by the rank asked for. Two allocations whose launchers both count from 0 end up with consecutive ranks each.
+TEST(Coordinator, WorkersNamingSitesTakeConsecutiveRanksSiteBySite) {
+  auto c = Coordinator::start(opts(5));
+  ASSERT_TRUE(c.ok());
+  struct Member {
+    std::string site;
+    int asks;
+    int gets;
+  };
+  // Join order: b0, a1, b1, a0, c (asks for none: its site sorts last).
+  const std::vector<Member> members = {{"b", 0, 2}, {"a", 1, 1}, {"b", 1, 3}, {"a", 0, 0}, {"c", -1, 4}};
+  std::vector<std::unique_ptr<RawWorker>> ws;
+  for (size_t i = 0; i < members.size(); ++i) {
+    ws.push_back(std::make_unique<RawWorker>((*c)->endpoint()));
+    Join j{"secret", "raw" + std::to_string(i), "cpu", 1, fake_address(int(i)), members[i].asks};
+    j.site = members[i].site;
+    ws.back()->send_next(j);
+    std::this_thread::sleep_for(20ms);
+  }
+  for (size_t i = 0; i < members.size(); ++i) {
+    auto plan = ws[i]->next<Plan>();
+    ASSERT_TRUE(plan.has_value()) << i;
+    EXPECT_EQ(plan->rank, members[i].gets) << members[i].site << " asking for " << members[i].asks;
+  }
+  auto st = (*c)->status_json();
+  ASSERT_TRUE(st["workers"].is_array());
+  for (const auto& w : st["workers"])
+    EXPECT_EQ(w["site"], members[size_t(std::stoi(w["hostname"].get<std::string>().substr(3)))].site) << w.dump();
 }
 
 TEST(Coordinator, CodecAcknowledgementsReachTheHookFromTheirOwnRankOnly) {
