@@ -56,6 +56,9 @@ fi
 command -v unshare >/dev/null 2>&1 || die "unshare (util-linux) is missing"
 
 ROOT=${LH_FRESH_ROOT_DIR:-$(mktemp -d /var/tmp/lh-fresh-root.XXXXXX)}
+# mktemp makes the folder 0700; as the root's '/' that would keep every user but root out of the whole tree (apt's
+# _apt, the package scripts that run as munge or sshd), which a real Debian root never does.
+chmod 755 "$ROOT"
 cleanup() {
   # Mounts live in a private mount namespace (unshare below) and vanish with it; --one-file-system
   # keeps rm inside the root even if one had leaked.
@@ -84,11 +87,11 @@ set -euo pipefail
 cd /root/longhaul
 echo "fresh-root: \$ $RUN_CMD"
 t0=\$(date +%s)
-$RUN_CMD
+( $RUN_CMD ) || { echo "fresh-root: the run command failed" >&2; exit 1; }
 echo "fresh-root: run command passed in \$((\$(date +%s) - t0)) s"
 echo "fresh-root: \$ $TEST_CMD"
 t0=\$(date +%s)
-$TEST_CMD
+( $TEST_CMD ) || { echo "fresh-root: the test command failed" >&2; exit 1; }
 echo "fresh-root: test command passed in \$((\$(date +%s) - t0)) s"
 EOF
 
