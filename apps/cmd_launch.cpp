@@ -237,9 +237,41 @@ int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
 void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch>& switches) {
   PipelineJobConfig job = job_config_from_flags(f.job, cmd);
   if (!job.links.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
+  std::string listen = f.listen;
+  // --hosts: the workers start on the hostfile's machines over ssh; the coordinator listens where they reach it.
+  std::vector<HostSlot> slots;
+  std::vector<std::string> ssh;
+  std::string coordinator_host = "127.0.0.1";
+  if (!f.hosts.empty()) {
+    if (!f.netns.empty() || f.nat_sites > 0 || f.job.elastic)
+      fail("--hosts starts the workers on other machines: it takes no --netns, --nat-sites or --elastic", 2);
+    auto read = read_hostfile(f.hosts);
+    if (!read.ok()) fail(read.status().message(), 2);
+    slots = std::move(read).value();
+    if (int(slots.size()) < job.workers)
+      fail("--hosts '" + f.hosts + "' has " + std::to_string(slots.size()) + " slots, fewer than the job's " +
+               std::to_string(job.workers) + " workers",
+           2);
+    slots.resize(size_t(job.workers));
+    auto words = ssh_words(f.ssh);
+    if (!words.ok()) fail(words.status().message(), 2);
+    ssh = std::move(words).value();
+    const bool all_loopback =
+        std::all_of(slots.begin(), slots.end(), [](const HostSlot& h) { return loopback_host(h.host); });
+    if (!f.coordinator_host.empty()) {
+      coordinator_host = f.coordinator_host;
+    } else if (!all_loopback) {
+      char name[256] = {0};
+      gethostname(name, sizeof(name) - 1);
+      coordinator_host = name;
+    }
+    if (!cmd->get_option("--listen")->count() && !all_loopback) listen = "tcp://0.0.0.0:*";
+  } else if (!f.coordinator_host.empty() || cmd->get_option("--ssh")->count() ||
+             cmd->get_option("--remote-longhaul")->count()) {
+    fail("--coordinator-host, --ssh and --remote-longhaul go with --hosts FILE", 2);
+  }
   WanNamespaces wan;
   NatSites nat;
-  std::string listen = f.listen;
   if (!f.site_rate.empty() && f.nat_sites == 0) fail("--site-rate needs --nat-sites", 2);
   if (f.nat_sites > 0) {
     if (!f.netns.empty()) fail("--nat-sites and --netns exclude each other: choose one", 2);
@@ -286,38 +318,6 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
     wan.up = true;
     if (std::system(up.c_str()) != 0) fail("--netns: could not build the namespaces with " + wan.script);
     listen = "tcp://" + wan.subnet + ".254:*";
-  }
-  // --hosts: the workers start on the hostfile's machines over ssh; the coordinator listens where they reach it.
-  std::vector<HostSlot> slots;
-  std::vector<std::string> ssh;
-  std::string coordinator_host = "127.0.0.1";
-  if (!f.hosts.empty()) {
-    if (!f.netns.empty() || f.nat_sites > 0 || f.job.elastic)
-      fail("--hosts starts the workers on other machines: it takes no --netns, --nat-sites or --elastic", 2);
-    auto read = read_hostfile(f.hosts);
-    if (!read.ok()) fail(read.status().message(), 2);
-    slots = std::move(read).value();
-    if (int(slots.size()) < job.workers)
-      fail("--hosts '" + f.hosts + "' has " + std::to_string(slots.size()) + " slots, fewer than the job's " +
-               std::to_string(job.workers) + " workers",
-           2);
-    slots.resize(size_t(job.workers));
-    auto words = ssh_words(f.ssh);
-    if (!words.ok()) fail(words.status().message(), 2);
-    ssh = std::move(words).value();
-    const bool all_loopback =
-        std::all_of(slots.begin(), slots.end(), [](const HostSlot& h) { return loopback_host(h.host); });
-    if (!f.coordinator_host.empty()) {
-      coordinator_host = f.coordinator_host;
-    } else if (!all_loopback) {
-      char name[256] = {0};
-      gethostname(name, sizeof(name) - 1);
-      coordinator_host = name;
-    }
-    if (!cmd->get_option("--listen")->count() && !all_loopback) listen = "tcp://0.0.0.0:*";
-  } else if (!f.coordinator_host.empty() || cmd->get_option("--ssh")->count() ||
-             cmd->get_option("--remote-longhaul")->count()) {
-    fail("--coordinator-host, --ssh and --remote-longhaul go with --hosts FILE", 2);
   }
   std::string key_path;
   bool wrote_key = false;
