@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -170,6 +171,13 @@ inline std::vector<std::string> launch_args(int workers, int steps, const std::s
   for (auto& f : model_flags(steps, heads)) a.push_back(f);
   for (auto& f : extra) a.push_back(f);
   return a;
+}
+
+// A resumed or recovered job's losses against a run that was never interrupted: every step, to 1e-6 relative.
+inline void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, int steps) {
+  ASSERT_EQ(got.size(), size_t(steps));
+  ASSERT_EQ(want.size(), size_t(steps));
+  for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
 }
 
 // Per step, the mean of the losses reported (one per replica of the last stage), as `report` takes it.

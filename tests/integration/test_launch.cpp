@@ -721,12 +721,6 @@ std::map<std::pair<int, int64_t>, int> records_per_step(const std::string& metri
   return n;
 }
 
-void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, int steps) {
-  ASSERT_EQ(got.size(), size_t(steps));
-  ASSERT_EQ(want.size(), size_t(steps));
-  for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
-}
-
 class RecoveredWorker : public Launch, public ::testing::WithParamInterface<std::string> {};
 
 // SIGKILL one worker at a random step: launch starts another process, the coordinator rolls the job back to its last

@@ -23,12 +23,6 @@
 namespace lh {
 namespace {
 
-void expect_same_losses(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, int steps) {
-  ASSERT_EQ(got.size(), size_t(steps));
-  ASSERT_EQ(want.size(), size_t(steps));
-  for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
-}
-
 // The pids `launch` printed ("workers: pids 12 13").
 std::vector<pid_t> worker_pids(const std::string& out) {
   std::istringstream in(wait_for_line(out, "workers: pids", 60s));
