@@ -2,57 +2,50 @@
 #include "core/role.h"
 
 namespace lh {
+namespace {
+
+// Each role's names, in the enum's order: its short name and the codec's spelled-out one.
+struct RoleNames {
+  const char* name;
+  const char* codec_name;
+};
+constexpr RoleNames kRoleNames[kNumRoles] = {
+    {"act", "activation"}, {"act_grad", "activation_grad"}, {"grad", "weight_grad"}, {"tp", "tp_partial"},
+    {"other", "other"},
+};
+
+bool known(Role role) {
+  return static_cast<int>(role) < kNumRoles;
+}
+
+}  // namespace
 
 const char* role_name(Role role) {
-  switch (role) {
-    case Role::kActivation:
-      return "act";
-    case Role::kActivationGrad:
-      return "act_grad";
-    case Role::kWeightGrad:
-      return "grad";
-    case Role::kTpPartial:
-      return "tp";
-    case Role::kOther:
-      return "other";
-  }
-  return "unknown";
+  return known(role) ? kRoleNames[static_cast<int>(role)].name : "unknown";
 }
 
 Result<Role> parse_role(const std::string& name) {
   for (int r = 0; r < kNumRoles; ++r)
-    if (name == role_name(static_cast<Role>(r))) return static_cast<Role>(r);
+    if (name == kRoleNames[r].name) return static_cast<Role>(r);
   return invalid_argument("unknown role '" + name + "' (allowed: act, act_grad, grad, tp, other)");
 }
 
 const std::vector<std::string>& role_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> v;
-    for (int r = 0; r < kNumRoles; ++r) v.push_back(role_name(static_cast<Role>(r)));
+    for (const RoleNames& n : kRoleNames) v.push_back(n.name);
     return v;
   }();
   return names;
 }
 
 const char* codec_role_name(Role role) {
-  switch (role) {
-    case Role::kActivation:
-      return "activation";
-    case Role::kActivationGrad:
-      return "activation_grad";
-    case Role::kWeightGrad:
-      return "weight_grad";
-    case Role::kTpPartial:
-      return "tp_partial";
-    case Role::kOther:
-      return "other";
-  }
-  return "?";
+  return known(role) ? kRoleNames[static_cast<int>(role)].codec_name : "?";
 }
 
 Result<Role> parse_codec_role(const std::string& name) {
   for (int r = 0; r < kNumCodecRoles; ++r)
-    if (name == codec_role_name(static_cast<Role>(r))) return static_cast<Role>(r);
+    if (name == kRoleNames[r].codec_name) return static_cast<Role>(r);
   return invalid_argument("unknown role '" + name + "'; allowed: activation, activation_grad, weight_grad, tp_partial");
 }
 
