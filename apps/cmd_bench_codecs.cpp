@@ -120,7 +120,7 @@ Row bench_one(const std::string& spec, int64_t n, Device d, int repeats) {
     Status s = copy_bytes(dst->raw_data(), d, x.raw_data(), d, x.nbytes());
     if (!s.ok()) fail(s.to_string());
   });
-  StreamState tx(compress::Role::activation, 1), rx(compress::Role::activation);
+  StreamState tx(Role::kActivation, 1), rx(Role::kActivation);
   Packet p;
   std::vector<int64_t> ids;
   compress::EncodeOptions eo;

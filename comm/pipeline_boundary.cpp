@@ -17,8 +17,8 @@ PipelineBoundary::PipelineBoundary(const Topology& topology, int rank, int stage
       receive_timeout_(receive_timeout) {
   tp_peers_ = topology.tp_group(rank);
   shard_ = topology.coord_of(rank).tp;
-  fwd_rx_.assign(tp_peers_.size(), compress::StreamState(compress::Role::activation));
-  bwd_rx_.assign(tp_peers_.size(), compress::StreamState(compress::Role::activation_grad));
+  fwd_rx_.assign(tp_peers_.size(), compress::StreamState(Role::kActivation));
+  bwd_rx_.assign(tp_peers_.size(), compress::StreamState(Role::kActivationGrad));
 }
 
 void PipelineBoundary::post_receives(int64_t step, int microbatches, int64_t rows, uint64_t raw_bytes) {

@@ -26,7 +26,7 @@ namespace lh {
 // The codec stream states of a boundary's link ends (for job checkpoints): what it sends on each way, and one state
 // per slice of what it receives.
 struct BoundaryStreams {
-  compress::StreamState fwd_tx{compress::Role::activation}, bwd_tx{compress::Role::activation_grad};
+  compress::StreamState fwd_tx{Role::kActivation}, bwd_tx{Role::kActivationGrad};
   std::vector<compress::StreamState> fwd_rx, bwd_rx;
   template <class Archive>
   void serialize(Archive& ar) {
@@ -116,7 +116,7 @@ class PipelineBoundary {
   uint64_t raw_ = 0;
   // Stream state of each link end this stage holds, and parsed chains by spec.
   // Receiving ends: one state per slice (a single one without tp).
-  compress::StreamState fwd_tx_{compress::Role::activation}, bwd_tx_{compress::Role::activation_grad};
+  compress::StreamState fwd_tx_{Role::kActivation}, bwd_tx_{Role::kActivationGrad};
   std::vector<compress::StreamState> fwd_rx_, bwd_rx_;
   std::map<std::string, compress::CodecChain> chains_;
 };

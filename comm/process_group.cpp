@@ -12,10 +12,6 @@ namespace {
 constexpr int kPhaseReduceScatter = 0, kPhaseAllGather = 1, kPhaseDirect = 2, kPhaseMeshScatter = 3,
               kPhaseMeshGather = 4;
 constexpr int kEndTx = 0, kEndRx = 1;
-// Below this many packet bytes a WAN all-reduce is bound by latency (256 KiB is 100 ms at 20 Mbit/s, about two
-// hops of a long link): one hop (direct) beats the mesh's two although each pair link carries the whole packet
-// instead of 2/n of it (at 50 ms and 20 Mbit/s the two break even near 250 KiB for n = 4).
-constexpr int64_t kDirectBelowBytes = 256 * 1024;
 // Tag fields the collectives use: the op's sequence number goes in the microbatch slot, the packet's index
 // within the op (between one ordered pair of members) in the shard slot.
 constexpr int kMaxSequence = (1 << Tag::kMicrobatchBits) - 2;  // 4095 stays free for the norm slot
@@ -25,17 +21,10 @@ int wrap(int v, int n) {
   return ((v % n) + n) % n;
 }
 
-compress::Role codec_role(Role r) {
-  switch (r) {
-    case Role::kWeightGrad:
-      return compress::Role::weight_grad;
-    case Role::kTpPartial:
-      return compress::Role::tp_partial;
-    case Role::kActivationGrad:
-      return compress::Role::activation_grad;
-    default:
-      return compress::Role::activation;
-  }
+// The codec stream role of a collective's packets: its own role, or activation for kOther (a codec stream
+// carries one of the four codec roles).
+Role codec_role(Role r) {
+  return r == Role::kOther ? Role::kActivation : r;
 }
 
 }  // namespace
@@ -179,7 +168,7 @@ Result<int> ProcessGroup::start_all_reduce(Tensor inout, const CollectiveOptions
   if (algo == CollectiveAlgo::kAuto) {
     auto packet = ch.packet_bytes({numel});
     const int64_t bytes = packet.ok() ? int64_t(*packet) : numel * 4;
-    algo = (n <= 2 || bytes < kDirectBelowBytes) ? CollectiveAlgo::kDirect : CollectiveAlgo::kMesh;
+    algo = auto_picks_direct(n, double(bytes)) ? CollectiveAlgo::kDirect : CollectiveAlgo::kMesh;
   }
   op->ring = algo == CollectiveAlgo::kRing && numel >= n;
   op->mesh = algo == CollectiveAlgo::kMesh && n > 2 && numel >= n;

@@ -12,22 +12,12 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/collective_algo.h"
 #include "compress/codec_chain.h"
 #include "core/tensor.h"
 #include "transport/data_plane.h"
 
 namespace lh {
-
-enum class CollectiveAlgo : uint8_t {
-  kAuto,    // direct for 2 members or a compressed tensor under 256 KiB (latency-bound on a WAN), else mesh
-  kRing,    // bytes per rank 2(n−1)/n of the tensor, all on one link; 2(n−1) hops of latency
-  kDirect,  // every rank sends its whole (compressed) tensor to every other; 1 hop of latency
-  // Reduce-scatter to chunk owners, then all-gather from them, each phase one hop over every pair: bytes per rank
-  // 2(n−1)/n of the tensor as in a ring (the same on a shared uplink), but only 2/n of it on each pair's link and
-  // 2 hops of latency instead of 2(n−1). Direct for 2 members (it would send as much) or fewer values than members.
-  kMesh,
-};
-const char* collective_algo_name(CollectiveAlgo a);
 
 struct CollectiveOptions {
   Role role = Role::kWeightGrad;  // the tag's role: what the meter counts the bytes as

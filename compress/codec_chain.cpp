@@ -117,8 +117,8 @@ Status check_length_and_role(const PacketHeader& h, size_t size, Role role) {
     return corrupt("packet field 'payload_length': header and payload make " + std::to_string(h.total_bytes()) +
                    " bytes, the packet has " + std::to_string(size));
   if (h.role != role)
-    return corrupt(std::string("packet field 'role' is ") + role_name(h.role) + ", this stream carries " +
-                   role_name(role));
+    return corrupt(std::string("packet field 'role' is ") + codec_role_name(h.role) + ", this stream carries " +
+                   codec_role_name(role));
   return Status::Ok();
 }
 

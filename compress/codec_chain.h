@@ -3,7 +3,7 @@
 // collectives, `longhaul bench codecs` and the tests.
 //
 //   auto chain = parse_codec_spec("ef+topk:ratio=0.01+int4");   // Result<CodecChain>
-//   StreamState tx(Role::weight_grad), rx(Role::weight_grad);  // one per stream end
+//   StreamState tx(Role::kWeightGrad), rx(Role::kWeightGrad);  // one per stream end
 //   Packet p;  LH_RETURN_IF_ERROR(chain->encode(grad, tx, &p));
 //   Tensor g;  LH_RETURN_IF_ERROR(decode_packet(p.bytes.data(), p.size(), rx, &g));
 //

@@ -31,7 +31,7 @@ struct StageState {
 
 class StreamState {
  public:
-  explicit StreamState(Role role = Role::activation, uint64_t seed = 0) : role_(role), seed_(seed) {}
+  explicit StreamState(Role role = Role::kActivation, uint64_t seed = 0) : role_(role), seed_(seed) {}
 
   Role role() const { return role_; }
   uint64_t seed() const { return seed_; }
@@ -54,7 +54,7 @@ class StreamState {
   void load(Archive& ar) {
     uint8_t role = 0;
     ar(role, seed_, sequence_, stages_);
-    role_ = static_cast<Role>(role < kNumRoles ? role : 0);
+    role_ = static_cast<Role>(role < kNumCodecRoles ? role : 0);
     basis_cache_.clear();
   }
 

@@ -31,22 +31,6 @@ const char* codec_name(CodecId id) {
   return "?";
 }
 
-const char* role_name(Role r) {
-  switch (r) {
-    case Role::activation: return "activation";
-    case Role::activation_grad: return "activation_grad";
-    case Role::weight_grad: return "weight_grad";
-    case Role::tp_partial: return "tp_partial";
-  }
-  return "?";
-}
-
-Result<Role> parse_role(const std::string& s) {
-  for (int i = 0; i < kNumRoles; ++i)
-    if (s == role_name(static_cast<Role>(i))) return static_cast<Role>(i);
-  return invalid_argument("unknown role '" + s + "'; allowed: activation, activation_grad, weight_grad, tp_partial");
-}
-
 void write_header(const PacketHeader& h, uint8_t* dst) {
   store_le<uint32_t>(dst + 0, kWireMagic);
   store_le<uint16_t>(dst + 4, kWireVersion);
@@ -109,7 +93,7 @@ Result<PacketHeader> parse_header(const uint8_t* data, size_t size, const WireLi
   int ndim = data[8];
   if (ndim > kMaxNdim)
     return corrupt("packet field 'ndim' is " + std::to_string(ndim) + ", at most " + std::to_string(kMaxNdim));
-  if (data[9] >= kNumRoles) return corrupt("packet field 'role' has unknown id " + std::to_string(data[9]));
+  if (data[9] >= kNumCodecRoles) return corrupt("packet field 'role' has unknown id " + std::to_string(data[9]));
   h.role = static_cast<Role>(data[9]);
   h.flags = load_le<uint16_t>(data + 10);
   h.p0 = load_le<uint32_t>(data + 12);

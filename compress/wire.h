@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/role.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -69,11 +70,8 @@ enum class CodecId : uint8_t {
 constexpr int kNumCodecIds = 14;
 const char* codec_name(CodecId id);
 
-// Which tensor a stream carries. Part of the wire format (a packet names its stream's role).
-enum class Role : uint8_t { activation = 0, activation_grad = 1, weight_grad = 2, tp_partial = 3 };
-constexpr int kNumRoles = 4;
-const char* role_name(Role r);
-Result<Role> parse_role(const std::string& s);
+// Which tensor a stream carries: lh::Role (core/role.h). Part of the wire format (a packet names its stream's
+// role in byte 9: the Role's value, one of the kNumCodecRoles codec roles; names: codec_role_name()).
 
 // One self-contained encoded tensor. `bytes` is what travels.
 struct Packet {
@@ -84,7 +82,7 @@ struct Packet {
 struct PacketHeader {
   CodecId codec = CodecId::none;
   DType dtype = DType::f32;
-  Role role = Role::activation;
+  Role role = Role::kActivation;
   uint16_t flags = 0;
   uint32_t p0 = 0, p1 = 0;
   uint64_t p2 = 0;

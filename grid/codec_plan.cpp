@@ -10,17 +10,6 @@
 
 namespace lh {
 
-Result<LinkDir> parse_link_dir(const std::string& text) {
-  if (text == "fwd") return LinkDir::kFwd;
-  if (text == "bwd") return LinkDir::kBwd;
-  return invalid_argument("direction '" + text +
-                          "' is unknown; choose fwd (activations) or bwd (activation gradients)");
-}
-
-const char* link_dir_name(LinkDir dir) {
-  return dir == LinkDir::kFwd ? "fwd" : "bwd";
-}
-
 Status check_codec_spec(const std::string& spec) {
   auto chain = compress::parse_codec_spec(spec);
   if (!chain.ok()) return chain.status();

@@ -10,15 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "core/role.h"
 #include "core/status.h"
 #include "grid/topology.h"
 
 namespace lh {
 
-// fwd: activations from stage s to s+1; bwd: activation gradients from s+1 back to s.
-enum class LinkDir { kFwd, kBwd };
-Result<LinkDir> parse_link_dir(const std::string& text);  // "fwd" | "bwd"
-const char* link_dir_name(LinkDir dir);
+// LinkDir (fwd, bwd), parse_link_dir and link_dir_name are core/role.h's.
 
 // Checks one codec spec string ("int8", "lowrank:rank=8+int8"); returns an error naming the bad
 // token. Injectable so tests and tools can narrow what a job accepts.

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <tuple>
 
+#include "core/role.h"
 #include "grid/parse_number.h"
 
 namespace lh {
@@ -66,7 +67,7 @@ Result<LinkSelection> parse_link_selector(const Topology& t, const std::string& 
   if (const size_t colon = text.find(':'); colon != std::string::npos) {
     name = text.substr(0, colon);
     dir = text.substr(colon + 1);
-    if (dir != "fwd" && dir != "bwd") return invalid_argument(where + ": direction '" + dir + "' is not fwd or bwd");
+    if (!parse_link_dir(dir).ok()) return invalid_argument(where + ": direction '" + dir + "' is not fwd or bwd");
   }
   const size_t dash = name.find('-');
   if (dash == std::string::npos) return invalid_argument(where + ": expected END-END, e.g. 0-1 or s0d0-s0d1");

@@ -38,7 +38,7 @@ Result<Topology> Topology::create(int workers, int pp, int tp, int dp) {
 int Topology::rank_of(const WorkerCoord& c) const {
   LH_ASSERT(c.stage >= 0 && c.stage < pp_ && c.tp >= 0 && c.tp < tp_ && c.dp >= 0 && c.dp < dp_,
             "coordinate outside " + describe());
-  return (c.stage * dp_ + c.dp) * tp_ + c.tp;
+  return rank_in_grid(tp_, dp_, c);
 }
 
 WorkerCoord Topology::coord_of(int rank) const {

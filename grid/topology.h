@@ -46,6 +46,9 @@ class Topology {
   // Both functions assert on out-of-grid input (our own invariant); use checked_* for user input.
   int rank_of(const WorkerCoord& c) const;
   WorkerCoord coord_of(int rank) const;
+  // The rank formula itself, (stage · dp + replica) · tp + shard, for a pp × tp × dp grid not (yet) made a Topology
+  // (the planner's candidate grids); rank_of() is this with its bounds asserted.
+  static int rank_in_grid(int tp, int dp, const WorkerCoord& c) { return (c.stage * dp + c.dp) * tp + c.tp; }
   Result<int> checked_rank_of(const WorkerCoord& c) const;
   Result<WorkerCoord> checked_coord_of(int rank) const;
 

@@ -623,10 +623,7 @@ Status PipelineCoordinator::setup_auto_grad_locked() {
   if (stages.empty() && !(job_.compress_tp == "auto" && topology_.tp() > 1)) return Status::Ok();
   AutoCodecConfig config;
   if (!stages.empty()) {
-    LH_ASSIGN_OR_RETURN(config.ladder,
-                        parse_auto_ladder(
-                            job_.auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); },
-                            "--auto-grad-ladder"));
+    LH_ASSIGN_OR_RETURN(config.ladder, parse_auto_grad_ladder(job_.auto_grad_ladder));
   }
   config.every = job_.auto_every;
   config.fit = job_.auto_fit;
@@ -659,7 +656,7 @@ Status PipelineCoordinator::setup_auto_grad_locked() {
     // The tp groups' sums: one auto "link" for all of them (they switch together), its stand-in stage 0's pair
     // (shard 0 → shard 1, replica 0); per step, four sums per block and microbatch, each one partial sum's packet.
     AutoCodecConfig tc = config;
-    LH_ASSIGN_OR_RETURN(tc.ladder, parse_auto_ladder(job_.auto_tp_ladder, {}, "--auto-tp-ladder"));
+    LH_ASSIGN_OR_RETURN(tc.ladder, parse_auto_tp_ladder(job_.auto_tp_ladder));
     AutoCodec::Link x;
     x.src = topology_.rank_of({0, 0, 0});
     x.dst = topology_.rank_of({0, 1, 0});

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/role.h"
+
 namespace lh {
 namespace {
 
@@ -211,9 +213,7 @@ nlohmann::json report_page_data(const std::vector<WorkerStepMetrics>& records, c
     if ((fwd || bwd) && name.find(':') != std::string::npos) name = name.substr(0, name.find(':'));
     if (t.pairs > 1 && t.src < 0) name = std::to_string(t.pairs) + " pairs";
     nlohmann::json e = {{"link", name},
-                        {"dir", fwd   ? "fwd"
-                                : bwd ? "bwd"
-                                      : t.role},
+                        {"dir", role_dir_label(t.role)},
                         {"spec", t.codecs.empty() ? std::string() : t.codecs.back()},
                         {"raw_bytes", t.raw_bytes},
                         {"wire_bytes", t.wire_bytes}};

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/role.h"
+
 extern char** environ;
 
 namespace lh {
@@ -73,16 +75,10 @@ std::vector<BytesSeries> bytes_series(const MetricsSummary& s) {
   return out;
 }
 
-std::string direction_label(const std::string& role) {
-  if (role == "act") return "fwd";
-  if (role == "act_grad") return "bwd";
-  return role;
-}
-
 // "0→1 fwd int8→int4"; "other (12 pairs)" for a folded row.
 std::string series_title(const LinkTotals& row) {
   if (row.pairs > 1) return row.role + " (" + link_label(row) + ")";
-  std::string title = link_label(row) + " " + direction_label(row.role);
+  std::string title = link_label(row) + " " + role_dir_label(row.role);
   for (size_t i = 0; i < row.codecs.size(); ++i) title += (i ? "→" : " ") + row.codecs[i];
   return title;
 }
@@ -190,7 +186,7 @@ Result<std::string> write_metrics_gnuplot(const MetricsSummary& summary, const s
         const std::string colour = " lc rgb '" + std::string(kPalette[i % kPaletteSize]) + "'";
         const std::string at = std::to_string(c.step);
         marks += "set arrow from " + at + ", graph 0 to " + at + ", graph 1 nohead dt 3 lw 1.5" + colour + " back\n";
-        marks += "set label " + quoted(link_label(row) + " " + direction_label(row.role) + " → " + c.to) + " at " + at +
+        marks += "set label " + quoted(link_label(row) + " " + role_dir_label(row.role) + " → " + c.to) + " at " + at +
                  ", graph " + number(0.95 - 0.06 * (label++ % 6), "%.2f") +
                  (2 * c.step > summary.first_step + summary.last_step ? " right offset character -0.5,0"
                                                                       : " left offset character 0.5,0") +

@@ -11,7 +11,7 @@ namespace lh {
 namespace {
 
 int role_order(const std::string& role) {
-  const auto& names = metrics_role_names();
+  const auto& names = role_names();
   return static_cast<int>(std::find(names.begin(), names.end(), role) - names.begin());
 }
 

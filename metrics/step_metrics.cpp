@@ -12,11 +12,6 @@
 
 namespace lh {
 
-const std::vector<std::string>& metrics_role_names() {
-  static const std::vector<std::string> names{"act", "act_grad", "grad", "tp", "other"};
-  return names;
-}
-
 nlohmann::json step_metrics_to_json(const WorkerStepMetrics& m) {
   nlohmann::json j;
   j["step"] = m.step;
@@ -134,7 +129,7 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
   if (j.find("role") == j.end()) return r.error("role", "missing");
   LH_RETURN_IF_ERROR(r.string("role", t.role));
   bool known = false;
-  for (const std::string& n : metrics_role_names()) known |= n == t.role;
+  for (const std::string& n : role_names()) known |= n == t.role;
   if (!known) return r.error("role", "unknown role '" + t.role + "' (allowed: act, act_grad, grad, tp, other)");
   LH_RETURN_IF_ERROR(r.string("dir", t.dir));
   if (t.dir != "send" && t.dir != "recv") return r.error("dir", "expected send or recv, got '" + t.dir + "'");

@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "core/role.h"
 #include "core/status.h"
 
 namespace lh {
 
-// Role names in metrics; the same as transport's role_name(): act, act_grad, grad, tp, other.
-const std::vector<std::string>& metrics_role_names();
+// Role names in metrics are core/role.h's role_names(): act, act_grad, grad, tp, other.
 
 // Traffic of one link, role and counting end during one step. Each byte is counted by the sender
 // ("send") and may also be counted by the receiver ("recv"); summaries prefer the sender's count.

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "comm/sync_config.h"
 #include "grid/codec_plan.h"
 
 namespace lh {
@@ -28,6 +29,15 @@ Result<std::vector<std::string>> parse_auto_ladder(const std::string& text,
   }
   if (out.empty()) return invalid_argument(flag + " is empty");
   return out;
+}
+
+Result<std::vector<std::string>> parse_auto_grad_ladder(const std::string& text) {
+  return parse_auto_ladder(
+      text, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder");
+}
+
+Result<std::vector<std::string>> parse_auto_tp_ladder(const std::string& text) {
+  return parse_auto_ladder(text, {}, "--auto-tp-ladder");
 }
 
 namespace {
@@ -196,13 +206,22 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
   double step_s = 0;
   for (const auto& [st, tps] : slowest_tps_) step_s += config_.tokens_per_step / tps;
   if (!slowest_tps_.empty()) step_s /= double(slowest_tps_.size());
-  // What the window says of each link: its rate, latency, and the records it comes from.
-  struct Measured {
-    bool ok = false;
-    double bw = 0, latency = 0;
-    bool saturated = false;
-    const Totals* tr = nullptr;
-  };
+  const std::vector<Measured> measured = measure_links(pace, step_s);
+  const std::optional<PipelineCosts> costs = pipeline_costs();
+  std::map<size_t, AutoChoice> by_step;
+  if (costs) by_step = choose_pipeline_links(measured, *costs);
+  for (size_t k = 0; k < links_.size(); ++k) {
+    if (!measured[k].ok) continue;
+    auto joint_choice = by_step.find(k);
+    const AutoChoice* joint = joint_choice != by_step.end() ? &joint_choice->second : nullptr;
+    if (auto d = decide_link(k, measured[k], joint, pace, step_s, step)) out.push_back(std::move(*d));
+  }
+  reset_window();
+  return out;
+}
+
+// What the window says of each link: its rate, latency, and the records it comes from.
+std::vector<AutoCodec::Measured> AutoCodec::measure_links(double pace, double step_s) const {
   std::vector<Measured> measured(links_.size());
   for (size_t k = 0; k < links_.size(); ++k) {
     const Link& l = links_[k];
@@ -229,8 +248,13 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
     }
     m.ok = !(!l.overlaps_compute && step_s <= 0);
   }
-  // The step as it runs now, for the pipeline simulator: each stage's compute per microbatch (its slowest rank's,
-  // backward twice forward, as the planner takes it) and each measured auto link's transfer and latency.
+  return measured;
+}
+
+// The step as it runs now, for the pipeline simulator: each stage's compute per microbatch (its slowest rank's,
+// backward twice forward, as the planner takes it); the auto links' transfers and latencies are filled in later.
+// None without a pipeline of two stages or more, or when a rank's stage is unknown.
+std::optional<PipelineCosts> AutoCodec::pipeline_costs() const {
   std::optional<PipelineCosts> costs;
   const AutoCodecConfig::Pipeline* pipe = config_.pipeline ? &*config_.pipeline : nullptr;
   if (pipe && pipe->stages >= 2) {
@@ -250,113 +274,118 @@ std::vector<AutoDecision> AutoCodec::decide(int64_t step) {
         known = false;
         continue;
       }
-      const double per_mb = total / std::max(1, compute_steps_[rank]) / std::max(1, microbatches_);
+      const double per_mb = total / std::max(1, compute_steps_.at(rank)) / std::max(1, microbatches_);
       c.stage_forward[size_t(st->second)] = std::max(c.stage_forward[size_t(st->second)], per_mb / 3);
       c.stage_backward[size_t(st->second)] = std::max(c.stage_backward[size_t(st->second)], 2 * per_mb / 3);
     }
     if (known) costs = c;
   }
-  // The pipeline's auto links (between adjacent stages) are chosen together, by the step the simulator predicts with
-  // every one of them at its measured rate and latency.
+  return costs;
+}
+
+// The pipeline's auto links (between adjacent stages) are chosen together, by the step the simulator predicts with
+// every one of them at its measured rate and latency. Keyed by index into links_.
+std::map<size_t, AutoChoice> AutoCodec::choose_pipeline_links(const std::vector<Measured>& measured,
+                                                              PipelineCosts costs) const {
   std::map<size_t, AutoChoice> by_step;
-  if (costs) {
-    std::vector<size_t> joint;                // into links_
-    std::vector<std::pair<size_t, bool>> at;  // its pipeline link and direction (forward)
-    for (size_t k = 0; k < links_.size(); ++k) {
-      const Link& l = links_[k];
-      if (!measured[k].ok || !l.overlaps_compute) continue;
-      const int a = pipe->stage_of.count(l.src) ? pipe->stage_of.at(l.src) : -1;
-      const int b = pipe->stage_of.count(l.dst) ? pipe->stage_of.at(l.dst) : -1;
-      if (a < 0 || b < 0 || std::abs(a - b) != 1) continue;
-      joint.push_back(k);
-      at.emplace_back(size_t(std::min(a, b)), a < b);
-      (a < b ? costs->fwd_latency : costs->bwd_latency)[size_t(std::min(a, b))] = measured[k].latency;
+  const AutoCodecConfig::Pipeline* pipe = &*config_.pipeline;
+  std::vector<size_t> joint;                // into links_
+  std::vector<std::pair<size_t, bool>> at;  // its pipeline link and direction (forward)
+  for (size_t k = 0; k < links_.size(); ++k) {
+    const Link& l = links_[k];
+    if (!measured[k].ok || !l.overlaps_compute) continue;
+    const int a = pipe->stage_of.count(l.src) ? pipe->stage_of.at(l.src) : -1;
+    const int b = pipe->stage_of.count(l.dst) ? pipe->stage_of.at(l.dst) : -1;
+    if (a < 0 || b < 0 || std::abs(a - b) != 1) continue;
+    joint.push_back(k);
+    at.emplace_back(size_t(std::min(a, b)), a < b);
+    (a < b ? costs.fwd_latency : costs.bwd_latency)[size_t(std::min(a, b))] = measured[k].latency;
+  }
+  auto schedule = PipelineSchedule::build(pipe->kind, pipe->stages, microbatches_);
+  if (!joint.empty() && schedule.ok()) {
+    auto transfer = [&](size_t j, int i) {
+      return double(links_[joint[j]].bytes_per_mb[size_t(i)]) * 8 / measured[joint[j]].bw;
+    };
+    auto step_of = [&](const std::vector<int>& choice) -> Result<double> {
+      PipelineCosts c = costs;
+      for (size_t j = 0; j < joint.size(); ++j)
+        (at[j].second ? c.fwd_transfer : c.bwd_transfer)[at[j].first] = transfer(j, choice[j]);
+      LH_ASSIGN_OR_RETURN(PipelineSimResult sim, simulate_pipeline(*schedule, c));
+      return sim.makespan;
+    };
+    std::vector<int> sizes, current;
+    for (size_t k : joint) {
+      sizes.push_back(int(links_[k].bytes_per_mb.size()));
+      current.push_back(links_[k].current);
     }
-    auto schedule = PipelineSchedule::build(pipe->kind, pipe->stages, microbatches_);
-    if (!joint.empty() && schedule.ok()) {
-      auto transfer = [&](size_t j, int i) {
-        return double(links_[joint[j]].bytes_per_mb[size_t(i)]) * 8 / measured[joint[j]].bw;
-      };
-      auto step_of = [&](const std::vector<int>& choice) -> Result<double> {
-        PipelineCosts c = *costs;
-        for (size_t j = 0; j < joint.size(); ++j)
-          (at[j].second ? c.fwd_transfer : c.bwd_transfer)[at[j].first] = transfer(j, choice[j]);
-        LH_ASSIGN_OR_RETURN(PipelineSimResult sim, simulate_pipeline(*schedule, c));
-        return sim.makespan;
-      };
-      std::vector<int> sizes, current;
-      for (size_t k : joint) {
-        sizes.push_back(int(links_[k].bytes_per_mb.size()));
-        current.push_back(links_[k].current);
-      }
-      auto jc = choose_jointly(sizes, current, step_of, config_.relax, config_.step_tolerance);
-      if (jc.ok()) {
-        const std::string model = std::string("the pipeline simulator's step (") + schedule_kind_name(pipe->kind) +
-                                  ", " + std::to_string(pipe->stages) + " stages, " + std::to_string(microbatches_) +
-                                  " microbatches, every auto link at its measured rate and latency)";
-        const std::string pct = std::to_string(int(std::lround(config_.step_tolerance * 100))) + "%";
-        for (size_t j = 0; j < joint.size(); ++j)
-          by_step[joint[j]] =
-              AutoChoice{jc->index[j], transfer(j, jc->index[j]),
-                         "step " + ms(jc->step_s) + " within " + pct + " of the fastest codecs' " + ms(jc->fastest_s) +
-                             " (" + model + "; this link at " + mbit(measured[joint[j]].bw) + ")"};
-      }
+    auto jc = choose_jointly(sizes, current, step_of, config_.relax, config_.step_tolerance);
+    if (jc.ok()) {
+      const std::string model = std::string("the pipeline simulator's step (") + schedule_kind_name(pipe->kind) + ", " +
+                                std::to_string(pipe->stages) + " stages, " + std::to_string(microbatches_) +
+                                " microbatches, every auto link at its measured rate and latency)";
+      const std::string pct = std::to_string(int(std::lround(config_.step_tolerance * 100))) + "%";
+      for (size_t j = 0; j < joint.size(); ++j)
+        by_step[joint[j]] =
+            AutoChoice{jc->index[j], transfer(j, jc->index[j]),
+                       "step " + ms(jc->step_s) + " within " + pct + " of the fastest codecs' " + ms(jc->fastest_s) +
+                           " (" + model + "; this link at " + mbit(measured[joint[j]].bw) + ")"};
     }
   }
-  for (size_t k = 0; k < links_.size(); ++k) {
-    Link& l = links_[k];
-    const Measured& m = measured[k];
-    if (!m.ok) continue;
-    const double bw = m.bw, latency = m.latency;
-    const Totals& tr = *m.tr;
-    auto joint_choice = by_step.find(k);
-    AutoChoice c = joint_choice != by_step.end() ? joint_choice->second
-                   : l.overlaps_compute
-                       ? choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit)
-                       : choose_step_codec(l.bytes_per_mb, l.current, bw, l.ops_per_step, step_s, config_.relax);
-    const double weighed_against = l.overlaps_compute ? pace : step_s;
-    bool unchanged = false;
-    if (auto was = l.left.find(c.index); was != l.left.end()) {
-      const Link::Situation& then = was->second;
-      auto near = [&](double now, double before, double floor) {
-        return std::abs(now - before) <= config_.changed * std::max(before, floor);
-      };
-      unchanged =
-          near(bw, then.bps, 1.0) && near(latency, then.latency_s, 1e-3) && near(weighed_against, then.compute_s, 1e-6);
-    }
-    if (c.index == l.current || unchanged) {  // settled: back to a codec it left only once something has changed
-      l.wanted = -1;
-      l.wanted_times = 0;
-      continue;
-    }
-    l.wanted_times = c.index == l.wanted ? l.wanted_times + 1 : 1;
-    l.wanted = c.index;
-    if (l.moved && l.wanted_times < config_.confirm) continue;
-    l.moved = true;
+  return by_step;
+}
+
+// Link k's decision for this window, if it changes codec: `joint` is its choice with the pipeline's other auto links
+// (else it is chosen on its own, against the pace or the step); a codec it left is taken again only once the
+// measurements have changed, and a second move waits for `confirm` windows that want it.
+std::optional<AutoDecision> AutoCodec::decide_link(size_t k, const Measured& m, const AutoChoice* joint, double pace,
+                                                   double step_s, int64_t step) {
+  Link& l = links_[k];
+  const double bw = m.bw, latency = m.latency;
+  const Totals& tr = *m.tr;
+  AutoChoice c = joint ? *joint
+                 : l.overlaps_compute
+                     ? choose_auto_codec(l.bytes_per_mb, l.current, bw, pace, config_.relax, config_.fit)
+                     : choose_step_codec(l.bytes_per_mb, l.current, bw, l.ops_per_step, step_s, config_.relax);
+  const double weighed_against = l.overlaps_compute ? pace : step_s;
+  bool unchanged = false;
+  if (auto was = l.left.find(c.index); was != l.left.end()) {
+    const Link::Situation& then = was->second;
+    auto near = [&](double now, double before, double floor) {
+      return std::abs(now - before) <= config_.changed * std::max(before, floor);
+    };
+    unchanged =
+        near(bw, then.bps, 1.0) && near(latency, then.latency_s, 1e-3) && near(weighed_against, then.compute_s, 1e-6);
+  }
+  if (c.index == l.current || unchanged) {  // settled: back to a codec it left only once something has changed
     l.wanted = -1;
     l.wanted_times = 0;
-    AutoDecision d;
-    d.step = step;
-    d.link = l.name;
-    d.from = config_.ladder[size_t(l.current)];
-    d.to = config_.ladder[size_t(c.index)];
-    d.bandwidth_bps = bw;
-    d.latency_s = latency;
-    d.transfer_s = c.transfer_s;
-    d.compute_s = weighed_against;
-    d.reason = c.reason;
-    if (latency > 0 && tr.serial > 0)
-      d.reason +=
-          "; rate from the serial time of " + std::to_string(tr.messages) + " messages, one-way latency " + ms(latency);
-    else if (latency > 0)
-      d.reason += "; one-way latency " + ms(latency) + " taken out of the busy time once a " +
-                  (m.saturated ? "step (the link queues)" : "message");
-    l.left[l.current] = {bw, latency, weighed_against};
-    l.current = c.index;
-    out.push_back(std::move(d));
+    return std::nullopt;
   }
-  reset_window();
-  return out;
+  l.wanted_times = c.index == l.wanted ? l.wanted_times + 1 : 1;
+  l.wanted = c.index;
+  if (l.moved && l.wanted_times < config_.confirm) return std::nullopt;
+  l.moved = true;
+  l.wanted = -1;
+  l.wanted_times = 0;
+  AutoDecision d;
+  d.step = step;
+  d.link = l.name;
+  d.from = config_.ladder[size_t(l.current)];
+  d.to = config_.ladder[size_t(c.index)];
+  d.bandwidth_bps = bw;
+  d.latency_s = latency;
+  d.transfer_s = c.transfer_s;
+  d.compute_s = weighed_against;
+  d.reason = c.reason;
+  if (latency > 0 && tr.serial > 0)
+    d.reason +=
+        "; rate from the serial time of " + std::to_string(tr.messages) + " messages, one-way latency " + ms(latency);
+  else if (latency > 0)
+    d.reason += "; one-way latency " + ms(latency) + " taken out of the busy time once a " +
+                (m.saturated ? "step (the link queues)" : "message");
+  l.left[l.current] = {bw, latency, weighed_against};
+  l.current = c.index;
+  return d;
 }
 
 void AutoCodec::reset_window() {

@@ -58,6 +58,10 @@ struct AutoCodecConfig {
 Result<std::vector<std::string>> parse_auto_ladder(const std::string& text,
                                                    const std::function<Status(const std::string&)>& check = {},
                                                    const std::string& flag = "--auto-ladder");
+// The --auto-grad-ladder: parse_auto_ladder with each entry a gradient codec (check_grad_codec_spec).
+Result<std::vector<std::string>> parse_auto_grad_ladder(const std::string& text);
+// The --auto-tp-ladder: parse_auto_ladder under that flag's name.
+Result<std::vector<std::string>> parse_auto_tp_ladder(const std::string& text);
 
 // The choice for one link and direction, given the bytes per microbatch of every ladder entry.
 struct AutoChoice {
@@ -129,6 +133,20 @@ class AutoCodec {
   void reset_window();
 
  private:
+  struct Totals;
+  // What a window says of one link: its rate, latency, and the records it comes from.
+  struct Measured {
+    bool ok = false;
+    double bw = 0, latency = 0;
+    bool saturated = false;
+    const Totals* tr = nullptr;
+  };
+  // decide()'s steps.
+  std::vector<Measured> measure_links(double pace, double step_s) const;
+  std::optional<PipelineCosts> pipeline_costs() const;
+  std::map<size_t, AutoChoice> choose_pipeline_links(const std::vector<Measured>& measured, PipelineCosts costs) const;
+  std::optional<AutoDecision> decide_link(size_t k, const Measured& m, const AutoChoice* joint, double pace,
+                                          double step_s, int64_t step);
   struct Totals {
     uint64_t wire = 0, messages = 0;
     double seconds = 0;

@@ -101,6 +101,163 @@ void Cluster::set_link(int from, int to, double bandwidth_bps, double latency_s)
   latency_.at(size_t(from) * workers_.size() + size_t(to)) = latency_s;
 }
 
+namespace {
+
+// workers[i] of a cluster file: one worker, or `count` of them named NAME0, NAME1, …, appended to `workers` (and
+// their names to `by_name`).
+Status read_worker(const json& j, size_t i, const std::string& source, std::vector<ClusterWorker>* workers,
+                   std::map<std::string, int>* by_name) {
+  constexpr int kMaxWorkers = 100000;
+  const json& w = j["workers"][i];
+  const std::string f = "workers[" + std::to_string(i) + "]";
+  if (!w.is_object()) return field_error(source, f, "must be an object");
+  for (const auto& [key, _] : w.items())
+    if (key != "name" && key != "site" && key != "gflops" && key != "memory_gb" && key != "count")
+      return field_error(source, f + "." + key, "unknown field (name, site, gflops, memory_gb, count)");
+  ClusterWorker cw;
+  if (!w.contains("gflops") || !w["gflops"].is_number() || !(w["gflops"].get<double>() > 0) ||
+      !std::isfinite(w["gflops"].get<double>()))
+    return field_error(source, f + ".gflops", "must be a number > 0 (the worker's measured GFLOP/s)");
+  cw.gflops = w["gflops"].get<double>();
+  if (w.contains("memory_gb")) {
+    if (!w["memory_gb"].is_number() || !(w["memory_gb"].get<double>() >= 0))
+      return field_error(source, f + ".memory_gb", "must be a number >= 0 (0: unknown)");
+    cw.memory_gb = w["memory_gb"].get<double>();
+  }
+  if (w.contains("site")) {
+    if (!w["site"].is_string()) return field_error(source, f + ".site", "must be a string");
+    cw.site = w["site"].get<std::string>();
+  }
+  int count = 1;
+  if (w.contains("count")) {
+    if (!w["count"].is_number_integer() || w["count"].get<int64_t>() < 1 || w["count"].get<int64_t>() > kMaxWorkers)
+      return field_error(source, f + ".count", "must be an integer in [1, " + std::to_string(kMaxWorkers) + "]");
+    count = w["count"].get<int>();
+  }
+  std::string name = "w" + std::to_string(workers->size());
+  if (w.contains("name")) {
+    if (!w["name"].is_string() || w["name"].get<std::string>().empty())
+      return field_error(source, f + ".name", "must be a non-empty string");
+    name = w["name"].get<std::string>();
+  }
+  for (int k = 0; k < count; ++k) {
+    cw.name = count > 1 || w.contains("count") ? name + std::to_string(k) : name;
+    if (!by_name->emplace(cw.name, int(workers->size())).second)
+      return field_error(source, f + ".name", "'" + cw.name + "' names two workers");
+    workers->push_back(cw);
+    if (int(workers->size()) > kMaxWorkers)
+      return field_error(source, "workers", "more than " + std::to_string(kMaxWorkers) + " workers");
+  }
+  return Status::Ok();
+}
+
+// A link's shape (links.default, a rule): its bandwidth and latency, each written with its unit.
+Status read_link_shape(const json& o, const std::string& source, const std::string& f, double* bw, double* lat,
+                       bool need_both) {
+  if (!o.is_object()) return field_error(source, f, "must be an object with bandwidth and latency");
+  if (need_both && (!o.contains("bandwidth") || !o.contains("latency")))
+    return field_error(source, f, "needs both 'bandwidth' and 'latency'");
+  if (!o.contains("bandwidth") && !o.contains("latency"))
+    return field_error(source, f, "sets neither 'bandwidth' nor 'latency'");
+  if (o.contains("bandwidth")) {
+    auto b = parse_bandwidth(o["bandwidth"], source + ": " + f + ".bandwidth");
+    if (!b.ok()) return b.status();
+    *bw = *b;
+  }
+  if (o.contains("latency")) {
+    auto l = parse_latency(o["latency"], source + ": " + f + ".latency", /*plain_seconds=*/false);
+    if (!l.ok()) return l.status();
+    *lat = *l;
+  }
+  return Status::Ok();
+}
+
+// links.matrix: a bandwidth and a latency per ordered pair of workers, each W×W.
+Status read_link_matrix(const json& m, const std::string& source, size_t W, std::vector<double>* bandwidth,
+                        std::vector<double>* latency) {
+  if (!m.is_object() || !m.contains("bandwidth") || !m.contains("latency"))
+    return field_error(source, "links.matrix", "must be an object with 'bandwidth' and 'latency', each W×W");
+  for (const char* what : {"bandwidth", "latency"}) {
+    const std::string f = std::string("links.matrix.") + what;
+    const json& rows = m[what];
+    if (!rows.is_array() || rows.size() != W)
+      return field_error(source, f, "must have one row per worker (" + std::to_string(W) + ")");
+    for (size_t a = 0; a < W; ++a) {
+      if (!rows[a].is_array() || rows[a].size() != W)
+        return field_error(source, f + "[" + std::to_string(a) + "]",
+                           "must have one entry per worker (" + std::to_string(W) + ")");
+      for (size_t b = 0; b < W; ++b) {
+        if (a == b) continue;  // a worker's link to itself is not used
+        const std::string fe = source + ": " + f + "[" + std::to_string(a) + "][" + std::to_string(b) + "]";
+        auto v =
+            what[0] == 'b' ? parse_bandwidth(rows[a][b], fe) : parse_latency(rows[a][b], fe, /*plain_seconds=*/true);
+        if (!v.ok()) return v.status();
+        (what[0] == 'b' ? *bandwidth : *latency)[a * W + b] = *v;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The workers a rule's end names: a worker's name or a site's.
+Result<std::vector<int>> rule_members(const std::vector<ClusterWorker>& workers,
+                                      const std::map<std::string, int>& by_name, const std::string& source,
+                                      const json& v, const std::string& ff) {
+  const size_t W = workers.size();
+  if (!v.is_string()) return field_error(source, ff, "must be a worker's name or a site");
+  const std::string n = v.get<std::string>();
+  std::vector<int> out;
+  if (auto it = by_name.find(n); it != by_name.end()) out.push_back(it->second);
+  for (size_t w = 0; w < W; ++w)
+    if (workers[w].site == n && (out.empty() || out[0] != int(w))) out.push_back(int(w));
+  if (out.empty()) return field_error(source, ff, "'" + n + "' is neither a worker's name nor a site");
+  return out;
+}
+
+// links.rules[i] (`f`): within a group, between two, or from one to another, a bandwidth and/or latency over the
+// matrix or default.
+Status apply_link_rule(const json& r, const std::string& f, const std::string& source,
+                       const std::vector<ClusterWorker>& workers, const std::map<std::string, int>& by_name,
+                       std::vector<double>* bandwidth, std::vector<double>* latency) {
+  const size_t W = workers.size();
+  if (!r.is_object()) return field_error(source, f, "must be an object");
+  for (const auto& [key, _] : r.items())
+    if (key != "within" && key != "between" && key != "from" && key != "to" && key != "bandwidth" && key != "latency")
+      return field_error(source, f + "." + key, "unknown field (within, between, from, to, bandwidth, latency)");
+  std::vector<std::pair<std::vector<int>, std::vector<int>>> sides;  // (senders, receivers)
+  const int forms =
+      int(r.contains("within")) + int(r.contains("between")) + int(r.contains("from") || r.contains("to"));
+  if (forms != 1) return field_error(source, f, "needs exactly one of 'within', 'between', or 'from' with 'to'");
+  if (r.contains("within")) {
+    LH_ASSIGN_OR_RETURN(auto m, rule_members(workers, by_name, source, r["within"], f + ".within"));
+    sides.push_back({m, m});
+  } else if (r.contains("between")) {
+    if (!r["between"].is_array() || r["between"].size() != 2)
+      return field_error(source, f + ".between", "must be two names or sites, [\"a\", \"b\"]");
+    LH_ASSIGN_OR_RETURN(auto a, rule_members(workers, by_name, source, r["between"][0], f + ".between[0]"));
+    LH_ASSIGN_OR_RETURN(auto b, rule_members(workers, by_name, source, r["between"][1], f + ".between[1]"));
+    sides.push_back({a, b});
+    sides.push_back({b, a});
+  } else {
+    if (!r.contains("from") || !r.contains("to")) return field_error(source, f, "'from' and 'to' go together");
+    LH_ASSIGN_OR_RETURN(auto a, rule_members(workers, by_name, source, r["from"], f + ".from"));
+    LH_ASSIGN_OR_RETURN(auto b, rule_members(workers, by_name, source, r["to"], f + ".to"));
+    sides.push_back({a, b});
+  }
+  double bw = -1, lat = -1;
+  LH_RETURN_IF_ERROR(read_link_shape(r, source, f, &bw, &lat, false));
+  for (const auto& [from, to] : sides)
+    for (int a : from)
+      for (int b : to) {
+        if (a == b) continue;
+        if (bw > 0) (*bandwidth)[size_t(a) * W + size_t(b)] = bw;
+        if (lat >= 0) (*latency)[size_t(a) * W + size_t(b)] = lat;
+      }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<Cluster> Cluster::from_json(const json& j, const std::string& source) {
   if (!j.is_object()) return field_error(source, "(top level)", "must be an object with 'workers' and 'links'");
   for (const auto& [key, _] : j.items())
@@ -110,49 +267,7 @@ Result<Cluster> Cluster::from_json(const json& j, const std::string& source) {
     return field_error(source, "workers", "must be a non-empty array of workers");
   Cluster c;
   std::map<std::string, int> by_name;
-  constexpr int kMaxWorkers = 100000;
-  for (size_t i = 0; i < j["workers"].size(); ++i) {
-    const json& w = j["workers"][i];
-    const std::string f = "workers[" + std::to_string(i) + "]";
-    if (!w.is_object()) return field_error(source, f, "must be an object");
-    for (const auto& [key, _] : w.items())
-      if (key != "name" && key != "site" && key != "gflops" && key != "memory_gb" && key != "count")
-        return field_error(source, f + "." + key, "unknown field (name, site, gflops, memory_gb, count)");
-    ClusterWorker cw;
-    if (!w.contains("gflops") || !w["gflops"].is_number() || !(w["gflops"].get<double>() > 0) ||
-        !std::isfinite(w["gflops"].get<double>()))
-      return field_error(source, f + ".gflops", "must be a number > 0 (the worker's measured GFLOP/s)");
-    cw.gflops = w["gflops"].get<double>();
-    if (w.contains("memory_gb")) {
-      if (!w["memory_gb"].is_number() || !(w["memory_gb"].get<double>() >= 0))
-        return field_error(source, f + ".memory_gb", "must be a number >= 0 (0: unknown)");
-      cw.memory_gb = w["memory_gb"].get<double>();
-    }
-    if (w.contains("site")) {
-      if (!w["site"].is_string()) return field_error(source, f + ".site", "must be a string");
-      cw.site = w["site"].get<std::string>();
-    }
-    int count = 1;
-    if (w.contains("count")) {
-      if (!w["count"].is_number_integer() || w["count"].get<int64_t>() < 1 || w["count"].get<int64_t>() > kMaxWorkers)
-        return field_error(source, f + ".count", "must be an integer in [1, " + std::to_string(kMaxWorkers) + "]");
-      count = w["count"].get<int>();
-    }
-    std::string name = "w" + std::to_string(c.workers_.size());
-    if (w.contains("name")) {
-      if (!w["name"].is_string() || w["name"].get<std::string>().empty())
-        return field_error(source, f + ".name", "must be a non-empty string");
-      name = w["name"].get<std::string>();
-    }
-    for (int k = 0; k < count; ++k) {
-      cw.name = count > 1 || w.contains("count") ? name + std::to_string(k) : name;
-      if (!by_name.emplace(cw.name, int(c.workers_.size())).second)
-        return field_error(source, f + ".name", "'" + cw.name + "' names two workers");
-      c.workers_.push_back(cw);
-      if (int(c.workers_.size()) > kMaxWorkers)
-        return field_error(source, "workers", "more than " + std::to_string(kMaxWorkers) + " workers");
-    }
-  }
+  for (size_t i = 0; i < j["workers"].size(); ++i) LH_RETURN_IF_ERROR(read_worker(j, i, source, &c.workers_, &by_name));
   const size_t W = c.workers_.size();
   if (!j.contains("links") || !j["links"].is_object())
     return field_error(source, "links", "must be an object with 'default' and/or 'matrix' (and optional 'rules')");
@@ -164,103 +279,19 @@ Result<Cluster> Cluster::from_json(const json& j, const std::string& source) {
     return field_error(source, "links", "needs 'default' (every link) or 'matrix' (each pair)");
   c.bandwidth_.assign(W * W, 0);
   c.latency_.assign(W * W, 0);
-  auto read_shape = [&](const json& o, const std::string& f, double* bw, double* lat, bool need_both) -> Status {
-    if (!o.is_object()) return field_error(source, f, "must be an object with bandwidth and latency");
-    if (need_both && (!o.contains("bandwidth") || !o.contains("latency")))
-      return field_error(source, f, "needs both 'bandwidth' and 'latency'");
-    if (!o.contains("bandwidth") && !o.contains("latency"))
-      return field_error(source, f, "sets neither 'bandwidth' nor 'latency'");
-    if (o.contains("bandwidth")) {
-      auto b = parse_bandwidth(o["bandwidth"], source + ": " + f + ".bandwidth");
-      if (!b.ok()) return b.status();
-      *bw = *b;
-    }
-    if (o.contains("latency")) {
-      auto l = parse_latency(o["latency"], source + ": " + f + ".latency", /*plain_seconds=*/false);
-      if (!l.ok()) return l.status();
-      *lat = *l;
-    }
-    return Status::Ok();
-  };
   if (links.contains("default")) {
     double bw = 0, lat = 0;
-    LH_RETURN_IF_ERROR(read_shape(links["default"], "links.default", &bw, &lat, true));
+    LH_RETURN_IF_ERROR(read_link_shape(links["default"], source, "links.default", &bw, &lat, true));
     c.bandwidth_.assign(W * W, bw);
     c.latency_.assign(W * W, lat);
   }
-  if (links.contains("matrix")) {
-    const json& m = links["matrix"];
-    if (!m.is_object() || !m.contains("bandwidth") || !m.contains("latency"))
-      return field_error(source, "links.matrix", "must be an object with 'bandwidth' and 'latency', each W×W");
-    for (const char* what : {"bandwidth", "latency"}) {
-      const std::string f = std::string("links.matrix.") + what;
-      const json& rows = m[what];
-      if (!rows.is_array() || rows.size() != W)
-        return field_error(source, f, "must have one row per worker (" + std::to_string(W) + ")");
-      for (size_t a = 0; a < W; ++a) {
-        if (!rows[a].is_array() || rows[a].size() != W)
-          return field_error(source, f + "[" + std::to_string(a) + "]",
-                             "must have one entry per worker (" + std::to_string(W) + ")");
-        for (size_t b = 0; b < W; ++b) {
-          if (a == b) continue;  // a worker's link to itself is not used
-          const std::string fe = source + ": " + f + "[" + std::to_string(a) + "][" + std::to_string(b) + "]";
-          auto v = what[0] == 'b' ? parse_bandwidth(rows[a][b], fe) : parse_latency(rows[a][b], fe, /*plain_seconds=*/true);
-          if (!v.ok()) return v.status();
-          (what[0] == 'b' ? c.bandwidth_ : c.latency_)[a * W + b] = *v;
-        }
-      }
-    }
-  }
+  if (links.contains("matrix"))
+    LH_RETURN_IF_ERROR(read_link_matrix(links["matrix"], source, W, &c.bandwidth_, &c.latency_));
   if (links.contains("rules")) {
     if (!links["rules"].is_array()) return field_error(source, "links.rules", "must be an array");
-    for (size_t i = 0; i < links["rules"].size(); ++i) {
-      const json& r = links["rules"][i];
-      const std::string f = "links.rules[" + std::to_string(i) + "]";
-      if (!r.is_object()) return field_error(source, f, "must be an object");
-      for (const auto& [key, _] : r.items())
-        if (key != "within" && key != "between" && key != "from" && key != "to" && key != "bandwidth" &&
-            key != "latency")
-          return field_error(source, f + "." + key, "unknown field (within, between, from, to, bandwidth, latency)");
-      auto members = [&](const json& v, const std::string& ff) -> Result<std::vector<int>> {
-        if (!v.is_string()) return field_error(source, ff, "must be a worker's name or a site");
-        const std::string n = v.get<std::string>();
-        std::vector<int> out;
-        if (auto it = by_name.find(n); it != by_name.end()) out.push_back(it->second);
-        for (size_t w = 0; w < W; ++w)
-          if (c.workers_[w].site == n && (out.empty() || out[0] != int(w))) out.push_back(int(w));
-        if (out.empty()) return field_error(source, ff, "'" + n + "' is neither a worker's name nor a site");
-        return out;
-      };
-      std::vector<std::pair<std::vector<int>, std::vector<int>>> sides;  // (senders, receivers)
-      const int forms =
-          int(r.contains("within")) + int(r.contains("between")) + int(r.contains("from") || r.contains("to"));
-      if (forms != 1) return field_error(source, f, "needs exactly one of 'within', 'between', or 'from' with 'to'");
-      if (r.contains("within")) {
-        LH_ASSIGN_OR_RETURN(auto m, members(r["within"], f + ".within"));
-        sides.push_back({m, m});
-      } else if (r.contains("between")) {
-        if (!r["between"].is_array() || r["between"].size() != 2)
-          return field_error(source, f + ".between", "must be two names or sites, [\"a\", \"b\"]");
-        LH_ASSIGN_OR_RETURN(auto a, members(r["between"][0], f + ".between[0]"));
-        LH_ASSIGN_OR_RETURN(auto b, members(r["between"][1], f + ".between[1]"));
-        sides.push_back({a, b});
-        sides.push_back({b, a});
-      } else {
-        if (!r.contains("from") || !r.contains("to")) return field_error(source, f, "'from' and 'to' go together");
-        LH_ASSIGN_OR_RETURN(auto a, members(r["from"], f + ".from"));
-        LH_ASSIGN_OR_RETURN(auto b, members(r["to"], f + ".to"));
-        sides.push_back({a, b});
-      }
-      double bw = -1, lat = -1;
-      LH_RETURN_IF_ERROR(read_shape(r, f, &bw, &lat, false));
-      for (const auto& [from, to] : sides)
-        for (int a : from)
-          for (int b : to) {
-            if (a == b) continue;
-            if (bw > 0) c.bandwidth_[size_t(a) * W + size_t(b)] = bw;
-            if (lat >= 0) c.latency_[size_t(a) * W + size_t(b)] = lat;
-          }
-    }
+    for (size_t i = 0; i < links["rules"].size(); ++i)
+      LH_RETURN_IF_ERROR(apply_link_rule(links["rules"][i], "links.rules[" + std::to_string(i) + "]", source,
+                                         c.workers_, by_name, &c.bandwidth_, &c.latency_));
   }
   if (!links.contains("default"))  // a matrix alone must cover every pair (a rule may have filled some)
     for (size_t a = 0; a < W; ++a)

@@ -13,7 +13,7 @@
 #include <map>
 #include <optional>
 
-#include "comm/dp_reducer.h"
+#include "comm/sync_config.h"
 #include "core/json_limits.h"
 #include "grid/link_name.h"
 #include "grid/link_shapes.h"
@@ -305,7 +305,7 @@ Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_li
 
 Result<std::string> PipelineJobConfig::tp_spec() const {
   if (compress_tp != "auto") return compress_tp;
-  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(auto_tp_ladder, {}, "--auto-tp-ladder"));
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_tp_ladder(auto_tp_ladder));
   return ladder.front();
 }
 
@@ -343,10 +343,7 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs(bool keep_auto) c
   if (!keep_auto)
     for (std::string& spec : specs)
       if (spec == "auto") {
-        LH_ASSIGN_OR_RETURN(
-            std::vector<std::string> ladder,
-            parse_auto_ladder(
-                auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder"));
+        LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_grad_ladder(auto_grad_ladder));
         spec = ladder.front();
       }
   return specs;
@@ -361,24 +358,7 @@ Status PipelineJobConfig::validate() const {
   if (tp_split != "" && tp_split != "speed" && tp == 1)
     return invalid_argument("--tp-split " + tp_split + " needs --tp > 1");
   LH_RETURN_IF_ERROR(tp_heads_split().status());
-  if (tp > 1) {
-    if (train.model.subspace_k > 0)
-      return invalid_argument("--tp " + std::to_string(tp) +
-                              " with --subspace-k: tensor parallelism does not "
-                              "support a subspace model; use --subspace-k 0 or --tp 1");
-    Status s = compress_tp == "auto" ? tp_spec().status() : check_codec_spec(compress_tp);
-    if (!s.ok()) return s.prepend("--compress-tp '" + compress_tp + "'");
-    // Each step's tp all-reduces are named by a 12-bit sequence in the tag (docs/grid.md §2).
-    for (int st = 0; st < part.stages(); ++st) {
-      const int blocks = part.stage(st).num_blocks;
-      const int64_t ops = tp_all_reduces_per_step(blocks, microbatches, train.eval_batches);
-      if (ops >= 4095)
-        return invalid_argument(
-            "--tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(st) + ", --microbatches " +
-            std::to_string(microbatches) + " and " + std::to_string(train.eval_batches) + " evaluation batches needs " +
-            std::to_string(ops) + " all-reduces per step; at most 4094 fit: use fewer --microbatches or more stages");
-    }
-  }
+  if (tp > 1) LH_RETURN_IF_ERROR(check_tp(part));
   if (microbatches < 1)
     return invalid_argument("--microbatches must be at least 1, got " + std::to_string(microbatches));
   if (auto p = parse_packet_protection(data_protection); !p.ok()) return Status(p.status()).prepend("job config");
@@ -427,6 +407,34 @@ Status PipelineJobConfig::validate() const {
     return invalid_argument("--auto-tolerance " + std::to_string(auto_tolerance) +
                             ": expected a share of the step in (0, 1]");
   LH_RETURN_IF_ERROR(codec_plan().status());
+  LH_RETURN_IF_ERROR(check_grad_codecs());
+  return Status::Ok();
+}
+
+// validate() with tp > 1: a model tp can split, the --compress-tp codec, and each stage's tp all-reduces per step
+// within the tag's 12-bit sequence (docs/grid.md §2).
+Status PipelineJobConfig::check_tp(const Partition& part) const {
+  if (train.model.subspace_k > 0)
+    return invalid_argument("--tp " + std::to_string(tp) +
+                            " with --subspace-k: tensor parallelism does not "
+                            "support a subspace model; use --subspace-k 0 or --tp 1");
+  Status s = compress_tp == "auto" ? tp_spec().status() : check_codec_spec(compress_tp);
+  if (!s.ok()) return s.prepend("--compress-tp '" + compress_tp + "'");
+  // Each step's tp all-reduces are named by a 12-bit sequence in the tag (docs/grid.md §2).
+  for (int st = 0; st < part.stages(); ++st) {
+    const int blocks = part.stage(st).num_blocks;
+    const int64_t ops = tp_all_reduces_per_step(blocks, microbatches, train.eval_batches);
+    if (ops >= 4095)
+      return invalid_argument("--tp with " + std::to_string(blocks) + " blocks on stage " + std::to_string(st) +
+                              ", --microbatches " + std::to_string(microbatches) + " and " +
+                              std::to_string(train.eval_batches) + " evaluation batches needs " + std::to_string(ops) +
+                              " all-reduces per step; at most 4094 fit: use fewer --microbatches or more stages");
+  }
+  return Status::Ok();
+}
+
+// validate()'s gradient codecs: --compress-grad, the groups' overrides and the auto ladder, each suiting --sync.
+Status PipelineJobConfig::check_grad_codecs() const {
   if (compress_grad != "auto") {
     Status g = check_grad_codec_spec(compress_grad);
     if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
@@ -437,8 +445,7 @@ Status PipelineJobConfig::validate() const {
   if (compress_grad != "auto") grad.push_back(compress_grad);
   LH_ASSIGN_OR_RETURN(std::vector<int> auto_grad, auto_grad_stages());
   if (!auto_grad.empty()) {
-    auto ladder = parse_auto_ladder(
-        auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder");
+    auto ladder = parse_auto_grad_ladder(auto_grad_ladder);
     if (!ladder.ok()) return ladder.status();
     for (const std::string& g : *ladder) {
       if (g.rfind("powersgd", 0) == 0)

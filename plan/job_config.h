@@ -87,6 +87,8 @@ struct PipelineJobConfig {
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
+  Status check_tp(const Partition& part) const;  // validate()'s steps
+  Status check_grad_codecs() const;
   Result<Topology> topology() const;
   Result<Partition> make_partition() const;  // "speed" and "auto" give the even split until planned
   // The data plane's bounds this job implies (UcxDataPlane::set_bounds), whatever codec a link switches to: a packet

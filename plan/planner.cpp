@@ -8,11 +8,13 @@
 #include <numeric>
 #include <sstream>
 
-#include "comm/dp_reducer.h"
+#include "comm/collective_algo.h"
+#include "comm/sync_config.h"
 #include "compress/codec_chain.h"
 #include "grid/link_name.h"
 #include "grid/link_shapes.h"
 #include "grid/pipeline_sim.h"
+#include "grid/topology.h"
 #include "plan/auto_codec.h"
 
 namespace lh {
@@ -22,8 +24,6 @@ namespace {
 // parameter at the worker's GFLOP/s (`bench train` on this kind of machine: the optimizer takes about as long as
 // 100 FLOPs per parameter of the step's GEMMs).
 constexpr double kOptimizerFlopsPerParam = 100;
-// The collectives layer's choice (comm/process_group.h, CollectiveAlgo::kAuto): direct below this many bytes.
-constexpr double kDirectBelowBytes = 256 * 1024;
 
 struct ModelCosts {
   double C = 0, T = 0, V = 0, heads = 0;
@@ -83,7 +83,9 @@ struct Model {
   ModelCosts mc;
   PacketSizes sizes;
 
-  int rank_of(const Setup& s, int stage, int d, int t) const { return (stage * s.dp + d) * s.tp + t; }
+  int rank_of(const Setup& s, int stage, int d, int t) const {
+    return Topology::rank_in_grid(s.tp, s.dp, {stage, t, d});
+  }
   int w(const Setup& s, int rank) const { return s.worker_of_rank[size_t(rank)]; }
 
   // Slowest pair (bandwidth) and latest pair (latency) among the directed pairs (rank a → rank b), remembered by the
@@ -119,11 +121,58 @@ struct Model {
   // All-reduce of `bytes` (one member's whole tensor on the wire) among n members, each pair its own link.
   static double all_reduce_s(double bytes, int n, double bw, double lat) {
     if (n <= 1) return 0;
-    if (n == 2 || bytes < kDirectBelowBytes) return bytes * 8 / bw + lat;
+    if (auto_picks_direct(n, bytes)) return bytes * 8 / bw + lat;
     return 2 * (bytes / n) * 8 / bw + 2 * lat;
   }
 
+  // What step()'s parts compute and hand on.
+  struct StepWork {
+    int64_t rows_max = 0;  // tokens of the largest replica's microbatch
+    PipelineCosts costs;
+    double wire = 0;
+    std::vector<double> stage_params, stage_speed;
+    double worst_dp = 0;
+    int worst_dp_stage = -1;
+  };
+
+  // The predicted step of setup `s`: compute and tp collectives per stage, pipeline links, the simulated schedule,
+  // the replicas' all-reduce, the gradient norm, memory, and the bottleneck.
   Result<JobPlan> step(const Setup& s) {
+    JobPlan p = plan_of(s);
+    const int S = s.pp;
+    StepWork work;
+    for (int d = 0; d < s.dp; ++d) work.rows_max = std::max(work.rows_max, rows_of(s, d));
+    work.costs.stage_forward.assign(S, 0);
+    work.costs.stage_backward.assign(S, 0);
+    work.costs.fwd_transfer.assign(size_t(std::max(0, S - 1)), 0);
+    work.costs.bwd_transfer = work.costs.fwd_transfer;
+    work.costs.fwd_latency = work.costs.fwd_transfer;
+    work.costs.bwd_latency = work.costs.fwd_transfer;
+    work.stage_params.assign(S, 0);
+    work.stage_speed.assign(S, 0);
+    for (int st = 0; st < S; ++st) LH_RETURN_IF_ERROR(stage_compute(s, st, work));
+    LH_RETURN_IF_ERROR(pipeline_link_costs(s, work));
+    work.costs.optimizer = 0;
+    LH_ASSIGN_OR_RETURN(PipelineSchedule sched, PipelineSchedule::build(s.kind, S, s.M));
+    LH_ASSIGN_OR_RETURN(PipelineSimResult sim, simulate_pipeline(sched, work.costs));
+    p.pipeline_s = sim.makespan;
+    p.bubble = sim.bubble_fraction;
+    p.stage_forward_s = work.costs.stage_forward;
+    p.stage_backward_s = work.costs.stage_backward;
+    p.fwd_transfer_s = work.costs.fwd_transfer;
+    p.bwd_transfer_s = work.costs.bwd_transfer;
+    LH_ASSIGN_OR_RETURN(double end, replica_sync_end(s, sim, work, p));
+    p.norm_s = grad_norm_s(s);
+    p.step_s = end + p.norm_s + p.optimizer_s;
+    p.tokens_per_s = double(train.batch) * mc.T / p.step_s;
+    p.wire_bytes = work.wire;
+    p.memory_gb = memory_gb(s, work);
+    p.bottleneck = bottleneck(s, work, p.step_s);
+    return p;
+  }
+
+  // The plan's description of setup `s` (its grid, partition, schedule and codecs), before any cost.
+  static JobPlan plan_of(const Setup& s) {
     JobPlan p;
     p.pp = s.pp;
     p.tp = s.tp;
@@ -136,82 +185,86 @@ struct Model {
     p.bwd_codec = s.bwd;
     p.grad_codec = s.grad;
     p.tp_codec = s.tpc;
+    return p;
+  }
+
+  // Tokens of one microbatch of replica d (--dp-split: its share).
+  int64_t rows_of(const Setup& s, int d) const {
+    const int seqs = s.dp_rows.empty() ? train.batch / s.dp : s.dp_rows[size_t(d)];
+    return int64_t(seqs / s.M) * int64_t(mc.T);
+  }
+
+  // Stage st's forward and backward per microbatch: its slowest replica, each paced by its slowest shard (a shard does
+  // 1/tp of the work), with its tp collectives; its parameters per shard and the speed its optimizer runs at.
+  Status stage_compute(const Setup& s, int st, StepWork& work) {
     const int S = s.pp;
-    // Tokens of one microbatch of replica d (--dp-split: its share).
-    auto rows_of = [&](int d) {
-      const int seqs = s.dp_rows.empty() ? train.batch / s.dp : s.dp_rows[size_t(d)];
-      return int64_t(seqs / s.M) * int64_t(mc.T);
-    };
-    int64_t rows_max = 0;
-    for (int d = 0; d < s.dp; ++d) rows_max = std::max(rows_max, rows_of(d));
-    const int64_t C = int64_t(mc.C);
-    PipelineCosts costs;
-    costs.stage_forward.assign(S, 0);
-    costs.stage_backward.assign(S, 0);
-    costs.fwd_transfer.assign(size_t(std::max(0, S - 1)), 0);
-    costs.bwd_transfer = costs.fwd_transfer;
-    costs.fwd_latency = costs.fwd_transfer;
-    costs.bwd_latency = costs.fwd_transfer;
-    double wire = 0;
-    std::vector<double> stage_params(S), stage_speed(S);
-    for (int st = 0; st < S; ++st) {
-      const int blocks = s.counts[size_t(st)];
-      double fwd_flops = blocks * mc.block_fwd_flops;
-      double params = blocks * mc.block_params;
-      if (st == 0) params += mc.embed_params;
-      if (st == S - 1) {
-        fwd_flops += mc.head_fwd_flops;
-        params += mc.head_params;
-      }
-      stage_params[size_t(st)] = params / s.tp;
-      // The stage's pace: its slowest replica, each paced by its slowest shard (a shard does 1/tp of the work).
-      double fwd = 0, bwd = 0, slowest_all = 1e300, slowdown_all = 1;
-      for (int d = 0; d < s.dp; ++d) {
-        const int64_t rows_mb = rows_of(d);
-        double slowest = 1e300;
-        for (int t = 0; t < s.tp; ++t) {
-          const int r = rank_of(s, st, d, t);
-          const double g = cluster.worker(w(s, r)).gflops / s.slowdown[size_t(r)];
-          slowest = std::min(slowest, g);
-          if (g < slowest_all) {
-            slowest_all = g;
-            slowdown_all = s.slowdown[size_t(r)];
-          }
-        }
-        const double f = fwd_flops / s.tp * double(rows_mb) / (slowest * 1e9);
-        double tp_fwd = 0, tp_bwd = 0;
-        if (s.tp > 1) {
-          // Two all-reduces of the partial sums per block forward and two backward, on the critical path, and the
-          // relay of each received pipeline slice to the shard's tp peers.
-          std::vector<int> group;
-          for (int t = 0; t < s.tp; ++t) group.push_back(rank_of(s, st, d, t));
-          auto [bw, lat] = worst_in_group(s, group);
-          LH_ASSIGN_OR_RETURN(double bytes, sizes.bytes(s.tpc, rows_mb, C));
-          const double ar = all_reduce_s(bytes, s.tp, bw, lat);
-          double relay_f = 0, relay_b = 0;
-          if (st > 0) {
-            LH_ASSIGN_OR_RETURN(double sb, sizes.bytes(s.fwd[size_t(st - 1)], (rows_mb + s.tp - 1) / s.tp, C));
-            relay_f = sb * 8 / bw + lat;
-          }
-          if (st < S - 1) {
-            LH_ASSIGN_OR_RETURN(double sb, sizes.bytes(s.bwd[size_t(st)], (rows_mb + s.tp - 1) / s.tp, C));
-            relay_b = sb * 8 / bw + lat;
-          }
-          tp_fwd = 2 * blocks * ar + relay_f;
-          tp_bwd = 2 * blocks * ar + relay_b;
-          // Per microbatch: each member sends its tensor to every other (direct) or 2(n−1)/n of it (mesh).
-          const double per_ar =
-              (s.tp == 2 || bytes < kDirectBelowBytes) ? bytes * (s.tp - 1) : 2 * bytes * (s.tp - 1) / s.tp;
-          wire += s.M * (4 * blocks * per_ar * s.tp);
-        }
-        fwd = std::max(fwd, f + tp_fwd);
-        bwd = std::max(bwd, 2 * f + tp_bwd);
-      }
-      stage_speed[size_t(st)] = slowest_all * slowdown_all;  // without --slowdown: the optimizer is not slowed
-      costs.stage_forward[size_t(st)] = fwd;
-      costs.stage_backward[size_t(st)] = bwd;
+    const int blocks = s.counts[size_t(st)];
+    double fwd_flops = blocks * mc.block_fwd_flops;
+    double params = blocks * mc.block_params;
+    if (st == 0) params += mc.embed_params;
+    if (st == S - 1) {
+      fwd_flops += mc.head_fwd_flops;
+      params += mc.head_params;
     }
-    // Pipeline links: each shard of each replica sends its slice to the same shard of the next stage.
+    work.stage_params[size_t(st)] = params / s.tp;
+    double fwd = 0, bwd = 0, slowest_all = 1e300, slowdown_all = 1;
+    for (int d = 0; d < s.dp; ++d) {
+      const int64_t rows_mb = rows_of(s, d);
+      double slowest = 1e300;
+      for (int t = 0; t < s.tp; ++t) {
+        const int r = rank_of(s, st, d, t);
+        const double g = cluster.worker(w(s, r)).gflops / s.slowdown[size_t(r)];
+        slowest = std::min(slowest, g);
+        if (g < slowest_all) {
+          slowest_all = g;
+          slowdown_all = s.slowdown[size_t(r)];
+        }
+      }
+      const double f = fwd_flops / s.tp * double(rows_mb) / (slowest * 1e9);
+      double tp_fwd = 0, tp_bwd = 0;
+      if (s.tp > 1) LH_RETURN_IF_ERROR(tp_costs(s, st, d, blocks, rows_mb, &tp_fwd, &tp_bwd, &work.wire));
+      fwd = std::max(fwd, f + tp_fwd);
+      bwd = std::max(bwd, 2 * f + tp_bwd);
+    }
+    work.stage_speed[size_t(st)] = slowest_all * slowdown_all;  // without --slowdown: the optimizer is not slowed
+    work.costs.stage_forward[size_t(st)] = fwd;
+    work.costs.stage_backward[size_t(st)] = bwd;
+    return Status::Ok();
+  }
+
+  // Two all-reduces of the partial sums per block forward and two backward, on the critical path, and the relay of
+  // each received pipeline slice to the shard's tp peers (stage st, replica d); their bytes are added to `wire`.
+  Status tp_costs(const Setup& s, int st, int d, int blocks, int64_t rows_mb, double* tp_fwd, double* tp_bwd,
+                  double* wire) {
+    const int S = s.pp;
+    const int64_t C = int64_t(mc.C);
+    std::vector<int> group;
+    for (int t = 0; t < s.tp; ++t) group.push_back(rank_of(s, st, d, t));
+    auto [bw, lat] = worst_in_group(s, group);
+    LH_ASSIGN_OR_RETURN(double bytes, sizes.bytes(s.tpc, rows_mb, C));
+    const double ar = all_reduce_s(bytes, s.tp, bw, lat);
+    double relay_f = 0, relay_b = 0;
+    if (st > 0) {
+      LH_ASSIGN_OR_RETURN(double sb, sizes.bytes(s.fwd[size_t(st - 1)], (rows_mb + s.tp - 1) / s.tp, C));
+      relay_f = sb * 8 / bw + lat;
+    }
+    if (st < S - 1) {
+      LH_ASSIGN_OR_RETURN(double sb, sizes.bytes(s.bwd[size_t(st)], (rows_mb + s.tp - 1) / s.tp, C));
+      relay_b = sb * 8 / bw + lat;
+    }
+    *tp_fwd = 2 * blocks * ar + relay_f;
+    *tp_bwd = 2 * blocks * ar + relay_b;
+    // Per microbatch: each member sends its tensor to every other (direct) or 2(n−1)/n of it (mesh).
+    const double per_ar = auto_picks_direct(s.tp, bytes) ? bytes * (s.tp - 1) : 2 * bytes * (s.tp - 1) / s.tp;
+    *wire += s.M * (4 * blocks * per_ar * s.tp);
+    return Status::Ok();
+  }
+
+  // Pipeline links: each shard of each replica sends its slice to the same shard of the next stage.
+  Status pipeline_link_costs(const Setup& s, StepWork& work) {
+    const int S = s.pp;
+    const int64_t C = int64_t(mc.C);
+    PipelineCosts& costs = work.costs;
     for (int st = 0; st + 1 < S; ++st) {
       std::vector<std::pair<int, int>> fw, bw_pairs;
       for (int d = 0; d < s.dp; ++d)
@@ -219,7 +272,7 @@ struct Model {
           fw.push_back({rank_of(s, st, d, t), rank_of(s, st + 1, d, t)});
           bw_pairs.push_back({rank_of(s, st + 1, d, t), rank_of(s, st, d, t)});
         }
-      const int64_t rows = (rows_max + s.tp - 1) / s.tp;  // the largest replica's slice
+      const int64_t rows = (work.rows_max + s.tp - 1) / s.tp;  // the largest replica's slice
       LH_ASSIGN_OR_RETURN(double fb, sizes.bytes(s.fwd[size_t(st)], rows, C));
       LH_ASSIGN_OR_RETURN(double bb, sizes.bytes(s.bwd[size_t(st)], rows, C));
       auto [fbw, flat] = worst(s, fw);
@@ -228,25 +281,21 @@ struct Model {
       costs.fwd_latency[size_t(st)] = flat;
       costs.bwd_transfer[size_t(st)] = bb * 8 / bbw;
       costs.bwd_latency[size_t(st)] = blat;
-      wire += double(s.M) * (fb + bb) * s.dp * s.tp;
+      work.wire += double(s.M) * (fb + bb) * s.dp * s.tp;
     }
-    costs.optimizer = 0;
-    LH_ASSIGN_OR_RETURN(PipelineSchedule sched, PipelineSchedule::build(s.kind, S, s.M));
-    LH_ASSIGN_OR_RETURN(PipelineSimResult sim, simulate_pipeline(sched, costs));
-    p.pipeline_s = sim.makespan;
-    p.bubble = sim.bubble_fraction;
-    p.stage_forward_s = costs.stage_forward;
-    p.stage_backward_s = costs.stage_backward;
-    p.fwd_transfer_s = costs.fwd_transfer;
-    p.bwd_transfer_s = costs.bwd_transfer;
+    return Status::Ok();
+  }
 
-    // The replicas' all-reduce per stage shard, bucketed during the last backward: what outlasts it is exposed.
-    double end = 0, worst_dp = 0;
-    int worst_dp_stage = -1;
+  // The replicas' all-reduce per stage shard, bucketed during the last backward: what outlasts it is exposed. Sets
+  // p's dp_exposed_s and optimizer_s and work's worst_dp; returns when the last stage is done with both.
+  Result<double> replica_sync_end(const Setup& s, const PipelineSimResult& sim, StepWork& work, JobPlan& p) {
+    const int S = s.pp;
+    const int64_t C = int64_t(mc.C);
+    double end = 0;
     for (int st = 0; st < S; ++st) {
       double exposed = 0;
       if (s.dp > 1) {
-        const int64_t n = int64_t(std::ceil(stage_params[size_t(st)]));
+        const int64_t n = int64_t(std::ceil(work.stage_params[size_t(st)]));
         const int64_t rows = std::max<int64_t>(1, (n + C - 1) / C);
         LH_ASSIGN_OR_RETURN(double bytes, sizes.bytes(s.grad, rows, C));
         double ar = 0;
@@ -256,63 +305,74 @@ struct Model {
           auto [bw, lat] = worst_in_group(s, group);
           ar = std::max(ar, all_reduce_s(bytes, s.dp, bw, lat));
         }
-        const double per_member =
-            (s.dp == 2 || bytes < kDirectBelowBytes) ? bytes * (s.dp - 1) : 2 * bytes * (s.dp - 1) / s.dp;
-        wire += per_member * s.dp * s.tp / s.sync_every;
+        const double per_member = auto_picks_direct(s.dp, bytes) ? bytes * (s.dp - 1) : 2 * bytes * (s.dp - 1) / s.dp;
+        work.wire += per_member * s.dp * s.tp / s.sync_every;
         if (s.delayed) {
           exposed = std::max(0.0, ar - sim.makespan);
         } else {
-          exposed = std::max(0.0, ar - costs.stage_backward[size_t(st)]) / s.sync_every;
+          exposed = std::max(0.0, ar - work.costs.stage_backward[size_t(st)]) / s.sync_every;
         }
-        if (ar / s.sync_every > worst_dp) {
-          worst_dp = ar / s.sync_every;
-          worst_dp_stage = st;
+        if (ar / s.sync_every > work.worst_dp) {
+          work.worst_dp = ar / s.sync_every;
+          work.worst_dp_stage = st;
         }
       }
       end = std::max(end, sim.finish[size_t(st)] + exposed);
       p.dp_exposed_s = std::max(p.dp_exposed_s, exposed);
-      p.optimizer_s =
-          std::max(p.optimizer_s, stage_params[size_t(st)] * kOptimizerFlopsPerParam / (stage_speed[size_t(st)] * 1e9));
+      p.optimizer_s = std::max(p.optimizer_s, work.stage_params[size_t(st)] * kOptimizerFlopsPerParam /
+                                                  (work.stage_speed[size_t(st)] * 1e9));
     }
-    // The gradient norm: every worker of a replica sends its partial square sum to every other (one hop).
-    if (S * s.tp > 1 && train.grad_clip > 0) {
+    return end;
+  }
+
+  // The gradient norm: every worker of a replica sends its partial square sum to every other (one hop).
+  double grad_norm_s(const Setup& s) {
+    double norm = 0;
+    if (s.pp * s.tp > 1 && train.grad_clip > 0) {
       for (int d = 0; d < s.dp; ++d) {
         std::vector<int> group;
-        for (int st = 0; st < S; ++st)
+        for (int st = 0; st < s.pp; ++st)
           for (int t = 0; t < s.tp; ++t) group.push_back(rank_of(s, st, d, t));
-        p.norm_s = std::max(p.norm_s, worst_in_group(s, group).second);
+        norm = std::max(norm, worst_in_group(s, group).second);
       }
     }
-    p.step_s = end + p.norm_s + p.optimizer_s;
-    p.tokens_per_s = double(train.batch) * mc.T / p.step_s;
-    p.wire_bytes = wire;
+    return norm;
+  }
 
-    // Memory: weights, gradients and AdamW's two moments (fp32), and the activations of the microbatches in flight.
+  // Memory: weights, gradients and AdamW's two moments (fp32), and the activations of the microbatches in flight.
+  double memory_gb(const Setup& s, const StepWork& work) const {
+    const int S = s.pp;
+    double gb = 0;
     for (int st = 0; st < S; ++st) {
       const double in_flight = s.kind == ScheduleKind::k1F1B ? std::min(S - st, s.M) : s.M;  // gpipe, eager: all M
-      double act = s.counts[size_t(st)] * double(rows_max) * (16 * mc.C / s.tp + 2 * (mc.heads / s.tp) * mc.T);
-      if (st == S - 1) act += 2 * double(rows_max) * mc.V;
-      p.memory_gb = std::max(p.memory_gb, (16 * stage_params[size_t(st)] + 4 * in_flight * act) / 1e9);
+      double act = s.counts[size_t(st)] * double(work.rows_max) * (16 * mc.C / s.tp + 2 * (mc.heads / s.tp) * mc.T);
+      if (st == S - 1) act += 2 * double(work.rows_max) * mc.V;
+      gb = std::max(gb, (16 * work.stage_params[size_t(st)] + 4 * in_flight * act) / 1e9);
     }
+    return gb;
+  }
 
-    // The bottleneck: the resource busiest over the step.
+  // The bottleneck: the resource busiest over the step.
+  static std::string bottleneck(const Setup& s, const StepWork& work, double step_s) {
+    const int S = s.pp;
+    const PipelineCosts& costs = work.costs;
+    std::string out;
     double busiest = 0;
     for (int st = 0; st < S; ++st) {
       const double b = s.M * (costs.stage_forward[size_t(st)] + costs.stage_backward[size_t(st)]);
-      if (b > busiest) busiest = b, p.bottleneck = "stage " + std::to_string(st) + " compute";
+      if (b > busiest) busiest = b, out = "stage " + std::to_string(st) + " compute";
     }
     for (int st = 0; st + 1 < S; ++st) {
       const std::string name = std::to_string(st) + "-" + std::to_string(st + 1);
       if (s.M * costs.fwd_transfer[size_t(st)] > busiest)
-        busiest = s.M * costs.fwd_transfer[size_t(st)], p.bottleneck = "link " + name + " fwd";
+        busiest = s.M * costs.fwd_transfer[size_t(st)], out = "link " + name + " fwd";
       if (s.M * costs.bwd_transfer[size_t(st)] > busiest)
-        busiest = s.M * costs.bwd_transfer[size_t(st)], p.bottleneck = "link " + name + " bwd";
+        busiest = s.M * costs.bwd_transfer[size_t(st)], out = "link " + name + " bwd";
     }
-    if (worst_dp > busiest)
-      busiest = worst_dp, p.bottleneck = "dp all-reduce of stage " + std::to_string(worst_dp_stage);
-    if (busiest < 0.5 * p.step_s)
-      p.bottleneck = "latency and the pipeline's fill and drain (" + p.bottleneck + " busiest)";
-    return p;
+    if (work.worst_dp > busiest)
+      busiest = work.worst_dp, out = "dp all-reduce of stage " + std::to_string(work.worst_dp_stage);
+    if (busiest < 0.5 * step_s) out = "latency and the pipeline's fill and drain (" + out + " busiest)";
+    return out;
   }
 };
 
@@ -373,16 +433,9 @@ std::string JobPlan::describe() const {
 
 namespace {
 
-Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& job, bool auto_partition) {
-  LH_RETURN_IF_ERROR(job.validate());
-  if (job.train.model.subspace_k > 0)
-    return invalid_argument("plan: --subspace-k models are not modelled yet (their boundary carries K values)");
-  if (job.workers > cluster.size())
-    return invalid_argument("plan: the job has " + std::to_string(job.workers) + " workers, the cluster " +
-                            std::to_string(cluster.size()));
-  LH_ASSIGN_OR_RETURN(Topology topo, job.topology());
+// The cluster with the job's --link rules on top, as the emulation does: a rate caps the link, a delay adds to it.
+Result<Cluster> cluster_with_link_rules(const Cluster& cluster, const PipelineJobConfig& job, const Topology& topo) {
   Cluster c = cluster;
-  // --link rules on top of the cluster, as the emulation does: a rate caps the link, a delay adds to it.
   if (!job.links.empty())
     for (int r = 0; r < job.workers; ++r) {
       LH_ASSIGN_OR_RETURN(RankShapes sh, shapes_of(topo, r, job.links));
@@ -396,6 +449,13 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
         c.set_link(r, peer, bw, lat);
       }
     }
+  return c;
+}
+
+// The job's setup as it asks for it: grid, slowdowns, partition (by speed when auto_partition), replica rows, codecs
+// (`autos`: the pipeline links whose codec is auto) and sync.
+Result<Setup> setup_of(const Cluster& c, const PipelineJobConfig& job, bool auto_partition,
+                       std::vector<std::pair<PipelineLink, LinkDir>>* autos) {
   Setup s;
   s.pp = job.pp;
   s.tp = job.tp;
@@ -440,77 +500,97 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
     return invalid_argument(
         "plan: --compress-grad powersgd is not modelled yet (its two rounds are not a codec chain)");
   // Codecs: the plan's, with "auto" links settled as auto settles.
-  std::vector<std::pair<PipelineLink, LinkDir>> autos;
-  LH_ASSIGN_OR_RETURN(autos, job.auto_links());
+  LH_ASSIGN_OR_RETURN(*autos, job.auto_links());
   LH_ASSIGN_OR_RETURN(CodecPlan codecs, job.codec_plan());
   for (const PipelineLink& l : codecs.links()) {
     s.fwd.push_back(codecs.spec(l, LinkDir::kFwd));
     s.bwd.push_back(codecs.spec(l, LinkDir::kBwd));
   }
+  return s;
+}
+
+// The auto links chosen together by the predicted step, as auto decides in a running job: the fastest codecs, then
+// each link on the least lossy codec that keeps the step within --auto-tolerance of the fastest's.
+Status settle_auto_links(Model& m, Setup& s, const PipelineJobConfig& job,
+                         const std::vector<std::pair<PipelineLink, LinkDir>>& autos) {
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_ladder));
+  auto apply = [&](const std::vector<int>& choice) {
+    for (size_t k = 0; k < autos.size(); ++k)
+      (autos[k].second == LinkDir::kFwd ? s.fwd : s.bwd)[size_t(autos[k].first.from)] = ladder[size_t(choice[k])];
+  };
+  auto step_of = [&](const std::vector<int>& choice) -> Result<double> {
+    apply(choice);
+    LH_ASSIGN_OR_RETURN(JobPlan p, m.step(s));
+    return p.step_s;
+  };
+  LH_ASSIGN_OR_RETURN(JointChoice jc,
+                      choose_jointly(std::vector<int>(autos.size(), int(ladder.size())),
+                                     std::vector<int>(autos.size(), 0), step_of, 1.0, job.auto_tolerance));
+  apply(jc.index);
+  return Status::Ok();
+}
+
+// An auto gradient codec settles like auto links: the least lossy of its ladder whose exchange (the slowest stage
+// group's) fits under --auto-fit of the pace; one codec for every group here.
+Status settle_auto_grad(Model& m, Setup& s, const PipelineJobConfig& job) {
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_grad_ladder(job.auto_grad_ladder));
+  LH_ASSIGN_OR_RETURN(JobPlan base, m.step(s));
+  double pace = 0;
+  for (int st = 0; st < s.pp; ++st)
+    pace = std::max(pace, base.stage_forward_s[size_t(st)] + base.stage_backward_s[size_t(st)]);
+  std::vector<uint64_t> bytes(ladder.size(), 0);
+  double bw = 1e300;
+  for (int st = 0; st < s.pp; ++st) {
+    LH_ASSIGN_OR_RETURN(double params, stage_parameters(job, st));
+    std::vector<int> group;
+    for (int d = 0; d < s.dp; ++d) group.push_back(m.rank_of(s, st, d, 0));
+    bw = std::min(bw, m.worst_in_group(s, group).first);
+    for (size_t i = 0; i < ladder.size(); ++i) {
+      LH_ASSIGN_OR_RETURN(
+          double b, m.sizes.bytes(ladder[i], std::max<int64_t>(1, int64_t(params) / int64_t(m.mc.C)), int64_t(m.mc.C)));
+      const double per_pair = auto_picks_direct(s.dp, b) ? b : 2 * b / s.dp;
+      bytes[i] = std::max(bytes[i], uint64_t(per_pair));
+    }
+  }
+  s.grad = ladder[size_t(choose_auto_codec(bytes, 0, bw, pace, 1.0, job.auto_fit).index)];
+  return Status::Ok();
+}
+
+// An auto tp codec: the least lossy of its ladder whose step is within 5% of the fastest's (as auto decides).
+Status settle_auto_tp(Model& m, Setup& s, const PipelineJobConfig& job) {
+  LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_tp_ladder(job.auto_tp_ladder));
+  std::vector<double> steps;
+  for (const std::string& spec : ladder) {
+    s.tpc = spec;
+    LH_ASSIGN_OR_RETURN(JobPlan p, m.step(s));
+    steps.push_back(p.step_s);
+  }
+  const double fastest = *std::min_element(steps.begin(), steps.end());
+  for (size_t i = 0; i < ladder.size(); ++i)
+    if (steps[i] <= 1.05 * fastest) {
+      s.tpc = ladder[i];
+      break;
+    }
+  return Status::Ok();
+}
+
+Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& job, bool auto_partition) {
+  LH_RETURN_IF_ERROR(job.validate());
+  if (job.train.model.subspace_k > 0)
+    return invalid_argument("plan: --subspace-k models are not modelled yet (their boundary carries K values)");
+  if (job.workers > cluster.size())
+    return invalid_argument("plan: the job has " + std::to_string(job.workers) + " workers, the cluster " +
+                            std::to_string(cluster.size()));
+  LH_ASSIGN_OR_RETURN(Topology topo, job.topology());
+  LH_ASSIGN_OR_RETURN(Cluster c, cluster_with_link_rules(cluster, job, topo));
+  std::vector<std::pair<PipelineLink, LinkDir>> autos;
+  LH_ASSIGN_OR_RETURN(Setup s, setup_of(c, job, auto_partition, &autos));
   Model m{c, job.train, model_costs(job.train.model), {}, {}};
   if (auto_partition) LH_RETURN_IF_ERROR(improve_partition(m, s).status());
-  if (!autos.empty()) {
-    // The auto links chosen together by the predicted step, as auto decides in a running job: the fastest codecs, then
-    // each link on the least lossy codec that keeps the step within --auto-tolerance of the fastest's.
-    LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_ladder));
-    auto apply = [&](const std::vector<int>& choice) {
-      for (size_t k = 0; k < autos.size(); ++k)
-        (autos[k].second == LinkDir::kFwd ? s.fwd : s.bwd)[size_t(autos[k].first.from)] = ladder[size_t(choice[k])];
-    };
-    auto step_of = [&](const std::vector<int>& choice) -> Result<double> {
-      apply(choice);
-      LH_ASSIGN_OR_RETURN(JobPlan p, m.step(s));
-      return p.step_s;
-    };
-    LH_ASSIGN_OR_RETURN(JointChoice jc,
-                        choose_jointly(std::vector<int>(autos.size(), int(ladder.size())),
-                                       std::vector<int>(autos.size(), 0), step_of, 1.0, job.auto_tolerance));
-    apply(jc.index);
-  }
-  // An auto gradient codec settles like auto links: the least lossy of its ladder whose exchange (the slowest
-  // stage group's) fits under --auto-fit of the pace; one codec for every group here.
+  if (!autos.empty()) LH_RETURN_IF_ERROR(settle_auto_links(m, s, job, autos));
   LH_ASSIGN_OR_RETURN(std::vector<int> auto_grad, job.auto_grad_stages());
-  if (!auto_grad.empty() && s.dp > 1) {
-    LH_ASSIGN_OR_RETURN(
-        std::vector<std::string> ladder,
-        parse_auto_ladder(
-            job.auto_grad_ladder, [](const std::string& g) { return check_grad_codec_spec(g); }, "--auto-grad-ladder"));
-    LH_ASSIGN_OR_RETURN(JobPlan base, m.step(s));
-    double pace = 0;
-    for (int st = 0; st < s.pp; ++st)
-      pace = std::max(pace, base.stage_forward_s[size_t(st)] + base.stage_backward_s[size_t(st)]);
-    std::vector<uint64_t> bytes(ladder.size(), 0);
-    double bw = 1e300;
-    for (int st = 0; st < s.pp; ++st) {
-      LH_ASSIGN_OR_RETURN(double params, stage_parameters(job, st));
-      std::vector<int> group;
-      for (int d = 0; d < s.dp; ++d) group.push_back((st * s.dp + d) * s.tp);
-      bw = std::min(bw, m.worst_in_group(s, group).first);
-      for (size_t i = 0; i < ladder.size(); ++i) {
-        LH_ASSIGN_OR_RETURN(double b, m.sizes.bytes(ladder[i], std::max<int64_t>(1, int64_t(params) / int64_t(m.mc.C)),
-                                                    int64_t(m.mc.C)));
-        const double per_pair = (s.dp == 2 || b < kDirectBelowBytes) ? b : 2 * b / s.dp;
-        bytes[i] = std::max(bytes[i], uint64_t(per_pair));
-      }
-    }
-    s.grad = ladder[size_t(choose_auto_codec(bytes, 0, bw, pace, 1.0, job.auto_fit).index)];
-  }
-  // An auto tp codec: the least lossy of its ladder whose step is within 5% of the fastest's (as auto decides).
-  if (job.compress_tp == "auto" && s.tp > 1) {
-    LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_tp_ladder, {}, "--auto-tp-ladder"));
-    std::vector<double> steps;
-    for (const std::string& spec : ladder) {
-      s.tpc = spec;
-      LH_ASSIGN_OR_RETURN(JobPlan p, m.step(s));
-      steps.push_back(p.step_s);
-    }
-    const double fastest = *std::min_element(steps.begin(), steps.end());
-    for (size_t i = 0; i < ladder.size(); ++i)
-      if (steps[i] <= 1.05 * fastest) {
-        s.tpc = ladder[i];
-        break;
-      }
-  }
+  if (!auto_grad.empty() && s.dp > 1) LH_RETURN_IF_ERROR(settle_auto_grad(m, s, job));
+  if (job.compress_tp == "auto" && s.tp > 1) LH_RETURN_IF_ERROR(settle_auto_tp(m, s, job));
   if (auto_partition) return improve_partition(m, s);
   return m.step(s);
 }
@@ -526,28 +606,31 @@ Result<std::string> plan_partition(const Cluster& cluster, const PipelineJobConf
   return join(p.partition, ',');
 }
 
-Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainConfig& train,
-                                          const PlanOptions& options) {
-  LH_RETURN_IF_ERROR(train.validate());
-  const GptConfig& g = train.model;
-  if (g.subspace_k > 0)
-    return invalid_argument("plan: --subspace-k models are not modelled yet (their boundary carries K values)");
-  if (options.ladder.empty()) return invalid_argument("plan: --ladder names no codec");
-  for (const auto& spec : options.ladder) {
-    Status st = check_codec_spec(spec);
-    if (!st.ok()) return invalid_argument("plan: --ladder entry '" + spec + "': " + st.message());
+namespace {
+
+// One search of search_plans: every grid, placement, schedule and microbatch count, keeping each grid's best plan.
+struct PlanSearch {
+  const Cluster& cluster;
+  const TrainConfig& train;
+  const PlanOptions& options;
+  Model m;
+  std::vector<int> by_speed;  // the cluster's workers, fastest first
+  std::map<int, std::vector<int>> chains;
+  std::map<std::tuple<int, int, int>, JobPlan> best_of_grid;
+  std::string why_none = "no grid fits";
+  int grids = 0;
+
+  PlanSearch(const Cluster& c, const TrainConfig& t, const PlanOptions& o)
+      : cluster(c), train(t), options(o), m{c, t, model_costs(t.model), {}, {}} {
+    by_speed.resize(static_cast<size_t>(c.size()));
+    std::iota(by_speed.begin(), by_speed.end(), 0);
+    std::stable_sort(by_speed.begin(), by_speed.end(),
+                     [&](int a, int b) { return cluster.worker(a).gflops > cluster.worker(b).gflops; });
   }
-  if (options.schedules.empty()) return invalid_argument("plan: no schedule to try");
-  const int W = cluster.size();
-  Model m{cluster, train, model_costs(g), {}, {}};
+
   // Candidate workers, fastest first; a grid of N workers takes the N fastest, ordered into a chain in which each
   // next worker is the one the previous reaches fastest, so that neighbours in rank order share fast links.
-  std::vector<int> by_speed(static_cast<size_t>(W));
-  std::iota(by_speed.begin(), by_speed.end(), 0);
-  std::stable_sort(by_speed.begin(), by_speed.end(),
-                   [&](int a, int b) { return cluster.worker(a).gflops > cluster.worker(b).gflops; });
-  std::map<int, std::vector<int>> chains;
-  auto chain_of = [&](int n) -> const std::vector<int>& {
+  const std::vector<int>& chain_of(int n) {
     auto it = chains.find(n);
     if (it != chains.end()) return it->second;
     std::vector<int> pool(by_speed.begin(), by_speed.begin() + n), chain;
@@ -569,108 +652,155 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
       cur = best;
     }
     return chains.emplace(n, std::move(chain)).first->second;
-  };
+  }
 
-  std::vector<JobPlan> top;
-  std::string why_none = "no grid fits";
   // The best plan of each grid (pp, tp, dp), so the list shows alternatives, not one grid's variants; between plans
   // within 0.1% of each other, the one that needs less memory (fewer microbatches in flight).
-  auto better = [](const JobPlan& a, const JobPlan& b) {
+  static bool better(const JobPlan& a, const JobPlan& b) {
     if (a.step_s < b.step_s * (1 - 1e-3)) return true;
     if (b.step_s < a.step_s * (1 - 1e-3)) return false;
     return a.memory_gb < b.memory_gb;
-  };
-  std::map<std::tuple<int, int, int>, JobPlan> best_of_grid;
-  auto keep = [&](JobPlan p) {
+  }
+  void keep(JobPlan p) {
     auto key = std::make_tuple(p.pp, p.tp, p.dp);
     auto it = best_of_grid.find(key);
     if (it == best_of_grid.end())
       best_of_grid.emplace(key, std::move(p));
     else if (better(p, it->second))
       it->second = std::move(p);
-  };
-  const int max_pp = std::min(g.layers, options.max_pp > 0 ? options.max_pp : g.layers);
-  int grids = 0;
-  for (int pp = 1; pp <= std::min(max_pp, W); ++pp)
-    for (int tp : divisors(g.heads)) {
-      if (options.max_tp > 0 && tp > options.max_tp) continue;
-      if (pp * tp > W) continue;
-      for (int dp : divisors(train.batch)) {
-        if (options.max_dp > 0 && dp > options.max_dp) continue;
-        const int n = pp * tp * dp;
-        if (n > W) continue;
-        ++grids;
-        const std::vector<int>& chain = chain_of(n);
-        for (int placement = 0; placement < (dp > 1 ? 2 : 1); ++placement) {
-          Setup s;
-          s.pp = pp;
-          s.tp = tp;
-          s.dp = dp;
-          s.grad = options.grad_codec;
-          s.tpc = options.tp_codec;
-          s.slowdown.assign(size_t(n), 1.0);
-          s.worker_of_rank.assign(size_t(n), 0);
-          for (int st = 0; st < pp; ++st)
-            for (int d = 0; d < dp; ++d)
-              for (int t = 0; t < tp; ++t) {
-                const int rank = (st * dp + d) * tp + t;
-                // 0: stage-major (a stage's replicas side by side); 1: replica-major (each replica's pipeline side by
-                // side).
-                const int pos = placement == 0 ? rank : (d * pp + st) * tp + t;
-                s.worker_of_rank[size_t(rank)] = chain[size_t(pos)];
-              }
-          std::vector<double> speeds(size_t(pp), 1e300);
-          for (int r = 0; r < n; ++r) {
-            const int st = r / (dp * tp);
-            speeds[size_t(st)] = std::min(speeds[size_t(st)], cluster.worker(s.worker_of_rank[size_t(r)]).gflops);
-          }
-          LH_ASSIGN_OR_RETURN(Partition start, Partition::proportional(g.layers, speeds));
-          const int local = train.batch / dp;
-          for (size_t k = 0; k < (pp > 1 ? options.schedules.size() : 1); ++k)  // one stage: no schedule to choose
-            for (int M : divisors(local)) {
-              const ScheduleKind kind = options.schedules[k];
-              if (M > options.max_microbatches) continue;
-              if (kind == ScheduleKind::kEager && tp > 1) continue;  // a stage's shards must share one order
-              s.kind = kind;
-              s.M = M;
-              s.counts = start.counts();
-              s.fwd.assign(size_t(pp - 1), options.ladder.back());
-              s.bwd = s.fwd;
-              LH_ASSIGN_OR_RETURN(JobPlan lossiest, improve_partition(m, s));
-              // Codecs: per link and direction, the least lossy within the tolerance of the lossiest there.
-              for (int l = 0; l + 1 < pp; ++l)
-                for (int dirn = 0; dirn < 2; ++dirn) {
-                  std::vector<std::string>& slot = dirn == 0 ? s.fwd : s.bwd;
-                  for (const std::string& spec : options.ladder) {
-                    slot[size_t(l)] = spec;
-                    LH_ASSIGN_OR_RETURN(JobPlan cand, m.step(s));
-                    if (cand.step_s <= lossiest.step_s * (1 + options.codec_tolerance)) break;
-                  }
-                }
-              LH_ASSIGN_OR_RETURN(JobPlan best, improve_partition(m, s));
-              bool fits = true;
-              for (int r = 0; r < n; ++r) {
-                const double mem = cluster.worker(s.worker_of_rank[size_t(r)]).memory_gb;
-                if (mem > 0 && best.memory_gb > mem) fits = false;
-              }
-              if (!fits) {
-                why_none =
-                    "no grid fits the workers' memory (the smallest need found: " + std::to_string(best.memory_gb) +
-                    " GB per worker)";
-                continue;
-              }
-              keep(std::move(best));
-            }
+  }
+
+  // Every grid that fits the cluster, the model's heads and the batch.
+  Status run() {
+    const GptConfig& g = train.model;
+    const int W = cluster.size();
+    const int max_pp = std::min(g.layers, options.max_pp > 0 ? options.max_pp : g.layers);
+    for (int pp = 1; pp <= std::min(max_pp, W); ++pp)
+      for (int tp : divisors(g.heads)) {
+        if (options.max_tp > 0 && tp > options.max_tp) continue;
+        if (pp * tp > W) continue;
+        for (int dp : divisors(train.batch)) {
+          if (options.max_dp > 0 && dp > options.max_dp) continue;
+          const int n = pp * tp * dp;
+          if (n > W) continue;
+          ++grids;
+          for (int placement = 0; placement < (dp > 1 ? 2 : 1); ++placement)
+            LH_RETURN_IF_ERROR(try_placement(pp, tp, dp, placement));
         }
       }
+    return Status::Ok();
+  }
+
+  // The grid's ranks on the chain of its workers. 0: stage-major (a stage's replicas side by side); 1: replica-major
+  // (each replica's pipeline side by side).
+  Setup placed(int pp, int tp, int dp, int placement) {
+    const int n = pp * tp * dp;
+    const std::vector<int>& chain = chain_of(n);
+    Setup s;
+    s.pp = pp;
+    s.tp = tp;
+    s.dp = dp;
+    s.grad = options.grad_codec;
+    s.tpc = options.tp_codec;
+    s.slowdown.assign(size_t(n), 1.0);
+    s.worker_of_rank.assign(size_t(n), 0);
+    for (int st = 0; st < pp; ++st)
+      for (int d = 0; d < dp; ++d)
+        for (int t = 0; t < tp; ++t) {
+          const int rank = Topology::rank_in_grid(tp, dp, {st, t, d});
+          const int pos = placement == 0 ? rank : (d * pp + st) * tp + t;
+          s.worker_of_rank[size_t(rank)] = chain[size_t(pos)];
+        }
+    return s;
+  }
+
+  // One placement of one grid: each schedule and microbatch count from a partition proportional to stage speed.
+  Status try_placement(int pp, int tp, int dp, int placement) {
+    const GptConfig& g = train.model;
+    const int n = pp * tp * dp;
+    Setup s = placed(pp, tp, dp, placement);
+    std::vector<double> speeds(size_t(pp), 1e300);
+    for (int r = 0; r < n; ++r) {
+      const int st = r / (dp * tp);
+      speeds[size_t(st)] = std::min(speeds[size_t(st)], cluster.worker(s.worker_of_rank[size_t(r)]).gflops);
     }
-  for (auto& [key, p] : best_of_grid) top.push_back(std::move(p));
+    LH_ASSIGN_OR_RETURN(Partition start, Partition::proportional(g.layers, speeds));
+    const int local = train.batch / dp;
+    for (size_t k = 0; k < (pp > 1 ? options.schedules.size() : 1); ++k)  // one stage: no schedule to choose
+      for (int M : divisors(local)) {
+        const ScheduleKind kind = options.schedules[k];
+        if (M > options.max_microbatches) continue;
+        if (kind == ScheduleKind::kEager && tp > 1) continue;  // a stage's shards must share one order
+        s.kind = kind;
+        s.M = M;
+        s.counts = start.counts();
+        LH_RETURN_IF_ERROR(try_schedule(s));
+      }
+    return Status::Ok();
+  }
+
+  // One schedule and microbatch count: the partition and codecs settled, kept when it fits the workers' memory.
+  Status try_schedule(Setup& s) {
+    const int pp = s.pp, n = s.pp * s.tp * s.dp;
+    s.fwd.assign(size_t(pp - 1), options.ladder.back());
+    s.bwd = s.fwd;
+    LH_ASSIGN_OR_RETURN(JobPlan lossiest, improve_partition(m, s));
+    // Codecs: per link and direction, the least lossy within the tolerance of the lossiest there.
+    for (int l = 0; l + 1 < pp; ++l)
+      for (int dirn = 0; dirn < 2; ++dirn) {
+        std::vector<std::string>& slot = dirn == 0 ? s.fwd : s.bwd;
+        for (const std::string& spec : options.ladder) {
+          slot[size_t(l)] = spec;
+          LH_ASSIGN_OR_RETURN(JobPlan cand, m.step(s));
+          if (cand.step_s <= lossiest.step_s * (1 + options.codec_tolerance)) break;
+        }
+      }
+    LH_ASSIGN_OR_RETURN(JobPlan best, improve_partition(m, s));
+    bool fits = true;
+    for (int r = 0; r < n; ++r) {
+      const double mem = cluster.worker(s.worker_of_rank[size_t(r)]).memory_gb;
+      if (mem > 0 && best.memory_gb > mem) fits = false;
+    }
+    if (!fits) {
+      why_none = "no grid fits the workers' memory (the smallest need found: " + std::to_string(best.memory_gb) +
+                 " GB per worker)";
+      return Status::Ok();
+    }
+    keep(std::move(best));
+    return Status::Ok();
+  }
+};
+
+// search_plans' refusals before any search: a model it cannot price, an empty or bad ladder, no schedule.
+Status check_search(const TrainConfig& train, const PlanOptions& options) {
+  LH_RETURN_IF_ERROR(train.validate());
+  if (train.model.subspace_k > 0)
+    return invalid_argument("plan: --subspace-k models are not modelled yet (their boundary carries K values)");
+  if (options.ladder.empty()) return invalid_argument("plan: --ladder names no codec");
+  for (const auto& spec : options.ladder) {
+    Status st = check_codec_spec(spec);
+    if (!st.ok()) return invalid_argument("plan: --ladder entry '" + spec + "': " + st.message());
+  }
+  if (options.schedules.empty()) return invalid_argument("plan: no schedule to try");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainConfig& train,
+                                          const PlanOptions& options) {
+  LH_RETURN_IF_ERROR(check_search(train, options));
+  PlanSearch search(cluster, train, options);
+  LH_RETURN_IF_ERROR(search.run());
+  std::vector<JobPlan> top;
+  for (auto& [key, p] : search.best_of_grid) top.push_back(std::move(p));
   std::sort(top.begin(), top.end(), [](const JobPlan& a, const JobPlan& b) { return a.step_s < b.step_s; });
   if (int(top.size()) > std::max(1, options.top)) top.resize(size_t(std::max(1, options.top)));
   if (top.empty())
-    return invalid_argument("plan: " + (grids == 0 ? std::string("no grid of the cluster's ") + std::to_string(W) +
-                                                         " workers fits the model (layers, heads) and --batch"
-                                                   : why_none));
+    return invalid_argument("plan: " + (search.grids == 0 ? std::string("no grid of the cluster's ") +
+                                                                std::to_string(cluster.size()) +
+                                                                " workers fits the model (layers, heads) and --batch"
+                                                          : search.why_none));
   return top;
 }
 

@@ -25,7 +25,7 @@ Result<std::optional<float>> StageRunner::evaluate(int64_t step, const int32_t* 
     bool* flag;
     ~Reset() { *flag = false; }
   } reset{&evaluating_};
-  compress::StreamState tx(compress::Role::activation), rx(compress::Role::activation);
+  compress::StreamState tx(Role::kActivation), rx(Role::kActivation);
   std::vector<Transfer> sends;
   double loss_sum = 0;
   for (int i = 0; i < batches; ++i) {

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/log.h"
-#include "transport/ucx_data_plane.h"
+#include "transport/worker_address.h"
 
 namespace lh {
 namespace {

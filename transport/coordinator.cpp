@@ -14,7 +14,7 @@
 #include "core/json_limits.h"
 #include "core/log.h"
 #include "transport/job_secret.h"
-#include "transport/ucx_data_plane.h"
+#include "transport/worker_address.h"
 
 namespace lh {
 namespace {

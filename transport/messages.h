@@ -126,7 +126,7 @@ struct PeerInfo {
   }
 };
 
-// The codec for one directed link and traffic direction ("fwd", "bwd", "grad", "tp").
+// The codec for one directed link and traffic direction ("fwd", "bwd", "grad", "tp": core/role.h's role_dir_label).
 struct LinkCodec {
   int32_t src = -1, dst = -1;
   std::string dir;
@@ -140,7 +140,7 @@ struct LinkCodec {
 // coordinator → workers (or ctl → coordinator): change a link's codec at a step boundary.
 struct SetCodec {
   int32_t src = -1, dst = -1;  // both −1 with dir "grad" (or "tp"): every link of that role
-  std::string dir;
+  std::string dir;             // fwd, bwd (a LinkDir's name), grad or tp (a role's): core/role.h's role_dir_label
   std::string spec;
   int64_t apply_at_step = -1;  // -1: the next step boundary the worker reaches
   // Non-zero: every worker acknowledges it (CodecApplied with this id) once it has scheduled it, so `ctl set-codec`

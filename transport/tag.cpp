@@ -1,29 +1,7 @@
-// Tag packing and role names. Used by the DataPlane, LinkMeter and their callers.
+// Tag packing. Used by the DataPlane, LinkMeter and their callers.
 #include "transport/tag.h"
 
 namespace lh {
-
-const char* role_name(Role role) {
-  switch (role) {
-    case Role::kActivation:
-      return "act";
-    case Role::kActivationGrad:
-      return "act_grad";
-    case Role::kWeightGrad:
-      return "grad";
-    case Role::kTpPartial:
-      return "tp";
-    case Role::kOther:
-      return "other";
-  }
-  return "unknown";
-}
-
-Result<Role> parse_role(const std::string& name) {
-  for (int r = 0; r < kNumRoles; ++r)
-    if (name == role_name(static_cast<Role>(r))) return static_cast<Role>(r);
-  return invalid_argument("unknown role '" + name + "' (allowed: act, act_grad, grad, tp, other)");
-}
 
 uint64_t Tag::pack() const {
   LH_ASSERT(microbatch < (1u << kMicrobatchBits), "microbatch " + std::to_string(microbatch) + " >= 4096");

@@ -1,27 +1,16 @@
-// defines: lh::Role (what a packet carries) and lh::Tag (step, microbatch, role, shard) with its 64-bit packing.
+// defines: lh::Tag (step, microbatch, role, shard) with its 64-bit packing.
 // Used by DataPlane callers (StageRunner, collectives) to address packets, and by LinkMeter to name roles.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "core/role.h"
 #include "core/status.h"
 
 namespace lh {
 
-// What a packet carries; the LinkMeter counts bytes per (peer, role, direction).
-enum class Role : uint8_t {
-  kActivation = 0,      // forward activations between pipeline stages
-  kActivationGrad = 1,  // dL/dA flowing backwards between stages
-  kWeightGrad = 2,      // data-parallel gradient synchronisation
-  kTpPartial = 3,       // tensor-parallel partial sums
-  kOther = 4,           // anything else (benchmarks, tests, checkpoints)
-};
-constexpr int kNumRoles = 5;
-
-// "act", "act_grad", "grad", "tp", "other" (the names used in metrics JSON).
-const char* role_name(Role role);
-Result<Role> parse_role(const std::string& name);
+// Role (what a packet carries; the LinkMeter counts bytes per (peer, role, direction)) is core/role.h's.
 
 // A packet's address within one link. A sender and a receiver agree on it; the DataPlane matches
 // a received packet to the recv() with the same (peer, Tag). Field widths: step wraps at 2^24 (the

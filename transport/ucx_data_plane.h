@@ -1,6 +1,6 @@
 // defines: lh::UcxDataPlane (the DataPlane over UCX active messages, one UCP context and worker per process,
-// progressed by its own thread that sleeps on the worker's event fd when idle), the checked worker-address
-// envelope, and ErrorDomain<ucs_status_t> for LH_CHECK_CODE. Used by workers, `bench link` and tests.
+// progressed by its own thread that sleeps on the worker's event fd when idle), and ErrorDomain<ucs_status_t> for
+// LH_CHECK_CODE. Used by workers, `bench link` and tests.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "transport/data_plane.h"
 #include "transport/packet_auth.h"
+#include "transport/worker_address.h"
 #include "transport/zmq_loop.h"
 
 namespace lh {
@@ -33,23 +34,6 @@ struct ErrorDomain<ucs_status_t> {
   static StatusCode status_code(ucs_status_t) { return StatusCode::kUnavailable; }
 };
 
-// A UCX worker address in a checked envelope ("LHUA", version, length, xxHash64), so a corrupt or
-// foreign address from the control plane is refused before UCX parses it. With `host`, the envelope also carries the
-// address the worker advertises (UcxOptions::advertise) and its listener's port: peers connect there.
-Bytes wrap_worker_address(const void* ucx_address, size_t length, const std::string& host = "", int port = 0);
-// What a peer's envelope holds.
-struct PeerAddress {
-  Bytes worker;      // the UCX worker address
-  std::string host;  // the advertised host, or "" when the peer advertises none (connect to `worker`)
-  int port = 0;      // its UCX listener's port
-  std::string describe() const;  // "advertised HOST:PORT", or "" without one
-};
-// The envelope's contents, or Corrupt naming the bad field.
-Result<PeerAddress> unwrap_peer_address(const Bytes& envelope);
-// The UCX address inside `envelope`, or Corrupt naming the bad field.
-Result<Bytes> unwrap_worker_address(const Bytes& envelope);
-// OK when `host` can be advertised: a DNS name or an IPv4 address (letters, digits, '.', '-', '_'; at most 253).
-Status check_advertised_host(const std::string& host);
 // "LO-HI" (1 ≤ LO ≤ HI ≤ 65535) as its two ports, or InvalidArgument saying what is wrong.
 Result<std::pair<int, int>> parse_port_range(const std::string& text);
 // The IP addresses of this host's interfaces that are up, as "10.1.0.5, fe80::1" (only those of `net_devices`, a UCX
@@ -226,6 +210,7 @@ class UcxDataPlane final : public DataPlane {
 
  private:
   struct Inbound;
+  struct AdvertisedPeer;
   struct Peer {
     ucp_ep_h ep = nullptr;
     std::string advertised;  // "advertised HOST:PORT" when the endpoint was made to the peer's advertised address
@@ -239,6 +224,13 @@ class UcxDataPlane final : public DataPlane {
 
   UcxDataPlane() = default;
   Status init(const UcxOptions& options);
+  // init's steps, in order.
+  Status take_options(const UcxOptions& options);
+  Status check_advertised_address();
+  Status create_context();
+  Status create_worker();
+  Status make_address();
+  Status start_progress_thread();
   // Runs `fn` on the progress thread (which owns every UCX object) and waits for its status.
   Status run_on_progress(std::function<Status()> fn);
   void post(std::function<void()> fn);
@@ -261,6 +253,16 @@ class UcxDataPlane final : public DataPlane {
   // Re-checks hellos that came before connect() gave the plane their senders' keys.
   void recheck_hellos();
   void send_hello(int peer);
+  // connect()'s steps: the peers' addresses (resolving advertised ones), the pairs' keys, the endpoints.
+  static Status read_peer_addresses(int self_rank, const std::map<int, Bytes>& peers, std::map<int, Bytes>* raw,
+                                    std::map<int, AdvertisedPeer>* advertised);
+  static AdvertisedPeer resolve_advertised(const PeerAddress& a);
+  struct PeerCrypto;
+  Result<std::map<int, std::shared_ptr<PeerCrypto>>> derive_pair_keys(int self_rank, const std::map<int, Bytes>& raw,
+                                                                      const DataPlaneSecurity& security);
+  Status open_endpoints(int self_rank, const std::map<int, Bytes>& raw,
+                        const std::map<int, AdvertisedPeer>& advertised);
+  Peer open_endpoint(int r, const Bytes& addr, const std::map<int, AdvertisedPeer>& advertised);
   // Decides what becomes of a packet announced from in->peer (in->length bytes): dropped (in->discard, counted), matched
   // to a posted receive (in->target; in->direct when UCX writes into the caller's buffer) or queued unexpected, with
   // the plane's buffer allocated unless direct or dropped.

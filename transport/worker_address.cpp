@@ -1,12 +1,12 @@
 // The checked envelope around a UCX worker address ("LHUA", version, length, xxHash64), declared in
-// transport/ucx_data_plane.h, with the address a worker advertises (--advertise) when it has one. Used by UcxDataPlane
+// transport/worker_address.h, with the address a worker advertises (--advertise) when it has one. Used by UcxDataPlane
 // (its own address) and by connect() (the peers').
+#include "transport/worker_address.h"
+
 #include <xxhash.h>
 
 #include <cctype>
 #include <cstring>
-
-#include "transport/ucx_data_plane.h"
 
 namespace lh {
 namespace {

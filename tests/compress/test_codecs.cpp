@@ -162,7 +162,7 @@ TEST(Codecs, StochasticRoundingIsUnbiased) {
   for (int i = 0; i < 32; ++i) x.at(i) = (i == 0) ? 1.0f : 0.3f + 0.011f * i;
   for (const char* spec : {"int4:block=32,scale=fp32,stochastic", "int2:block=32,scale=fp32,stochastic"}) {
     CodecChain chain = chain_of(spec);
-    StreamState tx(Role::weight_grad, 99), rx(Role::weight_grad);
+    StreamState tx(Role::kWeightGrad, 99), rx(Role::kWeightGrad);
     std::vector<double> mean(32, 0.0);
     for (int t = 0; t < N; ++t) {
       Tensor y = round_trip(chain, x, tx, rx);
@@ -222,8 +222,8 @@ TEST(Codecs, ZstdDecodesToTheBitsOfTheChainBeforeIt) {
       CodecChain plain = chain_of(inner), packed = chain_of(spec);
       ASSERT_TRUE(packed.zstd_last()) << spec;
       EXPECT_EQ(packed.before_zstd().spec(), plain.spec());
-      StreamState tx_a(Role::activation, 3), rx_a(Role::activation, 3), tx_b(Role::activation, 3),
-          rx_b(Role::activation, 3);
+      StreamState tx_a(Role::kActivation, 3), rx_a(Role::kActivation, 3), tx_b(Role::kActivation, 3),
+          rx_b(Role::kActivation, 3);
       std::vector<int64_t> ids = {7, 2, 9, 4};
       EncodeOptions eo;
       eo.sample_ids = &ids;

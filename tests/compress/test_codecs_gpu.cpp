@@ -39,7 +39,7 @@ TEST_F(CodecsGpu, ElementwiseAndSparseCodecsGiveIdenticalPackets) {
     for (const Shape& shape : {Shape{3, 1000}, Shape{3, 77, 129}}) {
       Tensor x = gaussian(shape, 17);
       Tensor xg = on_gpu(x);
-      StreamState tc(Role::activation, 9), tg(Role::activation, 9);
+      StreamState tc(Role::kActivation, 9), tg(Role::kActivation, 9);
       for (int step = 0; step < 3; ++step) {  // later steps exercise ef residuals and delta memories
         Packet pc, pg;
         ASSERT_TRUE(chain_of(spec).encode(x, tc, &pc, eo).ok()) << spec;

@@ -92,7 +92,7 @@ Corpus make_corpus(const std::string& spec) {
   EncodeOptions eo;
   eo.sample_ids = &ids;
   for (const Shape& shape : {Shape{4, 24}, Shape{4, 3, 5}, Shape{4, 64}}) {
-    StreamState tx(Role::activation_grad, 5);
+    StreamState tx(Role::kActivationGrad, 5);
     for (int t = 0; t < 2; ++t) {
       Packet p;
       Status s = chain.encode(gaussian(shape, 10 + t), tx, &p, eo);
@@ -109,7 +109,7 @@ TEST_P(Corruption, MutatedPacketsNeverCrashAndHashedOnesAreRejected) {
   Corpus c = make_corpus(GetParam());
   ASSERT_FALSE(c.packets.empty());
   Mutator m(0xC0DEC + std::hash<std::string>()(GetParam()));
-  StreamState rx(Role::activation_grad);
+  StreamState rx(Role::kActivationGrad);
   // The intact packets decode (this also seeds delta memories, as on a live stream).
   for (const auto& p : c.packets) {
     Tensor y;

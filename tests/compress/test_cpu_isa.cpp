@@ -341,7 +341,7 @@ TEST(CpuIsa, PacketsAreTheSameBytesOnEveryIsa) {
     std::vector<float> first_decoded;
     for (CpuIsa isa : isas()) {
       ASSERT_TRUE(kern::set_cpu_isa(isa).ok());
-      StreamState tx(Role::activation, 1), rx(Role::activation);
+      StreamState tx(Role::kActivation, 1), rx(Role::kActivation);
       Packet p;
       ASSERT_TRUE(chain->encode(x, tx, &p).ok()) << spec;
       Tensor y;
@@ -368,7 +368,7 @@ TEST(CpuIsa, TheSegmentedChecksumCatchesAFlipInAnySegment) {
   for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<float>(i % 1000) * 0.25f;
   auto chain = parse_codec_spec("none");
   ASSERT_TRUE(chain.ok());
-  StreamState tx(Role::activation, 1);
+  StreamState tx(Role::kActivation, 1);
   Packet packet;
   ASSERT_TRUE(chain->encode(x, tx, &packet).ok());
   auto h = parse_header(packet.bytes.data(), packet.size(), WireLimits{});

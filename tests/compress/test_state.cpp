@@ -47,7 +47,7 @@ TEST(ErrorFeedback, RunningSumOfDecodedTracksRunningSumOfInputs) {
 
 TEST(Delta, BothEndsKeepTheSameMemoryAndRepeatsGetCheaperToSendAccurately) {
   CodecChain chain = chain_of("delta+int4");
-  StreamState tx(Role::activation), rx(Role::activation);
+  StreamState tx(Role::kActivation), rx(Role::kActivation);
   std::vector<int64_t> ids = {7, 3, 11};
   EncodeOptions eo;
   eo.sample_ids = &ids;
@@ -118,10 +118,10 @@ TEST(StreamStateCheckpoint, SaveRestoreGivesIdenticalNextPackets) {
   for (const char* spec : {"ef+topk:ratio=0.1+int4:stochastic", "ef+lowrank:rank=2+int8", "delta+int8:stochastic",
                            "ef+randk:ratio=0.2+int2:stochastic"}) {
     CodecChain chain = chain_of(spec);
-    StreamState tx(Role::weight_grad, 42), rx(Role::weight_grad);
+    StreamState tx(Role::kWeightGrad, 42), rx(Role::kWeightGrad);
     for (int t = 0; t < 3; ++t) round_trip(chain, gaussian({2, 40}, t), tx, rx, nullptr, eo);
     StreamState tx2 = load(save(tx)), rx2 = load(save(rx));
-    EXPECT_EQ(tx2.role(), Role::weight_grad);
+    EXPECT_EQ(tx2.role(), Role::kWeightGrad);
     for (int t = 3; t < 6; ++t) {
       Tensor x = gaussian({2, 40}, t);
       Packet a, b;
@@ -138,7 +138,7 @@ TEST(StreamStateCheckpoint, SaveRestoreGivesIdenticalNextPackets) {
 
 TEST(StreamStateCheckpoint, ADifferentSeedGivesDifferentStochasticPackets) {
   CodecChain chain = chain_of("int4:stochastic");
-  StreamState a(Role::activation, 1), b(Role::activation, 2);
+  StreamState a(Role::kActivation, 1), b(Role::kActivation, 2);
   Tensor x = gaussian({256}, 3);
   Packet pa, pb;
   ASSERT_TRUE(chain.encode(x, a, &pa).ok());

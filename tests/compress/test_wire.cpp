@@ -106,14 +106,14 @@ TEST(Spec, BadTokensAreNamedWithWhatIsAllowed) {
 
 TEST(Roles, ParseAndName) {
   for (const char* r : {"activation", "activation_grad", "weight_grad", "tp_partial"}) {
-    auto role = parse_role(r);
+    auto role = parse_codec_role(r);
     ASSERT_TRUE(role.ok());
-    EXPECT_STREQ(role_name(*role), r);
+    EXPECT_STREQ(codec_role_name(*role), r);
   }
-  EXPECT_NE(parse_role("gradient").status().message().find("allowed"), std::string::npos);
+  EXPECT_NE(parse_codec_role("gradient").status().message().find("allowed"), std::string::npos);
 }
 
-Packet packet_of(const std::string& spec, const Shape& shape, Role role = Role::activation) {
+Packet packet_of(const std::string& spec, const Shape& shape, Role role = Role::kActivation) {
   StreamState tx(role);
   Packet p;
   Status s = chain_of(spec).encode(gaussian(shape, 1), tx, &p);
@@ -122,7 +122,7 @@ Packet packet_of(const std::string& spec, const Shape& shape, Role role = Role::
 }
 
 // Decodes `p` and expects a kCorrupt error naming `field`.
-void expect_corrupt(const Packet& p, const std::string& field, DecodeOptions o = {}, Role role = Role::activation) {
+void expect_corrupt(const Packet& p, const std::string& field, DecodeOptions o = {}, Role role = Role::kActivation) {
   StreamState rx(role);
   Tensor y;
   Status s = decode_packet(p.bytes.data(), p.size(), rx, &y, o);
@@ -262,19 +262,19 @@ TEST(Wire, ZstdFieldsAreCheckedAndNamed) {
   StageSpec z;
   z.id = CodecId::zstd;
   Packet other = packet_of("int8", {64, 4}), wrapped, twice;
-  ASSERT_TRUE(detail::zstd_wrap(z, Role::activation, DType::f32, {4, 64}, other, &wrapped).ok());
+  ASSERT_TRUE(detail::zstd_wrap(z, Role::kActivation, DType::f32, {4, 64}, other, &wrapped).ok());
   expect_corrupt(wrapped, "inside zstd");
-  ASSERT_TRUE(detail::zstd_wrap(z, Role::activation, DType::f32, {4, 64}, p, &twice).ok());
+  ASSERT_TRUE(detail::zstd_wrap(z, Role::kActivation, DType::f32, {4, 64}, p, &twice).ok());
   expect_corrupt(twice, "another zstd");
-  expect_corrupt(p, "role", {}, Role::weight_grad);
+  expect_corrupt(p, "role", {}, Role::kWeightGrad);
   // zstd inside a chain's nested packet.
   Packet ef = packet_of("ef+int8", {4, 8});
   expect_corrupt(with_field<uint8_t>(ef, 48 + 16 + 6, static_cast<uint8_t>(CodecId::zstd)), "outermost", nohash);
 }
 
 TEST(Wire, StreamAndOutputMismatchesAreRejected) {
-  Packet p = packet_of("int8", {4, 16}, Role::activation);
-  expect_corrupt(p, "role", {}, Role::weight_grad);
+  Packet p = packet_of("int8", {4, 16}, Role::kActivation);
+  expect_corrupt(p, "role", {}, Role::kWeightGrad);
   Shape want{4, 15};
   DecodeOptions o;
   o.expect_shape = &want;

@@ -23,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   DecodeOptions o;
   o.limits.max_numel = 1 << 16;
   o.limits.verify_hash = (data[0] & 1) == 0;
-  static StreamState states[kNumRoles] = {StreamState(Role::activation), StreamState(Role::activation_grad),
-                                          StreamState(Role::weight_grad), StreamState(Role::tp_partial)};
+  static StreamState states[kNumCodecRoles] = {StreamState(Role::kActivation), StreamState(Role::kActivationGrad),
+                                               StreamState(Role::kWeightGrad), StreamState(Role::kTpPartial)};
   StreamState& st = states[(data[0] >> 1) & 3];
   Tensor out;
   Status s = decode_packet(data + 1, size - 1, st, &out, o);
@@ -61,7 +61,7 @@ static std::vector<std::vector<uint8_t>> seed_inputs() {
   for (const char* spec : specs) {
     auto chain = parse_codec_spec(spec);
     if (!chain.ok()) std::abort();
-    StreamState tx(Role::activation, 3);
+    StreamState tx(Role::kActivation, 3);
     Tensor x = Tensor::empty({3, 20});
     Rng r(7);
     for (int64_t i = 0; i < x.numel(); ++i) x.at(i) = r.normal();
