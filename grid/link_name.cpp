@@ -71,8 +71,12 @@ Result<LinkSelection> parse_link_selector(const Topology& t, const std::string& 
   }
   const size_t dash = name.find('-');
   if (dash == std::string::npos) return invalid_argument(where + ": expected END-END, e.g. 0-1 or s0d0-s0d1");
-  LH_ASSIGN_OR_RETURN(End a, parse_end(name.substr(0, dash), where));
-  LH_ASSIGN_OR_RETURN(End b, parse_end(name.substr(dash + 1), where));
+  // The errors below are the user's, not ours: they carry no [file:line].
+  auto end_a = parse_end(name.substr(0, dash), where);
+  if (!end_a.ok()) return end_a.status();
+  auto end_b = parse_end(name.substr(dash + 1), where);
+  if (!end_b.ok()) return end_b.status();
+  const End a = *end_a, b = *end_b;
   if ((a.stage < 0) != (b.stage < 0) || (a.dp < 0) != (b.dp < 0) || (a.tp < 0) != (b.tp < 0))
     return invalid_argument(where + ": both ends must name the same axes");
   auto check = [&](int v, int size, const char* axis) -> Status {
@@ -81,19 +85,18 @@ Result<LinkSelection> parse_link_selector(const Topology& t, const std::string& 
                               ")");
     return Status::Ok();
   };
-  for (const End& e : {a, b}) {
-    LH_RETURN_IF_ERROR(check(e.stage, t.pp(), "stage"));
-    LH_RETURN_IF_ERROR(check(e.dp, t.dp(), "replica"));
-    LH_RETURN_IF_ERROR(check(e.tp, t.tp(), "shard"));
-  }
+  for (const End& e : {a, b})
+    for (Status s : {check(e.stage, t.pp(), "stage"), check(e.dp, t.dp(), "replica"), check(e.tp, t.tp(), "shard")})
+      if (!s.ok()) return s;
   const int differ = (a.stage != b.stage) + (a.dp != b.dp) + (a.tp != b.tp);
   LinkSelection sel;
   if (differ == 0) return invalid_argument(where + ": both ends are the same workers");
   if (differ == 1) {
     const bool low_first = a.stage < b.stage || a.dp < b.dp || a.tp < b.tp;
     if (!low_first)
-      return invalid_argument(where + ": write the low end first (" + name.substr(dash + 1) + "-" +
-                              name.substr(0, dash) + ") and choose the direction with :fwd or :bwd");
+      return invalid_argument(
+          where + ": write the low end first" + (a.stage != b.stage ? ", stages in forward order" : std::string()) +
+          " (" + name.substr(dash + 1) + "-" + name.substr(0, dash) + ") and choose the direction with :fwd or :bwd");
     if (a.stage != b.stage) {
       if (b.stage != a.stage + 1)
         return invalid_argument(where + ": stages " + std::to_string(a.stage) + " and " + std::to_string(b.stage) +

@@ -2,7 +2,9 @@
 // Used by the planner, StageRunner, codec plans and ctl.
 #include "grid/topology.h"
 
-#include "grid/parse_number.h"
+#include <algorithm>
+
+#include "grid/link_name.h"
 
 namespace lh {
 
@@ -110,21 +112,25 @@ std::vector<PipelineLink> Topology::pipeline_links() const {
 }
 
 Result<PipelineLink> Topology::parse_link(const std::string& text) const {
+  // One grammar for every link a user names (grid/link_name.h); here it must name one whole pipeline link, all
+  // its replicas and shards, with no direction.
   const std::string links = link_list_string(pipeline_links());
-  const size_t dash = text.find('-', text.empty() ? 0 : 1);  // a leading '-' is a sign, not the separator
-  if (dash == std::string::npos)
-    return invalid_argument("link '" + text + "': expected STAGE-STAGE such as 0-1; links of this job: " + links);
-  auto a = parse_int(text.substr(0, dash), "link '" + text + "': first stage");
-  auto b = parse_int(text.substr(dash + 1), "link '" + text + "': second stage");
-  if (!a.ok()) return a.status();
-  if (!b.ok()) return b.status();
-  for (const PipelineLink& l : pipeline_links())
-    if (l.from == *a && l.to == *b) return l;
-  if (*b == *a - 1 && *a >= 1 && *a < pp_)
-    return invalid_argument("link '" + text + "': name a link by its stages in forward order (" + std::to_string(*b) +
-                            "-" + std::to_string(*a) + ") and choose the direction with fwd or bwd");
-  return invalid_argument("link '" + text + "' is not a pipeline link of this job (" + describe() +
-                          "); links: " + links);
+  auto fail = [&](const std::string& why) { return invalid_argument(why + "; links of this job: " + links); };
+  if (text.find(':') != std::string::npos)
+    return fail("link '" + text + "': expected STAGE-STAGE such as 0-1, without a direction");
+  auto sel = parse_link_selector(*this, text);
+  if (!sel.ok()) {
+    std::string why = sel.status().message();  // "link 'TEXT': why"
+    const std::string where = "link '" + text + "': ";
+    if (why.rfind(where, 0) == 0) why = why.substr(where.size());
+    return fail("link '" + text + "' is not a pipeline link of this job (" + describe() + "): " + why);
+  }
+  const WorkerCoord lo = coord_of(sel->pairs.front().first), hi = coord_of(sel->pairs.front().second);
+  const size_t whole_link = size_t(2) * tp_ * dp_;  // both directions of every replica's and shard's pair
+  if (sel->kind != "pipeline" || sel->pairs.size() != whole_link)
+    return fail("link '" + text + "' is not a pipeline link of this job (" + describe() +
+                "): name it by its stages, such as 0-1");
+  return PipelineLink{std::min(lo.stage, hi.stage), std::max(lo.stage, hi.stage)};
 }
 
 std::optional<PipelineLink> Topology::link_between(int rank_a, int rank_b) const {
