@@ -8,6 +8,7 @@
 #include <fstream>
 #include <istream>
 
+#include "core/json_fields.h"
 #include "core/json_limits.h"
 
 namespace lh {
@@ -48,102 +49,45 @@ std::string step_metrics_to_line(const WorkerStepMetrics& m) {
 
 namespace {
 
-// Reads fields of one JSON object, producing errors that name the line and the field path.
-class FieldReader {
- public:
-  FieldReader(const nlohmann::json& obj, std::string where, std::string prefix)
-      : obj_(obj), where_(std::move(where)), prefix_(std::move(prefix)) {}
+// A worker or stage number: a non-negative integer up to a million.
+Status small_uint(const JsonFields& r, const std::string& field, bool required, int& out) {
+  uint64_t v = static_cast<uint64_t>(out);
+  LH_RETURN_IF_ERROR(r.uint(field, v, JsonFields::Need(required)));
+  if (v > 1000000) return r.error(field, "value " + std::to_string(v) + " is too large");
+  out = static_cast<int>(v);
+  return Status::Ok();
+}
 
-  Status error(const std::string& field, const std::string& what) const {
-    return invalid_argument(where_ + ": field '" + prefix_ + field + "': " + what);
-  }
-  static std::string shown(const nlohmann::json& v) {
-    std::string s = v.dump();
-    return s.size() > 40 ? s.substr(0, 37) + "..." : s;
-  }
-
-  // A non-negative integer (JSON integers only: 3.0 is refused, so byte counts are never rounded).
-  Status uint(const std::string& field, bool required, uint64_t& out) const {
-    auto it = obj_.find(field);
-    if (it == obj_.end()) return required ? error(field, "missing") : Status::Ok();
-    if (it->is_number_unsigned()) {
-      out = it->get<uint64_t>();
-      return Status::Ok();
-    }
-    // Built (not parsed) JSON holds signed integers even for values ≥ 0.
-    if (it->is_number_integer()) {
-      if (it->get<int64_t>() < 0) return error(field, "must not be negative, got " + shown(*it));
-      out = static_cast<uint64_t>(it->get<int64_t>());
-      return Status::Ok();
-    }
-    return error(field, "expected a non-negative integer, got " + shown(*it));
-  }
-  Status small_uint(const std::string& field, bool required, int& out) const {
-    uint64_t v = static_cast<uint64_t>(out);
-    LH_RETURN_IF_ERROR(uint(field, required, v));
-    if (v > 1000000) return error(field, "value " + std::to_string(v) + " is too large");
-    out = static_cast<int>(v);
-    return Status::Ok();
-  }
-  // A finite number; null counts as absent. min_zero refuses negatives.
-  Status number(const std::string& field, bool min_zero, std::optional<double>& out) const {
-    auto it = obj_.find(field);
-    if (it == obj_.end() || it->is_null()) return Status::Ok();
-    if (!it->is_number()) return error(field, "expected a number, got " + shown(*it));
-    double v = it->get<double>();
-    if (!std::isfinite(v)) return error(field, "expected a finite number, got " + shown(*it));
-    if (min_zero && v < 0) return error(field, "must not be negative, got " + shown(*it));
-    out = v;
-    return Status::Ok();
-  }
-  Status boolean(const std::string& field, bool& out) const {
-    auto it = obj_.find(field);
-    if (it == obj_.end()) return Status::Ok();
-    if (!it->is_boolean()) return error(field, "expected true or false, got " + shown(*it));
-    out = it->get<bool>();
-    return Status::Ok();
-  }
-  Status string(const std::string& field, std::string& out) const {
-    auto it = obj_.find(field);
-    if (it == obj_.end()) return Status::Ok();
-    if (!it->is_string()) return error(field, "expected a string, got " + shown(*it));
-    out = it->get<std::string>();
-    return Status::Ok();
-  }
-
- private:
-  const nlohmann::json& obj_;
-  std::string where_, prefix_;
-};
+constexpr size_t kShown = 40;  // a metrics line may be long: its values are cut in errors
 
 Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where, const std::string& prefix) {
-  FieldReader r(j, where, prefix);
+  JsonFields r(j, where, prefix, kShown);
   if (!j.is_object())
     return invalid_argument(where + ": field '" + prefix.substr(0, prefix.size() - 1) + "': expected an object, got " +
-                            FieldReader::shown(j));
+                            JsonFields::shown(j, kShown));
   LinkTraffic t;
   t.role.clear();
-  LH_RETURN_IF_ERROR(r.small_uint("src", true, t.src));
-  LH_RETURN_IF_ERROR(r.small_uint("dst", true, t.dst));
+  LH_RETURN_IF_ERROR(small_uint(r, "src", true, t.src));
+  LH_RETURN_IF_ERROR(small_uint(r, "dst", true, t.dst));
   if (t.src == t.dst) return r.error("dst", "equals src (" + std::to_string(t.src) + "); a link joins two workers");
   if (j.find("role") == j.end()) return r.error("role", "missing");
-  LH_RETURN_IF_ERROR(r.string("role", t.role));
+  LH_RETURN_IF_ERROR(r.string("role", t.role, JsonFields::kOptional));
   bool known = false;
   for (const std::string& n : role_names()) known |= n == t.role;
   if (!known) return r.error("role", "unknown role '" + t.role + "' (allowed: act, act_grad, grad, tp, other)");
-  LH_RETURN_IF_ERROR(r.string("dir", t.dir));
+  LH_RETURN_IF_ERROR(r.string("dir", t.dir, JsonFields::kOptional));
   if (t.dir != "send" && t.dir != "recv") return r.error("dir", "expected send or recv, got '" + t.dir + "'");
-  LH_RETURN_IF_ERROR(r.string("codec", t.codec));
-  LH_RETURN_IF_ERROR(r.string("link", t.link));
-  LH_RETURN_IF_ERROR(r.uint("raw_bytes", false, t.raw_bytes));
-  LH_RETURN_IF_ERROR(r.uint("wire_bytes", false, t.wire_bytes));
-  LH_RETURN_IF_ERROR(r.uint("messages", false, t.messages));
+  LH_RETURN_IF_ERROR(r.string("codec", t.codec, JsonFields::kOptional));
+  LH_RETURN_IF_ERROR(r.string("link", t.link, JsonFields::kOptional));
+  LH_RETURN_IF_ERROR(r.uint("raw_bytes", t.raw_bytes, JsonFields::kOptional));
+  LH_RETURN_IF_ERROR(r.uint("wire_bytes", t.wire_bytes, JsonFields::kOptional));
+  LH_RETURN_IF_ERROR(r.uint("messages", t.messages, JsonFields::kOptional));
   std::optional<double> seconds;
-  LH_RETURN_IF_ERROR(r.number("seconds", true, seconds));
+  LH_RETURN_IF_ERROR(r.number("seconds", seconds, true));
   t.seconds = seconds.value_or(0.0);
-  LH_RETURN_IF_ERROR(r.number("serial_s", true, t.serial_s));
-  LH_RETURN_IF_ERROR(r.number("latency_s", true, t.latency_s));
-  LH_RETURN_IF_ERROR(r.boolean("relayed", t.relayed));
+  LH_RETURN_IF_ERROR(r.number("serial_s", t.serial_s, true));
+  LH_RETURN_IF_ERROR(r.number("latency_s", t.latency_s, true));
+  LH_RETURN_IF_ERROR(r.boolean("relayed", t.relayed, JsonFields::kOptional));
   return t;
 }
 
@@ -151,7 +95,7 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
 
 Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& links, const std::string& source) {
   if (!links.is_array())
-    return invalid_argument(source + ": field 'links': expected an array, got " + FieldReader::shown(links));
+    return invalid_argument(source + ": field 'links': expected an array, got " + JsonFields::shown(links, kShown));
   std::vector<LinkTraffic> out;
   for (size_t i = 0; i < links.size(); ++i) {
     LH_ASSIGN_OR_RETURN(LinkTraffic t, parse_link(links[i], source, "links[" + std::to_string(i) + "]."));
@@ -163,26 +107,26 @@ Result<std::vector<LinkTraffic>> link_traffic_from_json(const nlohmann::json& li
 Result<WorkerStepMetrics> parse_step_metrics_line(const std::string& line, int line_number, const std::string& source) {
   const std::string where = source + " line " + std::to_string(line_number);
   LH_ASSIGN_OR_RETURN(nlohmann::json j, parse_json_bounded(line, JsonLimits{kMaxMetricsLineBytes}, where));
-  if (!j.is_object()) return invalid_argument(where + ": expected a JSON object, got " + FieldReader::shown(j));
-  FieldReader r(j, where, "");
+  if (!j.is_object()) return invalid_argument(where + ": expected a JSON object, got " + JsonFields::shown(j, kShown));
+  JsonFields r(j, where, "", kShown);
   WorkerStepMetrics m;
   m.source_line = line_number;
   uint64_t step = 0;
-  LH_RETURN_IF_ERROR(r.uint("step", true, step));
+  LH_RETURN_IF_ERROR(r.uint("step", step, JsonFields::kRequired));
   if (step > (uint64_t(1) << 53)) return r.error("step", "value " + std::to_string(step) + " is too large");
   m.step = static_cast<int64_t>(step);
-  LH_RETURN_IF_ERROR(r.small_uint("worker", false, m.worker));
-  LH_RETURN_IF_ERROR(r.small_uint("stage", false, m.stage));
-  LH_RETURN_IF_ERROR(r.number("loss", false, m.loss));
-  LH_RETURN_IF_ERROR(r.number("val_loss", false, m.val_loss));
-  LH_RETURN_IF_ERROR(r.number("lr", false, m.lr));
-  LH_RETURN_IF_ERROR(r.number("tokens_per_s", true, m.tokens_per_s));
+  LH_RETURN_IF_ERROR(small_uint(r, "worker", false, m.worker));
+  LH_RETURN_IF_ERROR(small_uint(r, "stage", false, m.stage));
+  LH_RETURN_IF_ERROR(r.number("loss", m.loss, false));
+  LH_RETURN_IF_ERROR(r.number("val_loss", m.val_loss, false));
+  LH_RETURN_IF_ERROR(r.number("lr", m.lr, false));
+  LH_RETURN_IF_ERROR(r.number("tokens_per_s", m.tokens_per_s, true));
   if (j.contains("auth_failures")) {
     uint64_t n = 0;
-    LH_RETURN_IF_ERROR(r.uint("auth_failures", true, n));
+    LH_RETURN_IF_ERROR(r.uint("auth_failures", n, JsonFields::kRequired));
     m.auth_failures = n;
   }
-  LH_RETURN_IF_ERROR(r.number("compute_s", true, m.compute_s));
+  LH_RETURN_IF_ERROR(r.number("compute_s", m.compute_s, true));
   if (auto a = j.find("auto"); a != j.end() && !a->is_null()) {
     if (!a->is_array()) return invalid_argument(where + ": field auto: expected an array");
     for (const auto& d : *a) m.auto_decisions.push_back(d);

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "comm/sync_config.h"
+#include "core/json_fields.h"
 #include "core/json_limits.h"
 #include "grid/link_name.h"
 #include "grid/link_shapes.h"
@@ -24,85 +25,6 @@ namespace lh {
 namespace {
 
 // Reads required fields of one JSON object with errors naming "job config: field 'x'".
-class JobFieldReader {
- public:
-  explicit JobFieldReader(const nlohmann::json& j, std::string prefix = "") : j_(j), prefix_(std::move(prefix)) {}
-  Status error(const std::string& f, const std::string& what) const {
-    return invalid_argument("job config: field '" + prefix_ + f + "': " + what);
-  }
-  const nlohmann::json* find(const std::string& f) const {
-    auto it = j_.find(f);
-    return it == j_.end() ? nullptr : &*it;
-  }
-  template <class Int>
-  Status integer(const std::string& f, Int& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_number_integer()) return error(f, "expected an integer, got " + v->dump());
-    const int64_t x = v->get<int64_t>();
-    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) return error(f, "out of range");
-    if (x < int64_t(std::numeric_limits<Int>::min()) ||
-        (x > 0 && uint64_t(x) > uint64_t(std::numeric_limits<Int>::max())))
-      return error(f, "out of range: " + v->dump());
-    out = static_cast<Int>(x);
-    return Status::Ok();
-  }
-  Status u64(const std::string& f, uint64_t& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_number_unsigned()) return error(f, "expected a non-negative integer, got " + v->dump());
-    out = v->get<uint64_t>();
-    return Status::Ok();
-  }
-  Status real(const std::string& f, float& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_number() || !std::isfinite(v->get<double>())) return error(f, "expected a number, got " + v->dump());
-    out = v->get<float>();
-    return Status::Ok();
-  }
-  Status boolean(const std::string& f, bool& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_boolean()) return error(f, "expected true or false, got " + v->dump());
-    out = v->get<bool>();
-    return Status::Ok();
-  }
-  Status string(const std::string& f, std::string& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_string()) return error(f, "expected a string, got " + v->dump());
-    out = v->get<std::string>();
-    return Status::Ok();
-  }
-  Status integers(const std::string& f, std::vector<int>& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_array() || v->size() > 4096) return error(f, "expected an array of integers, got " + v->dump());
-    out.clear();
-    for (const auto& e : *v) {
-      if (!e.is_number_integer() || e.get<int64_t>() < INT32_MIN || e.get<int64_t>() > INT32_MAX)
-        return error(f, "expected an array of integers, got " + v->dump());
-      out.push_back(e.get<int>());
-    }
-    return Status::Ok();
-  }
-  Status strings(const std::string& f, std::vector<std::string>& out) const {
-    const nlohmann::json* v = find(f);
-    if (!v) return error(f, "missing");
-    if (!v->is_array()) return error(f, "expected an array of strings, got " + v->dump());
-    out.clear();
-    for (const auto& e : *v) {
-      if (!e.is_string()) return error(f, "expected an array of strings, got " + v->dump());
-      out.push_back(e.get<std::string>());
-    }
-    return Status::Ok();
-  }
-
- private:
-  const nlohmann::json& j_;
-  std::string prefix_;
-};
 
 }  // namespace
 
@@ -552,13 +474,13 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_ASSIGN_OR_RETURN(nlohmann::json j, parse_json_bounded(text, JsonLimits{size_t(4) << 20}, "job config"));
   if (!j.is_object()) return invalid_argument("job config: expected a JSON object");
   PipelineJobConfig c;
-  JobFieldReader r(j);
+  JsonFields r(j, "job config");
   for (const char* obj : {"model", "train"}) {
     const nlohmann::json* v = r.find(obj);
     if (!v) return r.error(obj, "missing");
     if (!v->is_object()) return r.error(obj, "expected an object");
   }
-  JobFieldReader m(j["model"], "model."), t(j["train"], "train.");
+  JsonFields m(j["model"], "job config", "model."), t(j["train"], "job config", "train.");
   GptConfig& g = c.train.model;
   LH_RETURN_IF_ERROR(m.integer("vocab", g.vocab));
   LH_RETURN_IF_ERROR(m.integer("seq", g.seq));
@@ -570,12 +492,12 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   LH_RETURN_IF_ERROR(t.string("data", c.train.data));
   LH_RETURN_IF_ERROR(t.integer("steps", c.train.steps));
   LH_RETURN_IF_ERROR(t.integer("batch", c.train.batch));
-  LH_RETURN_IF_ERROR(t.real("lr", c.train.lr));
+  LH_RETURN_IF_ERROR(t.number("lr", c.train.lr));
   LH_RETURN_IF_ERROR(t.integer("warmup", c.train.warmup));
-  LH_RETURN_IF_ERROR(t.real("min_lr_frac", c.train.min_lr_frac));
-  LH_RETURN_IF_ERROR(t.real("weight_decay", c.train.weight_decay));
-  LH_RETURN_IF_ERROR(t.real("grad_clip", c.train.grad_clip));
-  LH_RETURN_IF_ERROR(t.u64("seed", c.train.seed));
+  LH_RETURN_IF_ERROR(t.number("min_lr_frac", c.train.min_lr_frac));
+  LH_RETURN_IF_ERROR(t.number("weight_decay", c.train.weight_decay));
+  LH_RETURN_IF_ERROR(t.number("grad_clip", c.train.grad_clip));
+  LH_RETURN_IF_ERROR(t.uint("seed", c.train.seed));
   std::string device;
   LH_RETURN_IF_ERROR(t.string("device", device));
   if (device == "cpu")
@@ -611,8 +533,8 @@ Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) 
   if (r.find("links")) LH_RETURN_IF_ERROR(r.strings("links", c.links));
   if (r.find("auto_ladder")) LH_RETURN_IF_ERROR(r.string("auto_ladder", c.auto_ladder));
   if (r.find("auto_every")) LH_RETURN_IF_ERROR(r.integer("auto_every", c.auto_every));
-  if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.real("auto_fit", c.auto_fit));
-  if (r.find("auto_tolerance")) LH_RETURN_IF_ERROR(r.real("auto_tolerance", c.auto_tolerance));
+  if (r.find("auto_fit")) LH_RETURN_IF_ERROR(r.number("auto_fit", c.auto_fit));
+  if (r.find("auto_tolerance")) LH_RETURN_IF_ERROR(r.number("auto_tolerance", c.auto_tolerance));
   if (r.find("auto_grad_ladder")) LH_RETURN_IF_ERROR(r.string("auto_grad_ladder", c.auto_grad_ladder));
   if (r.find("auto_tp_ladder")) LH_RETURN_IF_ERROR(r.string("auto_tp_ladder", c.auto_tp_ladder));
   if (r.find("slowdown")) LH_RETURN_IF_ERROR(r.strings("slowdown", c.slowdown));
