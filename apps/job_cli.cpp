@@ -2,6 +2,7 @@
 // summary printing at the end of a job. Used by apps/cmd_launch.cpp and apps/cmd_coordinator.cpp.
 #include "apps/job_cli.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -466,6 +467,37 @@ void print_job_summary(const PipelineCoordinator& coord, const std::string& metr
   std::printf("\nsteps\n%s", format_step_summary(*s).c_str());
   if (!metrics_path.empty()) std::printf("metrics: %s\n", metrics_path.c_str());
   std::fflush(stdout);
+}
+
+namespace {
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+}  // namespace
+
+void catch_stop_signals(std::initializer_list<int> signals, bool restart) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = restart ? SA_RESTART : 0;
+  for (int sig : signals) sigaction(sig, &sa, nullptr);
+}
+
+int stop_signal() {
+  return g_stop_signal;
+}
+
+int preempt_or_stop_signal(PipelineCoordinator& coord, bool& preempting, const char* lead, const std::string& reason) {
+  if (g_stop_signal == SIGTERM && !preempting) {
+    // What a scheduler sends before its kill: the job saves a checkpoint and stops (a second signal stops it now).
+    preempting = true;
+    g_stop_signal = 0;
+    std::printf("%sSIGTERM: the job saves a checkpoint and stops (send it again to stop at once)\n", lead);
+    std::fflush(stdout);
+    coord.preempt(reason);
+  }
+  return g_stop_signal;
 }
 
 }  // namespace lh::app
