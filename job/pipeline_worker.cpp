@@ -207,6 +207,9 @@ struct WorkerPlane {
 // Ends an epoch's transfers on every way out once its plane is connected: no more heartbeats read the plane, the
 // shaper's queued packets fail, and the kept plane is reset, letting go of every buffer of the runner's.
 struct EpochEnd {
+  EpochEnd(ControlClient& c, std::unique_ptr<LinkShaper>& s, UcxDataPlane& u) : cc(c), shaper(s), ucx(u) {}
+  EpochEnd(const EpochEnd&) = delete;  // made in place: a copy's end would end the epoch twice
+  EpochEnd& operator=(const EpochEnd&) = delete;
   ControlClient& cc;
   std::unique_ptr<LinkShaper>& shaper;
   UcxDataPlane& ucx;
@@ -303,7 +306,7 @@ class Epoch {
     LH_RETURN_IF_ERROR(ucx_.connect(plan_.rank, peers, security));
     meter_->set_self_rank(plan_.rank);
     finished_step_ = plan_.resume_step;
-    epoch_end_.emplace(EpochEnd{cc_, shaper_owned_, ucx_});
+    epoch_end_.emplace(cc_, shaper_owned_, ucx_);
     plane_ = &ucx_;
     return Status::Ok();
   }
