@@ -16,7 +16,7 @@
 #include "core/rng.h"
 #include "core/tensor.h"
 
-#if defined(LH_USE_CUDA)
+#ifdef LH_USE_CUDA
 #include <cuda_runtime_api.h>
 #endif
 

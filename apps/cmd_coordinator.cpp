@@ -11,11 +11,6 @@
 namespace lh::app {
 namespace {
 
-volatile std::sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int sig) {
-  g_stop_signal = sig;
-}
-
 struct CoordinatorFlags {
   JobFlags job;
   std::string listen = "tcp://0.0.0.0:5555";
@@ -46,8 +41,7 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
     std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
                 f.job.checkpoint_dir.c_str());
   std::fflush(stdout);
-  std::signal(SIGINT, on_stop_signal);
-  std::signal(SIGTERM, on_stop_signal);
+  catch_stop_signals({SIGINT, SIGTERM}, /*restart=*/true);
   int64_t printed = 0;
   Status result = unavailable("not finished");
   bool preempting = false;
@@ -56,17 +50,10 @@ void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
     if (result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout")
       break;
     print_progress(**coord, job.train.steps, printed, job.dp);
-    if (g_stop_signal == SIGTERM && !preempting) {
-      // What a scheduler sends before its kill: checkpoint and stop (a second signal stops at once).
-      preempting = true;
-      g_stop_signal = 0;
-      std::printf("\nSIGTERM: the job saves a checkpoint and stops (send it again to stop at once)\n");
-      std::fflush(stdout);
-      (*coord)->preempt("the coordinator was sent SIGTERM");
-    } else if (g_stop_signal) {
-      std::printf("\nstopping: signal %d; the workers are told to stop\n", int(g_stop_signal));
-      result = unavailable("interrupted by signal " + std::to_string(g_stop_signal));
-      (*coord)->stop("the coordinator was stopped by signal " + std::to_string(g_stop_signal));
+    if (const int sig = preempt_or_stop_signal(**coord, preempting, "\n", "the coordinator was sent SIGTERM")) {
+      std::printf("\nstopping: signal %d; the workers are told to stop\n", sig);
+      result = unavailable("interrupted by signal " + std::to_string(sig));
+      (*coord)->stop("the coordinator was stopped by signal " + std::to_string(sig));
       break;
     }
   }

@@ -117,6 +117,70 @@ void print_acknowledgement(const nlohmann::json& j) {
   if (j.contains("note") && j["note"].is_string()) std::printf("  %s\n", j["note"].get<std::string>().c_str());
 }
 
+// ctl set-codec: a pipeline link's codec one way, the replicas' gradients (--role grad), or the tp sums (--role tp).
+void run_set_codec(CtlFlags& f) {
+  f.spec = compress::expand_preset(f.spec);
+  if (!f.role.empty() && f.role != "act" && f.role != "act_grad" && f.role != "grad" && f.role != "tp")
+    fail("--role '" + f.role + "': choose act, act_grad, grad or tp", 2);
+  if (f.role == "tp") {
+    if (!f.dir.empty()) fail("--role tp: a tp group's all-reduce uses one codec both ways; drop --dir", 2);
+    if (!f.link.empty()) fail("--role tp: every tp group's sums switch together; drop --link", 2);
+    auto j = request(f, "set-codec", nlohmann::json{{"role", "tp"}, {"spec", f.spec}}.dump());
+    if (f.json)
+      std::printf("%s\n", j.dump().c_str());
+    else
+      std::printf("partial sums of the tp shards switch to %s from step %lld\n", j.value("spec", std::string()).c_str(),
+                  static_cast<long long>(j.value("from_step", int64_t(0))));
+    if (!f.json) print_acknowledgement(j);
+    return;
+  }
+  if (f.role == "grad") {
+    if (!f.dir.empty()) fail("--role grad: a replica group's all-reduce uses one codec both ways; drop --dir", 2);
+    nlohmann::json args{{"role", "grad"}, {"spec", f.spec}};
+    if (!f.link.empty()) args["link"] = f.link;
+    auto j = request(f, "set-codec", args.dump());
+    if (f.json)
+      std::printf("%s\n", j.dump().c_str());
+    else
+      std::printf("gradients of %s switch to %s from step %lld\n", j.value("link", std::string()).c_str(),
+                  j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
+    if (!f.json) print_acknowledgement(j);
+    return;
+  }
+  const std::string role_dir = f.role == "act" ? "fwd" : f.role == "act_grad" ? "bwd" : "";
+  if (f.dir.empty()) f.dir = role_dir;
+  if (f.dir != "fwd" && f.dir != "bwd") fail("--dir '" + f.dir + "': choose fwd or bwd", 2);
+  if (!role_dir.empty() && role_dir != f.dir)
+    fail("--role " + f.role + " travels " + role_dir + ", not --dir " + f.dir, 2);
+  if (f.link.empty()) fail("set-codec: give --link A-B (or --role grad)", 2);
+  auto j = request(f, "set-codec", nlohmann::json{{"link", f.link}, {"dir", f.dir}, {"spec", f.spec}}.dump());
+  if (f.json)
+    std::printf("%s\n", j.dump().c_str());
+  else
+    std::printf("link %s %s switches to %s from step %lld\n", j.value("link", std::string()).c_str(),
+                j.value("dir", std::string()).c_str(), j.value("spec", std::string()).c_str(),
+                static_cast<long long>(j.value("from_step", int64_t(0))));
+  if (!f.json) print_acknowledgement(j);
+}
+
+// ctl page-url: the live page's address with its token.
+void run_page_url(const CtlFlags& f) {
+  auto j = request(f, "status", "");
+  std::string url = j.value("http", std::string());
+  if (url.empty()) fail("page-url: the job serves no page: start its coordinator (or launch) with --http ADDR:PORT", 1);
+  // A coordinator bound to every interface names 127.0.0.1: name the host this ctl reached instead.
+  const std::string wildcard = "http://127.0.0.1:";
+  auto at = parse_tcp_endpoint(f.coordinator);
+  if (url.rfind(wildcard, 0) == 0 && at.ok() && at->host != "127.0.0.1" && at->host != "localhost" &&
+      j.value("http_bind", std::string()) == "0.0.0.0")
+    url = "http://" + at->host + ":" + url.substr(wildcard.size());
+  const JobSecret secret = required_secret(f.secret, "ctl");
+  if (f.json)
+    std::printf("%s\n", nlohmann::json{{"url", url}, {"token", secret.page_token()}}.dump().c_str());
+  else
+    std::printf("%s#token=%s\n", url.c_str(), secret.page_token().c_str());
+}
+
 RegisterCommand reg("", 50, [](CLI::App& app) {
   auto f = std::make_shared<CtlFlags>();
   auto* cmd = app.add_subcommand("ctl", "query or steer a running job through its coordinator");
@@ -151,50 +215,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
                   "act, act_grad (same as --dir fwd/bwd), grad: the weight gradients between replicas, or tp: the "
                   "tensor shards' partial sums");
   set->add_option("spec", f->spec, "codec spec, e.g. int4, lowrank:rank=8+int8, powersgd:rank=4 (grad)")->required();
-  set->callback([f] {
-    f->spec = compress::expand_preset(f->spec);
-    if (!f->role.empty() && f->role != "act" && f->role != "act_grad" && f->role != "grad" && f->role != "tp")
-      fail("--role '" + f->role + "': choose act, act_grad, grad or tp", 2);
-    if (f->role == "tp") {
-      if (!f->dir.empty()) fail("--role tp: a tp group's all-reduce uses one codec both ways; drop --dir", 2);
-      if (!f->link.empty()) fail("--role tp: every tp group's sums switch together; drop --link", 2);
-      auto j = request(*f, "set-codec", nlohmann::json{{"role", "tp"}, {"spec", f->spec}}.dump());
-      if (f->json)
-        std::printf("%s\n", j.dump().c_str());
-      else
-        std::printf("partial sums of the tp shards switch to %s from step %lld\n",
-                    j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
-      if (!f->json) print_acknowledgement(j);
-      return;
-    }
-    if (f->role == "grad") {
-      if (!f->dir.empty()) fail("--role grad: a replica group's all-reduce uses one codec both ways; drop --dir", 2);
-      nlohmann::json args{{"role", "grad"}, {"spec", f->spec}};
-      if (!f->link.empty()) args["link"] = f->link;
-      auto j = request(*f, "set-codec", args.dump());
-      if (f->json)
-        std::printf("%s\n", j.dump().c_str());
-      else
-        std::printf("gradients of %s switch to %s from step %lld\n", j.value("link", std::string()).c_str(),
-                    j.value("spec", std::string()).c_str(), static_cast<long long>(j.value("from_step", int64_t(0))));
-      if (!f->json) print_acknowledgement(j);
-      return;
-    }
-    const std::string role_dir = f->role == "act" ? "fwd" : f->role == "act_grad" ? "bwd" : "";
-    if (f->dir.empty()) f->dir = role_dir;
-    if (f->dir != "fwd" && f->dir != "bwd") fail("--dir '" + f->dir + "': choose fwd or bwd", 2);
-    if (!role_dir.empty() && role_dir != f->dir)
-      fail("--role " + f->role + " travels " + role_dir + ", not --dir " + f->dir, 2);
-    if (f->link.empty()) fail("set-codec: give --link A-B (or --role grad)", 2);
-    auto j = request(*f, "set-codec", nlohmann::json{{"link", f->link}, {"dir", f->dir}, {"spec", f->spec}}.dump());
-    if (f->json)
-      std::printf("%s\n", j.dump().c_str());
-    else
-      std::printf("link %s %s switches to %s from step %lld\n", j.value("link", std::string()).c_str(),
-                  j.value("dir", std::string()).c_str(), j.value("spec", std::string()).c_str(),
-                  static_cast<long long>(j.value("from_step", int64_t(0))));
-    if (!f->json) print_acknowledgement(j);
-  });
+  set->callback([f] { run_set_codec(*f); });
 
   auto* link = cmd->add_subcommand(
       "set-link",
@@ -216,23 +237,7 @@ RegisterCommand reg("", 50, [](CLI::App& app) {
       "page-url",
       "print the address of the job's live page with its token (after #: a browser never sends it; the token reads "
       "the page and /metrics, nothing else)");
-  page->callback([f] {
-    auto j = request(*f, "status", "");
-    std::string url = j.value("http", std::string());
-    if (url.empty())
-      fail("page-url: the job serves no page: start its coordinator (or launch) with --http ADDR:PORT", 1);
-    // A coordinator bound to every interface names 127.0.0.1: name the host this ctl reached instead.
-    const std::string wildcard = "http://127.0.0.1:";
-    auto at = parse_tcp_endpoint(f->coordinator);
-    if (url.rfind(wildcard, 0) == 0 && at.ok() && at->host != "127.0.0.1" && at->host != "localhost" &&
-        j.value("http_bind", std::string()) == "0.0.0.0")
-      url = "http://" + at->host + ":" + url.substr(wildcard.size());
-    const JobSecret secret = required_secret(f->secret, "ctl");
-    if (f->json)
-      std::printf("%s\n", nlohmann::json{{"url", url}, {"token", secret.page_token()}}.dump().c_str());
-    else
-      std::printf("%s#token=%s\n", url.c_str(), secret.page_token().c_str());
-  });
+  page->callback([f] { run_page_url(*f); });
 });
 
 }  // namespace

@@ -30,11 +30,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-volatile sig_atomic_t g_stop_signal = 0;
-void on_stop_signal(int sig) {
-  g_stop_signal = sig;
-}
-
 std::string describe_exit(int st) {
   if (WIFEXITED(st)) return "exited with code " + std::to_string(WEXITSTATUS(st));
   if (WIFSIGNALED(st))
@@ -232,233 +227,246 @@ int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
   return -1;
 }
 
-}  // namespace
+// One `longhaul launch`, step by step: check --hosts → build the emulated network (--nat-sites, --netns) → start the
+// coordinator → start the workers → watch the job (live switches, signals, dead workers) → end it. The members are
+// declared in the order the steps make them, so they are undone in reverse: the workers stop before the coordinator
+// goes, and the coordinator before the namespaces under it.
+class Launch {
+ public:
+  Launch(LaunchFlags& f, CLI::App* cmd) : f_(f), cmd_(cmd), job_(job_config_from_flags(f.job, cmd)) {}
 
-void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch>& switches) {
-  PipelineJobConfig job = job_config_from_flags(f.job, cmd);
-  if (!job.links.empty() && !f.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
-  std::string listen = f.listen;
-  // --hosts: the workers start on the hostfile's machines over ssh; the coordinator listens where they reach it.
-  std::vector<HostSlot> slots;
-  std::vector<std::string> ssh;
-  std::string coordinator_host = "127.0.0.1";
-  if (!f.hosts.empty()) {
-    if (!f.netns.empty() || f.nat_sites > 0 || f.job.elastic)
-      fail("--hosts starts the workers on other machines: it takes no --netns, --nat-sites or --elastic", 2);
-    auto read = read_hostfile(f.hosts);
-    if (!read.ok()) fail(read.status().message(), 2);
-    slots = std::move(read).value();
-    if (int(slots.size()) < job.workers)
-      fail("--hosts '" + f.hosts + "' has " + std::to_string(slots.size()) + " slots, fewer than the job's " +
-               std::to_string(job.workers) + " workers",
-           2);
-    slots.resize(size_t(job.workers));
-    auto words = ssh_words(f.ssh);
-    if (!words.ok()) fail(words.status().message(), 2);
-    ssh = std::move(words).value();
-    const bool all_loopback =
-        std::all_of(slots.begin(), slots.end(), [](const HostSlot& h) { return loopback_host(h.host); });
-    if (!f.coordinator_host.empty()) {
-      coordinator_host = f.coordinator_host;
-    } else if (!all_loopback) {
-      char name[256] = {0};
-      gethostname(name, sizeof(name) - 1);
-      coordinator_host = name;
-    }
-    if (!cmd->get_option("--listen")->count() && !all_loopback) listen = "tcp://0.0.0.0:*";
-  } else if (!f.coordinator_host.empty() || cmd->get_option("--ssh")->count() ||
-             cmd->get_option("--remote-longhaul")->count()) {
-    fail("--coordinator-host, --ssh and --remote-longhaul go with --hosts FILE", 2);
+  void run(const std::vector<ScheduledSwitch>& switches) {
+    if (!job_.links.empty() && !f_.netns.empty()) fail("--link and --netns exclude each other: choose one", 2);
+    listen_ = f_.listen;
+    check_hosts();
+    if (!f_.site_rate.empty() && f_.nat_sites == 0) fail("--site-rate needs --nat-sites", 2);
+    if (f_.nat_sites > 0) build_nat_sites();
+    if (!f_.netns.empty()) build_netns();
+    start_coordinator();
+    print_banner();
+    catch_stop_signals({SIGINT, SIGTERM, SIGHUP}, /*restart=*/false);
+    start_workers();
+    plan_switches(switches);
+    watch();
+    end();
   }
-  WanNamespaces wan;
-  NatSites nat;
-  if (!f.site_rate.empty() && f.nat_sites == 0) fail("--site-rate needs --nat-sites", 2);
-  if (f.nat_sites > 0) {
-    if (!f.netns.empty()) fail("--nat-sites and --netns exclude each other: choose one", 2);
-    if (f.nat_sites > job.workers)
-      fail("--nat-sites " + std::to_string(f.nat_sites) + ": more sites than the job's " + std::to_string(job.workers) +
-               " workers",
+
+ private:
+  // --hosts: the workers start on the hostfile's machines over ssh; the coordinator listens where they reach it.
+  void check_hosts() {
+    if (!f_.hosts.empty()) {
+      if (!f_.netns.empty() || f_.nat_sites > 0 || f_.job.elastic)
+        fail("--hosts starts the workers on other machines: it takes no --netns, --nat-sites or --elastic", 2);
+      auto read = read_hostfile(f_.hosts);
+      if (!read.ok()) fail(read.status().message(), 2);
+      slots_ = std::move(read).value();
+      if (int(slots_.size()) < job_.workers)
+        fail("--hosts '" + f_.hosts + "' has " + std::to_string(slots_.size()) + " slots, fewer than the job's " +
+                 std::to_string(job_.workers) + " workers",
+             2);
+      slots_.resize(size_t(job_.workers));
+      auto words = ssh_words(f_.ssh);
+      if (!words.ok()) fail(words.status().message(), 2);
+      ssh_ = std::move(words).value();
+      const bool all_loopback =
+          std::all_of(slots_.begin(), slots_.end(), [](const HostSlot& h) { return loopback_host(h.host); });
+      if (!f_.coordinator_host.empty()) {
+        coordinator_host_ = f_.coordinator_host;
+      } else if (!all_loopback) {
+        char name[256] = {0};
+        gethostname(name, sizeof(name) - 1);
+        coordinator_host_ = name;
+      }
+      if (!cmd_->get_option("--listen")->count() && !all_loopback) listen_ = "tcp://0.0.0.0:*";
+    } else if (!f_.coordinator_host.empty() || cmd_->get_option("--ssh")->count() ||
+               cmd_->get_option("--remote-longhaul")->count()) {
+      fail("--coordinator-host, --ssh and --remote-longhaul go with --hosts FILE", 2);
+    }
+  }
+
+  // --nat-sites: the workers in sites behind NAT routers, the coordinator on the public side.
+  void build_nat_sites() {
+    if (!f_.netns.empty()) fail("--nat-sites and --netns exclude each other: choose one", 2);
+    if (f_.nat_sites > job_.workers)
+      fail("--nat-sites " + std::to_string(f_.nat_sites) + ": more sites than the job's " +
+               std::to_string(job_.workers) + " workers",
            2);
     if (geteuid() != 0) fail("--nat-sites needs root (network namespaces and nftables)", 2);
-    const std::string wan_script = find_wan_script(f.wan_script);
-    nat.script = wan_script.substr(0, wan_script.rfind('/') + 1) + "nat.sh";
+    const std::string wan_script = find_wan_script(f_.wan_script);
+    nat_.script = wan_script.substr(0, wan_script.rfind('/') + 1) + "nat.sh";
     const int id = int(getpid() % 100000);
     const std::string pub = "10.216." + std::to_string(id % 250);
-    nat.env = "LH_NAT_PREFIX=lhn" + std::to_string(id) + " LH_NAT_PUBLIC=" + pub + " LH_NAT_LAN=10." +
-              std::to_string(217 + id % 30);
-    nat.sites = f.nat_sites;
-    nat.per_site = (job.workers + f.nat_sites - 1) / f.nat_sites;
+    nat_.env = "LH_NAT_PREFIX=lhn" + std::to_string(id) + " LH_NAT_PUBLIC=" + pub + " LH_NAT_LAN=10." +
+               std::to_string(217 + id % 30);
+    nat_.sites = f_.nat_sites;
+    nat_.per_site = (job_.workers + f_.nat_sites - 1) / f_.nat_sites;
     std::string rate;
-    if (!f.site_rate.empty()) {
-      auto shape = parse_link_shape(f.site_rate);
+    if (!f_.site_rate.empty()) {
+      auto shape = parse_link_shape(f_.site_rate);
       if (!shape.ok() || shape->rate_bps <= 0 || shape->delay.count() > 0)
-        fail("--site-rate '" + f.site_rate + "': " +
+        fail("--site-rate '" + f_.site_rate + "': " +
                  (shape.ok() ? std::string("expected a rate such as 100M (no delay)") : shape.status().message()),
              2);
       rate = " " + std::to_string(int64_t(shape->rate_bps));
     }
-    nat.up = true;
-    const std::string up = nat.env + " bash '" + nat.script + "' up " + std::to_string(nat.sites) + " " +
-                           std::to_string(nat.per_site) + rate + " >/dev/null";
-    if (std::system(up.c_str()) != 0) fail("--nat-sites: could not build the sites with " + nat.script);
-    listen = "tcp://" + pub + ".254:*";
+    nat_.up = true;
+    const std::string up = nat_.env + " bash '" + nat_.script + "' up " + std::to_string(nat_.sites) + " " +
+                           std::to_string(nat_.per_site) + rate + " >/dev/null";
+    if (std::system(up.c_str()) != 0) fail("--nat-sites: could not build the sites with " + nat_.script);
+    listen_ = "tcp://" + pub + ".254:*";
   }
-  if (!f.netns.empty()) {
-    auto shape = parse_link_shape(f.netns);
+
+  // --netns RATE: each worker in its own network namespace behind a tc tbf link.
+  void build_netns() {
+    auto shape = parse_link_shape(f_.netns);
     if (!shape.ok() || shape->rate_bps <= 0)
-      fail("--netns '" + f.netns + "': " + (shape.ok() ? std::string("needs a rate") : shape.status().message()), 2);
-    if (shape->delay.count() > 0) fail("--netns '" + f.netns + "': takes a rate only (tbf adds no delay)", 2);
+      fail("--netns '" + f_.netns + "': " + (shape.ok() ? std::string("needs a rate") : shape.status().message()), 2);
+    if (shape->delay.count() > 0) fail("--netns '" + f_.netns + "': takes a rate only (tbf adds no delay)", 2);
     if (geteuid() != 0)
       fail("--netns needs root (network namespaces and tc); use --link RATE[,DELAY] for an in-process shaper", 2);
-    wan.script = find_wan_script(f.wan_script);
-    wan.prefix = "lhj" + std::to_string(getpid() % 100000);
-    wan.subnet = "10.214." + std::to_string(getpid() % 250);
-    std::string up = "LH_WAN_PREFIX=" + wan.prefix + " LH_WAN_SUBNET=" + wan.subnet + " bash '" + wan.script + "' up " +
-                     std::to_string(job.workers) + " " + std::to_string(int64_t(shape->rate_bps));
-    wan.up = true;
-    if (std::system(up.c_str()) != 0) fail("--netns: could not build the namespaces with " + wan.script);
-    listen = "tcp://" + wan.subnet + ".254:*";
+    wan_.script = find_wan_script(f_.wan_script);
+    wan_.prefix = "lhj" + std::to_string(getpid() % 100000);
+    wan_.subnet = "10.214." + std::to_string(getpid() % 250);
+    std::string up = "LH_WAN_PREFIX=" + wan_.prefix + " LH_WAN_SUBNET=" + wan_.subnet + " bash '" + wan_.script +
+                     "' up " + std::to_string(job_.workers) + " " + std::to_string(int64_t(shape->rate_bps));
+    wan_.up = true;
+    if (std::system(up.c_str()) != 0) fail("--netns: could not build the namespaces with " + wan_.script);
+    listen_ = "tcp://" + wan_.subnet + ".254:*";
   }
-  std::string key_path;
-  bool wrote_key = false;
-  const JobSecret secret = coordinator_secret(f.job.secret, f.job.metrics, &key_path, &wrote_key);
-  const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = f.worker_threads > 0 ? f.worker_threads : std::max(1, cores / job.workers);
 
-  set_log_role("launch");
-  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, listen, secret));
-  if (!coord.ok()) fail("--listen " + listen + ": " + coord.status().to_string());
-  job = (*coord)->job();  // an --elastic job resumed with fewer replicas than its flags say
-  const std::string ep = (*coord)->endpoint();
-  // What the workers connect to: the endpoint as bound, or this machine's name for it when it listens on every
-  // interface (--hosts beyond loopback).
-  const std::string worker_ep =
-      slots.empty() ? ep : "tcp://" + coordinator_host + ep.substr(ep.rfind(':'));
-  std::printf(
-      "longhaul launch: %s, %d workers (pp %d × tp %d × dp %d, %d thread%s each), %lld steps, schedule %s, %d "
-      "microbatches\n",
-      job.train.model.describe().c_str(), job.workers, job.pp, job.tp, job.dp, threads, threads == 1 ? "" : "s",
-      static_cast<long long>(job.train.steps), schedule_kind_name(job.schedule), job.microbatches);
-  std::vector<std::string> hosts;
-  for (const HostSlot& h : slots)
-    if (std::find(hosts.begin(), hosts.end(), h.host) == hosts.end()) hosts.push_back(h.host);
-  std::string where;
-  for (const std::string& h : hosts) where += (where.empty() ? " " : ", ") + h;
-  std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job.compress_fwd.c_str(), job.compress_bwd.c_str(),
-              job.compress_link.empty() ? "" : " (with per-link overrides)",
-              !job.links.empty() ? ("shaped " + describe_link_rules(job.links)).c_str()
-              : !slots.empty()   ? ("over ssh to" + where).c_str()
-              : !f.netns.empty() ? ("netns tbf " + f.netns).c_str()
-              : nat.up           ? (std::to_string(nat.sites) + " sites behind NAT routers, up to " +
-                          std::to_string(nat.per_site) + " workers each")
-                             .c_str()
-                       : "loopback, unlimited");
-  std::printf("coordinator %s  (longhaul ctl --coordinator %s --key-file %s status)\n", ep.c_str(), ep.c_str(),
-              key_path.empty() ? "<the job's key file>" : key_path.c_str());
-  if (wrote_key) std::printf("wrote a new job secret to %s (mode 0600)\n", key_path.c_str());
-  print_page_address(**coord, key_path);
-  if ((*coord)->resumed_from() > 0)
-    std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>((*coord)->resumed_from()),
-                f.job.checkpoint_dir.c_str());
+  void start_coordinator() {
+    secret_ = coordinator_secret(f_.job.secret, f_.job.metrics, &key_path_, &wrote_key_);
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    threads_ = f_.worker_threads > 0 ? f_.worker_threads : std::max(1, cores / job_.workers);
 
-  std::fflush(stdout);
+    set_log_role("launch");
+    auto coord = PipelineCoordinator::start(job_, coordinator_options(f_.job, listen_, *secret_));
+    if (!coord.ok()) fail("--listen " + listen_ + ": " + coord.status().to_string());
+    coord_ = std::move(coord).value();
+    job_ = coord_->job();  // an --elastic job resumed with fewer replicas than its flags say
+    ep_ = coord_->endpoint();
+    // What the workers connect to: the endpoint as bound, or this machine's name for it when it listens on every
+    // interface (--hosts beyond loopback).
+    worker_ep_ = slots_.empty() ? ep_ : "tcp://" + coordinator_host_ + ep_.substr(ep_.rfind(':'));
+  }
 
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGHUP, &sa, nullptr);
+  void print_banner() {
+    std::printf(
+        "longhaul launch: %s, %d workers (pp %d × tp %d × dp %d, %d thread%s each), %lld steps, schedule %s, %d "
+        "microbatches\n",
+        job_.train.model.describe().c_str(), job_.workers, job_.pp, job_.tp, job_.dp, threads_,
+        threads_ == 1 ? "" : "s", static_cast<long long>(job_.train.steps), schedule_kind_name(job_.schedule),
+        job_.microbatches);
+    std::vector<std::string> hosts;
+    for (const HostSlot& h : slots_)
+      if (std::find(hosts.begin(), hosts.end(), h.host) == hosts.end()) hosts.push_back(h.host);
+    std::string where;
+    for (const std::string& h : hosts) where += (where.empty() ? " " : ", ") + h;
+    std::printf("codecs: fwd %s, bwd %s%s; links: %s\n", job_.compress_fwd.c_str(), job_.compress_bwd.c_str(),
+                job_.compress_link.empty() ? "" : " (with per-link overrides)",
+                !job_.links.empty() ? ("shaped " + describe_link_rules(job_.links)).c_str()
+                : !slots_.empty()   ? ("over ssh to" + where).c_str()
+                : !f_.netns.empty() ? ("netns tbf " + f_.netns).c_str()
+                : nat_.up           ? (std::to_string(nat_.sites) + " sites behind NAT routers, up to " +
+                             std::to_string(nat_.per_site) + " workers each")
+                                .c_str()
+                          : "loopback, unlimited");
+    std::printf("coordinator %s  (longhaul ctl --coordinator %s --key-file %s status)\n", ep_.c_str(), ep_.c_str(),
+                key_path_.empty() ? "<the job's key file>" : key_path_.c_str());
+    if (wrote_key_) std::printf("wrote a new job secret to %s (mode 0600)\n", key_path_.c_str());
+    print_page_address(*coord_, key_path_);
+    if (coord_->resumed_from() > 0)
+      std::printf("resuming from the checkpoint of step %lld in '%s'\n", static_cast<long long>(coord_->resumed_from()),
+                  f_.job.checkpoint_dir.c_str());
 
-  WorkerGroup group;
-  const std::string exe = self_exe();
-  const char* level = spdlog::level::to_string_view(spdlog::get_level()).data();
-  std::map<pid_t, int> slot_of;  // worker process → its slot (its network namespace with --netns)
-  auto start_worker = [&](int i) -> Result<pid_t> {
+    std::fflush(stdout);
+  }
+
+  // Starts worker slot `i`: a local process (in its namespace with --netns or --nat-sites), or over ssh with --hosts.
+  Result<pid_t> start_worker(int i) {
+    if (!slots_.empty()) return start_remote_worker(i);
     // launch's workers live and die with it (and its coordinator): they do not wait for another coordinator.
-    std::vector<std::string> argv = {exe,
+    std::vector<std::string> argv = {exe_,
                                      "--threads",
-                                     std::to_string(threads),
+                                     std::to_string(threads_),
                                      "--log-level",
-                                     level,
+                                     level_,
                                      "worker",
                                      "--coordinator",
-                                     ep,
+                                     ep_,
                                      "--coordinator-timeout",
                                      "0"};
     std::vector<std::string> prefix;
-    if (!slots.empty()) {
-      // Over ssh: the remote shell runs the worker in its place (exec), the secret on its standard input.
-      const HostSlot& h = slots[size_t(i)];
-      argv = {f.remote_longhaul.empty() ? exe : f.remote_longhaul, "--log-level", level};
-      if (f.worker_threads > 0 || std::all_of(slots.begin(), slots.end(), [](const HostSlot& x) {
-            return loopback_host(x.host);
-          }))
-        argv.insert(argv.begin() + 1, {"--threads", std::to_string(threads)});
-      argv.insert(argv.end(), {"worker", "--coordinator", worker_ep, "--coordinator-timeout", "0", "--key-stdin",
-                               "--rank", std::to_string(i), "--hostname", h.host + " slot " + std::to_string(i)});
-      if (!h.advertise.empty()) argv.insert(argv.end(), {"--advertise", h.advertise});
-      if (!h.site.empty()) argv.insert(argv.end(), {"--site", h.site});
-      if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
-      if (f.no_allow_list) argv.push_back("--no-allow-list");
-      std::vector<std::string> remote = ssh;
-      remote.insert(remote.end(), {"-T", "-o", "BatchMode=yes", h.host, "exec " + shell_command(argv)});
-      const std::string label = "w" + std::to_string(i) + " " + h.host + (h.site.empty() ? "" : " " + h.site);
-      LH_ASSIGN_OR_RETURN(pid_t pid, group.start(remote, {}, secret.to_hex(), label));
-      slot_of[pid] = i;
-      return pid;
-    }
-    if (!f.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f.ucx_tls});
-    if (f.no_allow_list) argv.push_back("--no-allow-list");
-    if (wan.up) prefix = {"ip", "netns", "exec", wan.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
-    if (nat.up) {
+    if (!f_.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f_.ucx_tls});
+    if (f_.no_allow_list) argv.push_back("--no-allow-list");
+    if (wan_.up) prefix = {"ip", "netns", "exec", wan_.prefix + std::to_string(i), "env", "UCX_NET_DEVICES=eth0"};
+    if (nat_.up) {
       // Slot i is rank i (the sites hold consecutive ranks: pipeline neighbours share a site but at its edges).
-      prefix = {"ip", "netns", "exec", nat.host(i), "env", "UCX_NET_DEVICES=eth0"};
+      prefix = {"ip", "netns", "exec", nat_.host(i), "env", "UCX_NET_DEVICES=eth0"};
       argv.insert(argv.end(), {"--rank", std::to_string(i)});
     }
-    LH_ASSIGN_OR_RETURN(pid_t pid, group.start(argv, prefix, secret.to_hex()));
-    slot_of[pid] = i;
+    LH_ASSIGN_OR_RETURN(pid_t pid, group_.start(argv, prefix, secret_->to_hex()));
+    slot_of_[pid] = i;
     return pid;
-  };
-  for (int i = 0; i < job.workers; ++i) {
-    auto pid = start_worker(i);
-    if (!pid.ok()) fail(pid.status().message());
   }
-  int restarts_left = f.restarts;
-  std::printf("workers: pids");
-  for (pid_t p : group.pids()) std::printf(" %d", int(p));
-  std::printf("\n");
-  std::fflush(stdout);
+
+  // Over ssh: the remote shell runs the worker in its place (exec), the secret on its standard input.
+  Result<pid_t> start_remote_worker(int i) {
+    const HostSlot& h = slots_[size_t(i)];
+    std::vector<std::string> argv = {f_.remote_longhaul.empty() ? exe_ : f_.remote_longhaul, "--log-level", level_};
+    if (f_.worker_threads > 0 ||
+        std::all_of(slots_.begin(), slots_.end(), [](const HostSlot& x) { return loopback_host(x.host); }))
+      argv.insert(argv.begin() + 1, {"--threads", std::to_string(threads_)});
+    argv.insert(argv.end(), {"worker", "--coordinator", worker_ep_, "--coordinator-timeout", "0", "--key-stdin",
+                             "--rank", std::to_string(i), "--hostname", h.host + " slot " + std::to_string(i)});
+    if (!h.advertise.empty()) argv.insert(argv.end(), {"--advertise", h.advertise});
+    if (!h.site.empty()) argv.insert(argv.end(), {"--site", h.site});
+    if (!f_.ucx_tls.empty()) argv.insert(argv.end(), {"--ucx-tls", f_.ucx_tls});
+    if (f_.no_allow_list) argv.push_back("--no-allow-list");
+    std::vector<std::string> remote = ssh_;
+    remote.insert(remote.end(), {"-T", "-o", "BatchMode=yes", h.host, "exec " + shell_command(argv)});
+    const std::string label = "w" + std::to_string(i) + " " + h.host + (h.site.empty() ? "" : " " + h.site);
+    LH_ASSIGN_OR_RETURN(pid_t pid, group_.start(remote, {}, secret_->to_hex(), label));
+    slot_of_[pid] = i;
+    return pid;
+  }
+
+  void start_workers() {
+    exe_ = self_exe();
+    level_ = spdlog::level::to_string_view(spdlog::get_level()).data();
+    for (int i = 0; i < job_.workers; ++i) {
+      auto pid = start_worker(i);
+      if (!pid.ok()) fail(pid.status().message());
+    }
+    restarts_left_ = f_.restarts;
+    std::printf("workers: pids");
+    for (pid_t p : group_.pids()) std::printf(" %d", int(p));
+    std::printf("\n");
+    std::fflush(stdout);
+  }
 
   // Switches naming no link apply to every pipeline link of the grid as resolved from the flags.
-  std::vector<ScheduledSwitch> planned;
-  for (const ScheduledSwitch& sw : switches) {
-    if (!sw.link.empty()) {
-      planned.push_back(sw);
-      continue;
-    }
-    auto topology = job.topology();
-    if (!topology.ok()) fail(topology.status().message());
-    for (const PipelineLink& l : topology->pipeline_links()) {
-      planned.push_back(sw);
-      planned.back().link = l.name();
+  void plan_switches(const std::vector<ScheduledSwitch>& switches) {
+    for (const ScheduledSwitch& sw : switches) {
+      if (!sw.link.empty()) {
+        planned_.push_back(sw);
+        continue;
+      }
+      auto topology = job_.topology();
+      if (!topology.ok()) fail(topology.status().message());
+      for (const PipelineLink& l : topology->pipeline_links()) {
+        planned_.push_back(sw);
+        planned_.back().link = l.name();
+      }
     }
   }
-  int64_t printed = 0;
-  bool preempting = false, interrupted = false;
-  size_t next_switch = 0;
-  std::string failure;
-  Status result = Status::Ok();
-  for (;;) {
-    result = (*coord)->wait(100ms);
-    const bool finished =
-        result.code() != StatusCode::kUnavailable || result.message() != "the job did not finish within the timeout";
-    print_progress(**coord, job.train.steps, printed, job.dp);
-    if (finished) break;
-    for (size_t i = next_switch; i < planned.size() && printed >= planned[i].after_step; i = ++next_switch) {
-      const ScheduledSwitch& sw = planned[i];
+
+  // The scheduled switches whose step was reported, through the same path as `longhaul ctl set-codec`.
+  void make_due_switches() {
+    for (size_t i = next_switch_; i < planned_.size() && printed_ >= planned_[i].after_step; i = ++next_switch_) {
+      const ScheduledSwitch& sw = planned_[i];
       const nlohmann::json args = {{"link", sw.link}, {"dir", sw.dir}, {"spec", sw.spec}};
-      auto r = (*coord)->handle_ctl("set-codec", args.dump());
+      auto r = coord_->handle_ctl("set-codec", args.dump());
       auto j = r.ok() ? nlohmann::json::parse(*r, nullptr, false) : nlohmann::json();
       if (r.ok())
         std::printf("set-codec %s %s %s from step %lld (live, as `longhaul ctl set-codec` does)\n", sw.link.c_str(),
@@ -469,85 +477,132 @@ void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch
                     r.status().message().c_str());
       std::fflush(stdout);
     }
-    if (g_stop_signal == SIGTERM && !preempting) {
-      // What a scheduler sends before its kill: the job saves a checkpoint and stops (a second signal stops it now).
-      preempting = true;
-      g_stop_signal = 0;
-      std::printf("SIGTERM: the job saves a checkpoint and stops (send it again to stop at once)\n");
+  }
+
+  // A worker process that ended badly. Returns whether the job goes on (it was forgiven or replaced).
+  bool on_bad_exit(pid_t pid, int st) {
+    // A worker process killed (a crash, the OOM killer, kill -9) is restarted: the coordinator rolls the job back
+    // to its last checkpoint and gives the new process the lost worker's place.
+    const bool killed = WIFSIGNALED(st);
+    if (killed && f_.job.elastic) {
+      // --elastic: the coordinator goes on without the lost worker's replica (its other workers leave).
+      const int rank = rank_of_pid(*coord_, pid);
+      group_.forgive(pid);
+      std::printf("worker %s(pid %d) %s; --elastic: the job goes on without its replica\n",
+                  rank >= 0 ? (std::to_string(rank) + " ").c_str() : "", int(pid), describe_exit(st).c_str());
       std::fflush(stdout);
-      (*coord)->preempt("launch was sent SIGTERM");
+      return true;
     }
-    if (g_stop_signal) {
-      failure = std::string("interrupted by signal ") + strsignal(g_stop_signal) + "; stopping every worker";
-      interrupted = true;
-      break;
-    }
-    if (auto bad = group.poll()) {
-      // A worker process killed (a crash, the OOM killer, kill -9) is restarted: the coordinator rolls the job back
-      // to its last checkpoint and gives the new process the lost worker's place.
-      const bool killed = WIFSIGNALED(bad->second);
-      if (killed && f.job.elastic) {
-        // --elastic: the coordinator goes on without the lost worker's replica (its other workers leave).
-        const int rank = rank_of_pid(**coord, bad->first);
-        group.forgive(bad->first);
-        std::printf("worker %s(pid %d) %s; --elastic: the job goes on without its replica\n",
-                    rank >= 0 ? (std::to_string(rank) + " ").c_str() : "", int(bad->first),
-                    describe_exit(bad->second).c_str());
+    if (killed && restarts_left_ > 0 && f_.job.replace_timeout_s > 0) {
+      --restarts_left_;
+      const int rank = rank_of_pid(*coord_, pid);
+      auto started = start_worker(slot_of_[pid]);
+      if (started.ok()) {
+        group_.forgive(pid);
+        std::printf("worker %s(pid %d) %s; started pid %d in its place (%d restart%s left)\n",
+                    rank >= 0 ? (std::to_string(rank) + " ").c_str() : "", int(pid), describe_exit(st).c_str(),
+                    int(*started), restarts_left_, restarts_left_ == 1 ? "" : "s");
         std::fflush(stdout);
-        continue;
+        return true;
       }
-      if (killed && restarts_left > 0 && f.job.replace_timeout_s > 0) {
-        --restarts_left;
-        const int rank = rank_of_pid(**coord, bad->first);
-        auto pid = start_worker(slot_of[bad->first]);
-        if (pid.ok()) {
-          group.forgive(bad->first);
-          std::printf("worker %s(pid %d) %s; started pid %d in its place (%d restart%s left)\n",
-                      rank >= 0 ? (std::to_string(rank) + " ").c_str() : "", int(bad->first),
-                      describe_exit(bad->second).c_str(), int(*pid), restarts_left, restarts_left == 1 ? "" : "s");
-          std::fflush(stdout);
-          continue;
-        }
-        std::printf("could not restart a worker: %s\n", pid.status().message().c_str());
+      std::printf("could not restart a worker: %s\n", started.status().message().c_str());
+    }
+    return false;
+  }
+
+  // Waits for the job's end, printing progress, making the scheduled switches, answering signals and dead workers.
+  void watch() {
+    bool preempting = false;
+    for (;;) {
+      result_ = coord_->wait(100ms);
+      const bool finished = result_.code() != StatusCode::kUnavailable ||
+                            result_.message() != "the job did not finish within the timeout";
+      print_progress(*coord_, job_.train.steps, printed_, job_.dp);
+      if (finished) break;
+      make_due_switches();
+      if (const int sig = preempt_or_stop_signal(*coord_, preempting, "", "launch was sent SIGTERM")) {
+        failure_ = std::string("interrupted by signal ") + strsignal(sig) + "; stopping every worker";
+        interrupted_ = true;
+        break;
       }
-      // The others hear of it through the coordinator within the heartbeat timeout; wait for that.
-      auto grace = std::chrono::milliseconds(int64_t(f.job.heartbeat_timeout_s * 1000)) + 5s;
-      result = (*coord)->wait(grace);
-      break;
+      if (auto bad = group_.poll()) {
+        if (on_bad_exit(bad->first, bad->second)) continue;
+        // The others hear of it through the coordinator within the heartbeat timeout; wait for that.
+        auto grace = std::chrono::milliseconds(int64_t(f_.job.heartbeat_timeout_s * 1000)) + 5s;
+        result_ = coord_->wait(grace);
+        break;
+      }
+      if (group_.all_exited()) {
+        result_ = coord_->wait(std::chrono::milliseconds(int64_t(f_.job.heartbeat_timeout_s * 1000)) + 2s);
+        break;
+      }
     }
-    if (group.all_exited()) {
-      result = (*coord)->wait(std::chrono::milliseconds(int64_t(f.job.heartbeat_timeout_s * 1000)) + 2s);
-      break;
+  }
+
+  // Stops what is left, names the cause of a failure (a dead worker's rank and pid first) and prints the tables.
+  void end() {
+    // Workers leave after the coordinator saw their last step; give them a moment, then stop the rest.
+    if (stop_signal()) {
+      // Told by the coordinator first: a worker sent SIGTERM mid-job would otherwise ask for a checkpoint.
+      coord_->stop(failure_);
+      group_.stop(2s);
+    } else if (!group_.wait_all(failure_.empty() && result_.ok() ? 30s : 3s)) {
+      group_.stop(2s);
+    }
+    // A worker process that died is the cause; the coordinator's message (a neighbour that lost it) follows.
+    for (const auto& [pid, st] : group_.abnormal()) {
+      if (stop_signal()) break;  // we stopped them
+      if (!WIFSIGNALED(st) && !failure_.empty()) continue;
+      const int rank = rank_of_pid(*coord_, pid);
+      failure_ += (failure_.empty() ? "" : "; ") + std::string("worker ") +
+                  (rank >= 0 ? std::to_string(rank) + " " : std::string()) + "(pid " + std::to_string(pid) + ") " +
+                  describe_exit(st);
+    }
+    print_progress(*coord_, job_.train.steps, printed_, job_.dp);
+    print_job_summary(*coord_, f_.job.metrics);
+    if (!failure_.empty() || !result_.ok()) {
+      std::string msg = failure_;
+      const bool timed_out = result_.message() == "the job did not finish within the timeout";
+      if (!result_.ok() && !timed_out)
+        msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result_.message();
+      const std::string hint = resume_hint(*coord_, f_.job, "launch");
+      fail((msg.empty() ? "the job failed" : msg) + (hint.empty() ? "" : "\n" + hint),
+           coord_->preempted() && !interrupted_ ? kPreemptedExitCode : 1);
     }
   }
-  // Workers leave after the coordinator saw their last step; give them a moment, then stop the rest.
-  if (g_stop_signal) {
-    // Told by the coordinator first: a worker sent SIGTERM mid-job would otherwise ask for a checkpoint.
-    (*coord)->stop(failure);
-    group.stop(2s);
-  } else if (!group.wait_all(failure.empty() && result.ok() ? 30s : 3s)) {
-    group.stop(2s);
-  }
-  // A worker process that died is the cause; the coordinator's message (a neighbour that lost it) follows.
-  for (const auto& [pid, st] : group.abnormal()) {
-    if (g_stop_signal) break;  // we stopped them
-    if (!WIFSIGNALED(st) && !failure.empty()) continue;
-    const int rank = rank_of_pid(**coord, pid);
-    failure += (failure.empty() ? "" : "; ") + std::string("worker ") +
-               (rank >= 0 ? std::to_string(rank) + " " : std::string()) + "(pid " + std::to_string(pid) + ") " +
-               describe_exit(st);
-  }
-  print_progress(**coord, job.train.steps, printed, job.dp);
-  print_job_summary(**coord, f.job.metrics);
-  if (!failure.empty() || !result.ok()) {
-    std::string msg = failure;
-    const bool timed_out = result.message() == "the job did not finish within the timeout";
-    if (!result.ok() && !timed_out)
-      msg += (msg.empty() ? "" : "; ") + std::string("the job stopped: ") + result.message();
-    const std::string hint = resume_hint(**coord, f.job, "launch");
-    fail((msg.empty() ? "the job failed" : msg) + (hint.empty() ? "" : "\n" + hint),
-         (*coord)->preempted() && !interrupted ? kPreemptedExitCode : 1);
-  }
+
+  LaunchFlags& f_;
+  CLI::App* cmd_;
+  PipelineJobConfig job_;
+  std::string listen_;
+  std::vector<HostSlot> slots_;
+  std::vector<std::string> ssh_;
+  std::string coordinator_host_ = "127.0.0.1";
+  WanNamespaces wan_;
+  NatSites nat_;
+  std::string key_path_;
+  bool wrote_key_ = false;
+  std::optional<JobSecret> secret_;
+  int threads_ = 1;
+  std::unique_ptr<PipelineCoordinator> coord_;
+  std::string ep_, worker_ep_;
+  WorkerGroup group_;
+  std::string exe_;
+  const char* level_ = "";
+  std::map<pid_t, int> slot_of_;  // worker process → its slot (its network namespace with --netns)
+  int restarts_left_ = 0;
+  std::vector<ScheduledSwitch> planned_;
+  int64_t printed_ = 0;
+  size_t next_switch_ = 0;
+  bool interrupted_ = false;
+  std::string failure_;
+  Status result_ = Status::Ok();
+};
+
+}  // namespace
+
+void run_launch(LaunchFlags& f, CLI::App* cmd, const std::vector<ScheduledSwitch>& switches) {
+  Launch(f, cmd).run(switches);
 }
 
 void add_launch_flags(CLI::App* cmd, LaunchFlags& f, const std::string& metrics_default) {

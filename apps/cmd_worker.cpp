@@ -149,28 +149,9 @@ pid_t start_coordinator(const WorkerFlags& f, const EnvPlace& place) {
   return pid;
 }
 
-void run_worker(const WorkerFlags& f) {
-  PipelineWorkerOptions o;
-  std::optional<EnvPlace> place;
-  if (f.from_env) {
-    if (f.rank >= 0) fail("--rank and --from-env both give this worker's rank: choose one", 2);
-    auto p = place_from_env([](const char* name) { return std::getenv(name); }, scontrol_hostnames, f.coordinator);
-    if (!p.ok()) fail("--from-env: " + p.status().message(), 2);
-    place = *p;
-    std::printf("--from-env: %s\n", place->describe().c_str());
-    std::fflush(stdout);
-    if (f.show_place) return;
-    o.coordinator = place->coordinator;
-  } else {
-    if (f.show_place) fail("--show-place shows what --from-env reads: give --from-env", 2);
-    if (f.start_coordinator) fail("--start-coordinator needs --from-env (it starts the coordinator at rank 0)", 2);
-    if (f.coordinator.empty()) fail("--coordinator tcp://HOST:PORT is required (or --from-env)", 2);
-    if (f.coordinator.rfind("tcp://", 0) != 0 || f.coordinator.rfind(':') <= 6)
-      fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
-    o.coordinator = f.coordinator;
-  }
-  if (!f.coordinator_args.empty() && !f.start_coordinator)
-    fail("the arguments after -- are the job flags of --start-coordinator's coordinator: give --start-coordinator", 2);
+// The names this worker goes by: its --hostname (this machine's name and pid by default) and --site (or $LH_SITE
+// with --from-env), checked.
+void set_identity(const WorkerFlags& f, PipelineWorkerOptions& o) {
   o.hostname = f.hostname;
   o.site = f.site;
   if (o.site.empty() && f.from_env && std::getenv("LH_SITE")) o.site = std::getenv("LH_SITE");
@@ -189,8 +170,10 @@ void run_worker(const WorkerFlags& f) {
     gethostname(buf, sizeof(buf) - 1);
     o.hostname = std::string(buf) + " pid " + std::to_string(getpid());
   }
-  o.compute_speed = f.compute_speed;
-  o.ucx.tls = f.ucx_tls;
+}
+
+// The data plane's flags, checked: --data-ports, --advertise, --data-bind, --relay-only (which takes none of them).
+void set_data_plane_options(const WorkerFlags& f, PipelineWorkerOptions& o) {
   if (!f.data_ports.empty()) {
     auto range = parse_port_range(f.data_ports);
     if (!range.ok()) fail("--data-ports '" + f.data_ports + "': " + range.status().message(), 2);
@@ -213,6 +196,34 @@ void run_worker(const WorkerFlags& f) {
       if (!value->empty()) fail(std::string("--relay-only opens no data ports: it takes no ") + flag, 2);
     o.ucx.relay_only = true;
   }
+}
+
+void run_worker(const WorkerFlags& f) {
+  PipelineWorkerOptions o;
+  std::optional<EnvPlace> place;
+  if (f.from_env) {
+    if (f.rank >= 0) fail("--rank and --from-env both give this worker's rank: choose one", 2);
+    auto p = place_from_env([](const char* name) { return std::getenv(name); }, scontrol_hostnames, f.coordinator);
+    if (!p.ok()) fail("--from-env: " + p.status().message(), 2);
+    place = *p;
+    std::printf("--from-env: %s\n", place->describe().c_str());
+    std::fflush(stdout);
+    if (f.show_place) return;
+    o.coordinator = place->coordinator;
+  } else {
+    if (f.show_place) fail("--show-place shows what --from-env reads: give --from-env", 2);
+    if (f.start_coordinator) fail("--start-coordinator needs --from-env (it starts the coordinator at rank 0)", 2);
+    if (f.coordinator.empty()) fail("--coordinator tcp://HOST:PORT is required (or --from-env)", 2);
+    if (f.coordinator.rfind("tcp://", 0) != 0 || f.coordinator.rfind(':') <= 6)
+      fail("--coordinator '" + f.coordinator + "': expected tcp://HOST:PORT", 2);
+    o.coordinator = f.coordinator;
+  }
+  if (!f.coordinator_args.empty() && !f.start_coordinator)
+    fail("the arguments after -- are the job flags of --start-coordinator's coordinator: give --start-coordinator", 2);
+  set_identity(f, o);
+  o.compute_speed = f.compute_speed;
+  o.ucx.tls = f.ucx_tls;
+  set_data_plane_options(f, o);
   o.allow_list = !f.no_allow_list;
   o.rank = place ? place->rank : f.rank;
   o.connect_timeout = std::chrono::milliseconds(int64_t(f.connect_timeout_s * 1000));

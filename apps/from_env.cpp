@@ -58,10 +58,11 @@ std::string EnvPlace::describe() const {
          "), coordinator " + coordinator;
 }
 
-Result<EnvPlace> place_from_env(const EnvLookup& env, const HostlistExpander& expand,
-                                const std::string& coordinator_flag) {
-  EnvPlace p;
-  Reader r{env, &p.read};
+namespace {
+
+// Which launcher placed this process: $LH_ENGINE, else the one whose variables are set (the innermost when several
+// agree on the rank).
+Result<std::string> detect_engine(const EnvLookup& env, Reader& r) {
   const bool slurm = r.has("SLURM_PROCID"), torchrun = r.has("RANK") || r.has("WORLD_SIZE"),
              kubernetes = r.has("JOB_COMPLETION_INDEX");
   std::string engine = r.has("LH_ENGINE") ? std::string(env("LH_ENGINE")) : "";
@@ -87,6 +88,18 @@ Result<EnvPlace> place_from_env(const EnvLookup& env, const HostlistExpander& ex
     }
     engine = torchrun ? "torchrun" : slurm ? "slurm" : "kubernetes";  // the innermost launcher first
   }
+  return engine;
+}
+
+}  // namespace
+
+Result<EnvPlace> place_from_env(const EnvLookup& env, const HostlistExpander& expand,
+                                const std::string& coordinator_flag) {
+  EnvPlace p;
+  Reader r{env, &p.read};
+  auto detected = detect_engine(env, r);
+  if (!detected.ok()) return detected.status();
+  const std::string engine = std::move(detected).value();
   p.engine = engine;
   std::string host, rank_var, world_var;
   int port = 0;

@@ -2,6 +2,7 @@
 // summary printing at the end of a job. Used by apps/cmd_launch.cpp and apps/cmd_coordinator.cpp.
 #include "apps/job_cli.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,10 +18,12 @@
 
 namespace lh::app {
 
-void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_default) {
-  TrainConfig& c = f.job.train;
-  f.metrics = metrics_default;
-  const char* g = "Job";
+namespace {
+
+// add_job_flags' groups, in the order --help lists them. Each is a flat table of CLI11 registrations.
+
+// The grid and its schedule: --workers, --pp, --tp, --dp, --partition, --schedule, --microbatches.
+void add_grid_flags(CLI::App* cmd, JobFlags& f, const char* g) {
   cmd->add_option("--workers", f.job.workers, "worker processes (default: pp × tp × dp)")
       ->check(CLI::Range(1, 4096))
       ->group(g);
@@ -47,6 +50,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
   cmd->add_option("--microbatches", f.job.microbatches, "microbatches per replica's share of the global batch")
       ->capture_default_str()
       ->group(g);
+}
+
+// The codecs of every link, replica group and tp group, auto's ladders, and --sync.
+void add_codec_flags(CLI::App* cmd, JobFlags& f, const char* g) {
   cmd->add_option("--compress-fwd", f.job.compress_fwd,
                   "codec spec for activations on every link (or preset:lossless|safe|balanced), or auto: the auto "
                   "links' codecs of --auto-ladder, chosen together by the step the pipeline simulator predicts from "
@@ -118,6 +125,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "diloco:H=50,outer_lr=0.7,outer_momentum=0.9")
       ->capture_default_str()
       ->group(g);
+}
+
+// The metrics file, the job secret and the data plane's packet protection.
+void add_security_flags(CLI::App* cmd, JobFlags& f, const char* g) {
   cmd->add_option("--metrics", f.metrics, "the job's JSON-lines metrics file (all workers)")
       ->capture_default_str()
       ->group(g);
@@ -131,6 +142,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                 "activations and gradients (trusted networks and benchmarks only)")
       ->excludes(enc)
       ->group(g);
+}
+
+// Emulated links and compute (tests and demos).
+void add_emulation_flags(CLI::App* cmd, JobFlags& f) {
   const char* e = "Emulation (tests and demos)";
   cmd->add_option("--link", f.job.links,
                   "shape the workers' outgoing links in process: RATE[,DELAY] for every link (20M,30ms), or "
@@ -141,6 +156,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "RANK=FACTOR: that worker's forward and backward compute takes FACTOR times as long (it sleeps "
                   "the difference after each); repeat it for several ranks")
       ->group(e);
+}
+
+// The live page, heartbeats and stalls, and the relay.
+void add_control_flags(CLI::App* cmd, JobFlags& f, const char* g) {
   cmd->add_option("--http", f.http,
                   "serve a live page of the job at ADDR:PORT, with /metrics for Prometheus and /api/status "
                   "(127.0.0.1:8080; :0 picks a free port; any address beyond 127.0.0.1 needs the page token, "
@@ -174,7 +193,10 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                   "worker's hello then binds only its own rank even against a member of the job (without it, "
                   "against strangers only)")
       ->group(g);
+}
 
+// Job checkpoints, --resume, replacements and --elastic.
+void add_checkpoint_flags(CLI::App* cmd, JobFlags& f) {
   const char* r = "Checkpoints and recovery";
   cmd->add_option("--checkpoint-dir", f.checkpoint_dir,
                   "commit a job checkpoint here (every worker's state) every --checkpoint-every steps and at the end")
@@ -201,7 +223,20 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
                 "(dp − 1; that replica's other workers leave; its slice of each global batch is skipped, the "
                 "learning rate is unchanged) instead of waiting for a replacement")
       ->group(r);
+}
 
+}  // namespace
+
+void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_default) {
+  TrainConfig& c = f.job.train;
+  f.metrics = metrics_default;
+  const char* g = "Job";
+  add_grid_flags(cmd, f, g);
+  add_codec_flags(cmd, f, g);
+  add_security_flags(cmd, f, g);
+  add_emulation_flags(cmd, f);
+  add_control_flags(cmd, f, g);
+  add_checkpoint_flags(cmd, f);
   add_model_flags(cmd, f.model, c);
 }
 
@@ -466,6 +501,37 @@ void print_job_summary(const PipelineCoordinator& coord, const std::string& metr
   std::printf("\nsteps\n%s", format_step_summary(*s).c_str());
   if (!metrics_path.empty()) std::printf("metrics: %s\n", metrics_path.c_str());
   std::fflush(stdout);
+}
+
+namespace {
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) {
+  g_stop_signal = sig;
+}
+}  // namespace
+
+void catch_stop_signals(std::initializer_list<int> signals, bool restart) {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = restart ? SA_RESTART : 0;
+  for (int sig : signals) sigaction(sig, &sa, nullptr);
+}
+
+int stop_signal() {
+  return g_stop_signal;
+}
+
+int preempt_or_stop_signal(PipelineCoordinator& coord, bool& preempting, const char* lead, const std::string& reason) {
+  if (g_stop_signal == SIGTERM && !preempting) {
+    // What a scheduler sends before its kill: the job saves a checkpoint and stops (a second signal stops it now).
+    preempting = true;
+    g_stop_signal = 0;
+    std::printf("%sSIGTERM: the job saves a checkpoint and stops (send it again to stop at once)\n", lead);
+    std::fflush(stdout);
+    coord.preempt(reason);
+  }
+  return g_stop_signal;
 }
 
 }  // namespace lh::app

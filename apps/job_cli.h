@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -80,5 +81,15 @@ std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, con
 void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters);
 // The link table, the step summary and where the metrics went.
 void print_job_summary(const PipelineCoordinator& coord, const std::string& metrics_path);
+
+// The signals that stop a job's process (launch, coordinator): the first SIGTERM, what a scheduler sends before its
+// kill, checkpoints the job and stops it; any other, or SIGTERM again, stops it at once. `restart`: calls the signal
+// interrupts resume (as std::signal's handlers do).
+void catch_stop_signals(std::initializer_list<int> signals, bool restart);
+// The signal that stops the job now (0: none).
+int stop_signal();
+// Once per turn of a job's wait loop: at the first SIGTERM, prints so (after `lead`) and preempts `coord` with `reason`
+// (`preempting` remembers it). Returns stop_signal().
+int preempt_or_stop_signal(PipelineCoordinator& coord, bool& preempting, const char* lead, const std::string& reason);
 
 }  // namespace lh::app

@@ -26,6 +26,22 @@ Status PipelineCosts::check(int stages) const {
   return Status::Ok();
 }
 
+namespace {
+
+// The makespan (the last stage's finish) and the share of it the stages sat idle, from each stage's finish and busy
+// time.
+void set_makespan(PipelineSimResult& r) {
+  const int S = static_cast<int>(r.finish.size());
+  double total_busy = 0;
+  for (int s = 0; s < S; ++s) {
+    r.makespan = std::max(r.makespan, r.finish[s]);
+    total_busy += r.busy[s];
+  }
+  r.bubble_fraction = r.makespan > 0 ? 1.0 - total_busy / (S * r.makespan) : 0.0;
+}
+
+}  // namespace
+
 Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, const PipelineCosts& costs) {
   const int S = schedule.stages(), M = schedule.microbatches();
   if (schedule.kind() == ScheduleKind::kEager || is_async(schedule.kind())) {  // one step of either
@@ -103,13 +119,8 @@ Result<PipelineSimResult> simulate_pipeline(const PipelineSchedule& schedule, co
     return internal_error(std::string("pipeline schedule ") + schedule_kind_name(schedule.kind()) +
                           " deadlocks: " + stuck);
 
-  double total_busy = 0;
-  for (int s = 0; s < S; ++s) {
-    r.finish[s] = std::max(clock[s], sends_done[s]);
-    r.makespan = std::max(r.makespan, r.finish[s]);
-    total_busy += r.busy[s];
-  }
-  r.bubble_fraction = r.makespan > 0 ? 1.0 - total_busy / (S * r.makespan) : 0.0;
+  for (int s = 0; s < S; ++s) r.finish[s] = std::max(clock[s], sends_done[s]);
+  set_makespan(r);
   return r;
 }
 
@@ -206,12 +217,7 @@ Result<EagerSimResult> simulate_eager(int stages, int microbatches, int max_in_f
     }
     now = *events.begin();
   }
-  double total_busy = 0;
-  for (int s = 0; s < S; ++s) {
-    r.makespan = std::max(r.makespan, r.finish[s]);
-    total_busy += r.busy[s];
-  }
-  r.bubble_fraction = r.makespan > 0 ? 1.0 - total_busy / (S * r.makespan) : 0.0;
+  set_makespan(r);
   return out;
 }
 

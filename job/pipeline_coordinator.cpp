@@ -35,57 +35,9 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
     LH_ASSIGN_OR_RETURN(c->store_, JobCheckpointStore::open(options.checkpoint_dir, job.workers, job.resume_hash(),
                                                             options.keep_checkpoints));
   }
+  if (options.resume)
+    if (Status s = c->resume_from_checkpoint(job, options); !s.ok()) return s;
   std::vector<std::string> warnings;
-  if (options.resume) {
-    PipelineCoordinator* self = c.get();
-    auto ck = c->store_->load_latest(&warnings, [self](const nlohmann::json& m) { return self->grid_fits(m, true); });
-    for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
-    // Checkpoints that exist but none of which fits: starting over would prune them, so refuse.
-    if (!ck.ok() && !warnings.empty())
-      return invalid_argument("--resume: no checkpoint in '" + options.checkpoint_dir +
-                              "' can be used (the newest: " + warnings.front() + ")");
-    warnings.clear();
-    if (ck.ok()) {
-      const nlohmann::json& saved_job = ck->manifest.contains("job") ? ck->manifest["job"] : nlohmann::json();
-      if (auto saved = PipelineJobConfig::from_json(saved_job.dump()); saved.ok() && saved->dp < c->job_.dp) {
-        // An --elastic job that went on with fewer replicas goes on with them.
-        PipelineJobConfig next = c->job_;
-        next.dp = saved->dp;
-        next.workers = saved->workers;
-        next.batch_slices = saved->batch_slices;
-        next.replica_slices = saved->replica_slices;
-        LH_RETURN_IF_ERROR(next.validate());
-        std::lock_guard<std::mutex> lock(c->mu_);
-        LH_RETURN_IF_ERROR(c->regrid_locked(next));
-        LH_LOG_WARN(
-            "coordinator: --elastic: the checkpoint of step {} is of {} replica(s) (slices {} of {}); the job "
-            "goes on with them",
-            ck->step, next.dp, nlohmann::json(next.replica_slices).dump(), next.slices());
-      }
-      if ((c->job_.partition == "speed" || c->job_.partition == "auto") && saved_job.is_object() &&
-          saved_job.value("partition", "") != c->job_.partition)
-        c->job_.partition = saved_job.value("partition", "");
-      if (c->job_.tp_split == "speed" && saved_job.is_object() && saved_job.value("tp_split", "") != "speed")
-        c->job_.tp_split = saved_job.value("tp_split", "");
-      if (c->job_.dp_split == "speed" && saved_job.is_object() && saved_job.value("dp_split", "") != "speed")
-        c->job_.dp_split = saved_job.value("dp_split", "");
-      if (ck->manifest.contains("changes")) {
-        Status s = c->restore_changes(ck->manifest["changes"]);
-        if (!s.ok()) return s.prepend("checkpoint step " + std::to_string(ck->step));
-      }
-      if (ck->step >= job.train.steps)
-        return invalid_argument("the newest checkpoint in '" + options.checkpoint_dir + "' is at step " +
-                                std::to_string(ck->step) + ", not before --steps " + std::to_string(job.train.steps) +
-                                "; raise --steps to train further");
-      c->resumed_from_ = ck->step;
-      LH_LOG_INFO("coordinator: resuming from the checkpoint of step {} in '{}'", ck->step, options.checkpoint_dir);
-      c->resume_ = std::move(*ck);
-    } else if (ck.status().code() == StatusCode::kNotFound) {
-      LH_LOG_WARN("coordinator: --resume: {}; starting from step 0", ck.status().message());
-    } else {
-      return ck.status();
-    }
-  }
   if (options.resume) {
     LH_ASSIGN_OR_RETURN(c->collector_,
                         MetricsCollector::open_resumed(options.metrics_path, c->resumed_from_, &warnings));
@@ -102,7 +54,65 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   }
   CoordinatorOptions control = options.control;
   control.expected_workers = c->job_.workers;
-  PipelineCoordinator* self = c.get();
+  LH_ASSIGN_OR_RETURN(c->coordinator_, Coordinator::start(control, c->control_hooks()));
+  LH_RETURN_IF_ERROR(c->start_http(options));
+  return c;
+}
+
+Status PipelineCoordinator::resume_from_checkpoint(const PipelineJobConfig& job,
+                                                   const PipelineCoordinatorOptions& options) {
+  std::vector<std::string> warnings;
+  auto ck = store_->load_latest(&warnings, [this](const nlohmann::json& m) { return grid_fits(m, true); });
+  for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
+  // Checkpoints that exist but none of which fits: starting over would prune them, so refuse.
+  if (!ck.ok() && !warnings.empty())
+    return invalid_argument("--resume: no checkpoint in '" + options.checkpoint_dir +
+                            "' can be used (the newest: " + warnings.front() + ")");
+  if (ck.ok()) {
+    const nlohmann::json& saved_job = ck->manifest.contains("job") ? ck->manifest["job"] : nlohmann::json();
+    if (auto saved = PipelineJobConfig::from_json(saved_job.dump()); saved.ok() && saved->dp < job_.dp) {
+      // An --elastic job that went on with fewer replicas goes on with them.
+      PipelineJobConfig next = job_;
+      next.dp = saved->dp;
+      next.workers = saved->workers;
+      next.batch_slices = saved->batch_slices;
+      next.replica_slices = saved->replica_slices;
+      LH_RETURN_IF_ERROR(next.validate());
+      std::lock_guard<std::mutex> lock(mu_);
+      LH_RETURN_IF_ERROR(regrid_locked(next));
+      LH_LOG_WARN(
+          "coordinator: --elastic: the checkpoint of step {} is of {} replica(s) (slices {} of {}); the job "
+          "goes on with them",
+          ck->step, next.dp, nlohmann::json(next.replica_slices).dump(), next.slices());
+    }
+    if ((job_.partition == "speed" || job_.partition == "auto") && saved_job.is_object() &&
+        saved_job.value("partition", "") != job_.partition)
+      job_.partition = saved_job.value("partition", "");
+    if (job_.tp_split == "speed" && saved_job.is_object() && saved_job.value("tp_split", "") != "speed")
+      job_.tp_split = saved_job.value("tp_split", "");
+    if (job_.dp_split == "speed" && saved_job.is_object() && saved_job.value("dp_split", "") != "speed")
+      job_.dp_split = saved_job.value("dp_split", "");
+    if (ck->manifest.contains("changes")) {
+      Status s = restore_changes(ck->manifest["changes"]);
+      if (!s.ok()) return s.prepend("checkpoint step " + std::to_string(ck->step));
+    }
+    if (ck->step >= job.train.steps)
+      return invalid_argument("the newest checkpoint in '" + options.checkpoint_dir + "' is at step " +
+                              std::to_string(ck->step) + ", not before --steps " + std::to_string(job.train.steps) +
+                              "; raise --steps to train further");
+    resumed_from_ = ck->step;
+    LH_LOG_INFO("coordinator: resuming from the checkpoint of step {} in '{}'", ck->step, options.checkpoint_dir);
+    resume_ = std::move(*ck);
+  } else if (ck.status().code() == StatusCode::kNotFound) {
+    LH_LOG_WARN("coordinator: --resume: {}; starting from step 0", ck.status().message());
+  } else {
+    return ck.status();
+  }
+  return Status::Ok();
+}
+
+CoordinatorHooks PipelineCoordinator::control_hooks() {
+  PipelineCoordinator* self = this;
   CoordinatorHooks hooks;
   hooks.make_plans = [self](const std::vector<WorkerInfo>& w) { return self->make_plans(w); };
   hooks.on_metrics = [self](const StepMetrics& m) {
@@ -144,9 +154,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
                ? link_name(self->topology_, src, dst)
                : std::string();
   };
-  LH_ASSIGN_OR_RETURN(c->coordinator_, Coordinator::start(control, std::move(hooks)));
-  LH_RETURN_IF_ERROR(c->start_http(options));
-  return c;
+  return hooks;
 }
 
 Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<WorkerInfo>& workers) {

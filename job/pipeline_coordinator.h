@@ -129,6 +129,11 @@ class PipelineCoordinator {
   std::vector<SetCodec> changes_locked() const;
   // Puts a checkpoint's changes (manifest "changes") back into the codec history.
   Status restore_changes(const nlohmann::json& changes);
+  // start's step for --resume: the newest checkpoint that fits the grid (an --elastic job's fewer replicas, the
+  // settled partition and splits, the codec changes), or a fresh start when there is none.
+  Status resume_from_checkpoint(const PipelineJobConfig& job, const PipelineCoordinatorOptions& options);
+  // What the control-plane coordinator calls back into this one for (plans, metrics, joins, losses, ctl, shards).
+  CoordinatorHooks control_hooks();
   nlohmann::json status_json();
   // --elastic: whether a checkpoint's manifest fits this job's grid (the same, or one it shrank from; at resume
   // also one it shrank to), and which of its shards rank `rank` of this grid starts from.

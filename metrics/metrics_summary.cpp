@@ -50,6 +50,41 @@ std::string layout(const std::vector<std::vector<std::string>>& rows, const std:
   return out;
 }
 
+// Per link key and counting end ("send" or "recv"): totals, and per step the codec and bytes.
+struct LinkSide {
+  LinkTotals totals;
+  std::map<int64_t, std::string> codec_by_step;
+  std::map<int64_t, uint64_t> raw_by_step;
+  std::map<int64_t, uint64_t> wire_by_step;
+  std::map<int64_t, const WorkerStepMetrics*> reported_by;
+};
+
+// Each link's totals (the sender's count where there is one), its codec switches and per-step bytes, and the sum.
+void add_link_totals(std::map<LinkKey, std::map<std::string, LinkSide>>& sides, MetricsSummary& s) {
+  s.total.role = "total";
+  for (auto& [key, by_dir] : sides) {
+    // The sender's count when there is one: a receiver cannot see bytes lost on the way.
+    const std::string dir = by_dir.count("send") ? "send" : "recv";
+    LinkSide& side = by_dir[dir];
+    LinkTotals t = side.totals;
+    std::tie(t.src, t.dst, t.role) = key;
+    t.counted_by = dir;
+    std::string last;
+    for (const auto& [step, codec] : side.codec_by_step) {
+      if (!last.empty() && codec != last) s.codec_switches.push_back({t.src, t.dst, t.role, last, codec, step});
+      if (codec != last) t.codecs.push_back(codec);
+      last = codec;
+    }
+    for (const auto& [step, bytes] : side.raw_by_step) s.raw_bytes_per_step[key].push_back({step, double(bytes)});
+    for (const auto& [step, bytes] : side.wire_by_step) s.wire_bytes_per_step[key].push_back({step, double(bytes)});
+    s.total.messages += t.messages;
+    s.total.raw_bytes += t.raw_bytes;
+    s.total.wire_bytes += t.wire_bytes;
+    s.total.seconds += t.seconds;
+    s.links.push_back(std::move(t));
+  }
+}
+
 }  // namespace
 
 std::string role_label(const std::string& role) {
@@ -66,15 +101,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
   };
   std::map<std::pair<int64_t, int>, const WorkerStepMetrics*> seen;  // (step, worker)
   std::set<int> workers;
-  // Per key and counting end: totals, and per step the codec and wire bytes.
-  struct Side {
-    LinkTotals totals;
-    std::map<int64_t, std::string> codec_by_step;
-    std::map<int64_t, uint64_t> raw_by_step;
-    std::map<int64_t, uint64_t> wire_by_step;
-    std::map<int64_t, const WorkerStepMetrics*> reported_by;
-  };
-  std::map<LinkKey, std::map<std::string, Side>> sides;
+  std::map<LinkKey, std::map<std::string, LinkSide>> sides;
   std::map<int64_t, std::vector<double>> loss, val;
   std::map<int64_t, double> tps;
 
@@ -96,7 +123,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
       tps[m.step] = t == tps.end() ? *m.tokens_per_s : std::min(t->second, *m.tokens_per_s);
     }
     for (const LinkTraffic& l : m.links) {
-      Side& side = sides[LinkKey{l.src, l.dst, l.role}][l.dir];
+      LinkSide& side = sides[LinkKey{l.src, l.dst, l.role}][l.dir];
       auto [rep, first] = side.reported_by.emplace(m.step, &m);
       if (!first)
         return invalid_argument("metrics: " + line_of(m) + " counts link " + std::to_string(l.src) + "→" +
@@ -120,28 +147,7 @@ Result<MetricsSummary> summarize_step_metrics(const std::vector<WorkerStepMetric
     s.last_step = seen.rbegin()->first.first;
   }
 
-  s.total.role = "total";
-  for (auto& [key, by_dir] : sides) {
-    // The sender's count when there is one: a receiver cannot see bytes lost on the way.
-    const std::string dir = by_dir.count("send") ? "send" : "recv";
-    Side& side = by_dir[dir];
-    LinkTotals t = side.totals;
-    std::tie(t.src, t.dst, t.role) = key;
-    t.counted_by = dir;
-    std::string last;
-    for (const auto& [step, codec] : side.codec_by_step) {
-      if (!last.empty() && codec != last) s.codec_switches.push_back({t.src, t.dst, t.role, last, codec, step});
-      if (codec != last) t.codecs.push_back(codec);
-      last = codec;
-    }
-    for (const auto& [step, bytes] : side.raw_by_step) s.raw_bytes_per_step[key].push_back({step, double(bytes)});
-    for (const auto& [step, bytes] : side.wire_by_step) s.wire_bytes_per_step[key].push_back({step, double(bytes)});
-    s.total.messages += t.messages;
-    s.total.raw_bytes += t.raw_bytes;
-    s.total.wire_bytes += t.wire_bytes;
-    s.total.seconds += t.seconds;
-    s.links.push_back(std::move(t));
-  }
+  add_link_totals(sides, s);
   std::sort(s.links.begin(), s.links.end(), [](const LinkTotals& a, const LinkTotals& b) {
     return std::make_tuple(role_order(a.role), a.src, a.dst) < std::make_tuple(role_order(b.role), b.src, b.dst);
   });

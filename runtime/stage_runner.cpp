@@ -21,14 +21,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-}  // namespace
-
-Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& train, const Topology& topology,
-                                                         const Partition& partition, int rank,
-                                                         const StageRunnerOptions& options, DataPlane& plane,
-                                                         CodecSchedule& codecs) {
-  LH_RETURN_IF_ERROR(train.model.validate());
-  LH_ASSIGN_OR_RETURN(WorkerCoord coord, topology.checked_coord_of(rank));
+// The checks before a stage runner is built: the partition fits the grid and the model, and the batch splits into
+// `slices` slices of equal microbatches (or the --dp-split shares).
+Status check_batch_split(const TrainConfig& train, const Topology& topology, const Partition& partition,
+                         const StageRunnerOptions& options, int slices, int slice) {
   if (partition.stages() != topology.pp())
     return invalid_argument("stage runner: partition " + partition.to_string() + " has " +
                             std::to_string(partition.stages()) + " stages but the job has " +
@@ -40,8 +36,6 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
   if (options.microbatches < 1 || options.microbatches >= kNormSlot)
     return invalid_argument("stage runner: --microbatches must be in 1.." + std::to_string(kNormSlot - 1) + ", got " +
                             std::to_string(options.microbatches));
-  const int slices = options.batch_slices > 0 ? options.batch_slices : topology.dp();
-  const int slice = options.batch_slice >= 0 ? options.batch_slice : coord.dp;
   if (slices < topology.dp() || slice >= slices)
     return invalid_argument("stage runner: slice " + std::to_string(slice) + " of " + std::to_string(slices) +
                             " slices of the batch for " + std::to_string(topology.dp()) + " replicas");
@@ -61,7 +55,14 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
     return invalid_argument("stage runner: the batch of " + std::to_string(train.batch) +
                             " sequences does not split into " + std::to_string(slices) + " replicas × " +
                             std::to_string(options.microbatches) + " equal microbatches");
+  return Status::Ok();
+}
 
+// The heads each tp shard holds (--tp-split, or an even split), checked, and whether a step's tags have room for the
+// stage's tp all-reduces.
+Result<std::vector<int>> checked_tp_heads(const TrainConfig& train, const Topology& topology,
+                                          const Partition& partition, const WorkerCoord& coord,
+                                          const StageRunnerOptions& options) {
   std::vector<int> heads = options.tp_heads;
   if (heads.empty()) {
     LH_ASSIGN_OR_RETURN(heads, tp_heads("", topology.tp(), train.model.heads));
@@ -84,6 +85,23 @@ Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& trai
           " evaluation batches needs " + std::to_string(per_step) + " all-reduces per step; at most " +
           std::to_string(kNormSlot - 1) + " fit a step's tags: use fewer --microbatches or more stages");
   }
+  return heads;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<StageRunner>> StageRunner::create(const TrainConfig& train, const Topology& topology,
+                                                         const Partition& partition, int rank,
+                                                         const StageRunnerOptions& options, DataPlane& plane,
+                                                         CodecSchedule& codecs) {
+  LH_RETURN_IF_ERROR(train.model.validate());
+  LH_ASSIGN_OR_RETURN(WorkerCoord coord, topology.checked_coord_of(rank));
+  const int slices = options.batch_slices > 0 ? options.batch_slices : topology.dp();
+  const int slice = options.batch_slice >= 0 ? options.batch_slice : coord.dp;
+  if (Status s = check_batch_split(train, topology, partition, options, slices, slice); !s.ok()) return s;
+  auto checked_heads = checked_tp_heads(train, topology, partition, coord, options);
+  if (!checked_heads.ok()) return checked_heads.status();
+  const std::vector<int> heads = std::move(checked_heads).value();
   std::unique_ptr<StageRunner> r(new StageRunner());
   r->train_ = train;
   r->topology_ = topology;

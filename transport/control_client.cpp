@@ -124,6 +124,56 @@ void ControlClient::check_join_locked(const ControlHeader& h, const ControlMessa
   send(join_msg_);  // send_mu_ is never held while mu_ is taken
 }
 
+void ControlClient::on_shard_ack(const ControlHeader& h, const ShardAck& ack) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_seq_locked(h);
+    last_heard_ = std::chrono::steady_clock::now();
+  }
+  {
+    std::lock_guard<std::mutex> lock(shard_mu_);
+    if (!shards_out_.empty() && shards_out_.front().step == ack.step && ack.received > shards_out_.front().acked &&
+        ack.received <= shards_out_.front().sent) {
+      OutShard& out = shards_out_.front();
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - last_ack_).count();
+      if (out.acked > 0 && dt > 0) {  // the rate since the previous ack of this shard, smoothed
+        const double rate = double(ack.received - out.acked) / dt;
+        ack_rate_ = ack_rate_ > 0 ? 0.7 * ack_rate_ + 0.3 * rate : rate;
+      }
+      last_ack_ = now;
+      out.acked = ack.received;
+      if (out.acked == out.bytes.size()) shards_out_.pop_front();
+    }
+  }
+  shard_cv_.notify_all();
+  pump_shards();
+}
+
+bool ControlClient::on_reject_locked(ControlMessage& m) {
+  const Reject& r = std::get<Reject>(m);
+  if (r.about == uint16_t(MsgType::kJoin) && !joined_ && !join_reply_) {
+    LH_LOG_WARN("control: the coordinator refused to let this worker join: {}", r.reason);
+    join_reply_ = Result<Plan>(invalid_argument("join refused: " + r.reason));
+    return true;
+  }
+  // A coordinator restarted after a loss refuses what the old one would have taken (queued while it was away).
+  if (coordinator_lost_) {
+    LH_LOG_DEBUG("control: the coordinator refused a message sent before it was restarted: {}", r.reason);
+    return false;
+  }
+  LH_LOG_WARN("control: the coordinator refused a message: {}", r.reason);
+  if (r.about == uint16_t(MsgType::kShardSaved)) {
+    // The coordinator takes no shard from this worker now (its parts answered with refusals, one each): what is
+    // queued will not be committed, and barrier() need not wait for it.
+    std::lock_guard<std::mutex> shards(shard_mu_);
+    shards_out_.clear();
+    shard_cv_.notify_all();
+  }
+  events_.push_back(std::move(m));
+  return true;
+}
+
 void ControlClient::on_message(Frames&& frames) {
   if (frames.size() != 1) {
     LH_LOG_WARN("control: ignoring a {}-frame message from the coordinator", frames.size());
@@ -160,32 +210,7 @@ void ControlClient::on_message(Frames&& frames) {
     return;
   }
   ControlMessage& m = decoded.value();
-  if (auto* ack = std::get_if<ShardAck>(&m)) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      check_seq_locked(*header);
-      last_heard_ = std::chrono::steady_clock::now();
-    }
-    {
-      std::lock_guard<std::mutex> lock(shard_mu_);
-      if (!shards_out_.empty() && shards_out_.front().step == ack->step && ack->received > shards_out_.front().acked &&
-          ack->received <= shards_out_.front().sent) {
-        OutShard& out = shards_out_.front();
-        const auto now = std::chrono::steady_clock::now();
-        const double dt = std::chrono::duration<double>(now - last_ack_).count();
-        if (out.acked > 0 && dt > 0) {  // the rate since the previous ack of this shard, smoothed
-          const double rate = double(ack->received - out.acked) / dt;
-          ack_rate_ = ack_rate_ > 0 ? 0.7 * ack_rate_ + 0.3 * rate : rate;
-        }
-        last_ack_ = now;
-        out.acked = ack->received;
-        if (out.acked == out.bytes.size()) shards_out_.pop_front();
-      }
-    }
-    shard_cv_.notify_all();
-    pump_shards();
-    return;
-  }
+  if (auto* ack = std::get_if<ShardAck>(&m)) return on_shard_ack(*header, *ack);
   std::lock_guard<std::mutex> lock(mu_);
   check_join_locked(*header, m);
   check_seq_locked(*header);
@@ -203,29 +228,9 @@ void ControlClient::on_message(Frames&& frames) {
       }
       join_reply_ = Result<Plan>(std::get<Plan>(std::move(m)));
       break;
-    case MsgType::kReject: {
-      const Reject& r = std::get<Reject>(m);
-      if (r.about == uint16_t(MsgType::kJoin) && !joined_ && !join_reply_) {
-        LH_LOG_WARN("control: the coordinator refused to let this worker join: {}", r.reason);
-        join_reply_ = Result<Plan>(invalid_argument("join refused: " + r.reason));
-        break;
-      }
-      // A coordinator restarted after a loss refuses what the old one would have taken (queued while it was away).
-      if (coordinator_lost_) {
-        LH_LOG_DEBUG("control: the coordinator refused a message sent before it was restarted: {}", r.reason);
-        return;
-      }
-      LH_LOG_WARN("control: the coordinator refused a message: {}", r.reason);
-      if (r.about == uint16_t(MsgType::kShardSaved)) {
-        // The coordinator takes no shard from this worker now (its parts answered with refusals, one each): what is
-        // queued will not be committed, and barrier() need not wait for it.
-        std::lock_guard<std::mutex> shards(shard_mu_);
-        shards_out_.clear();
-        shard_cv_.notify_all();
-      }
-      events_.push_back(std::move(m));
+    case MsgType::kReject:
+      if (!on_reject_locked(m)) return;
       break;
-    }
     case MsgType::kBarrier:
       released_barriers_.insert(std::get<Barrier>(m).id);
       break;

@@ -109,6 +109,10 @@ class ControlClient {
  private:
   ControlClient() = default;
   void on_message(Frames&& frames);
+  // The coordinator acknowledged parts of the shard in flight: the window moves on.
+  void on_shard_ack(const ControlHeader& h, const ShardAck& ack);
+  // With mu_ held: the coordinator refused a message of ours; false when no one is to hear of it.
+  bool on_reject_locked(ControlMessage& m);
   void on_tick();
   void send(const ControlMessage& m);
   // With mu_ held: the coordinator's message numbering (ControlHeader::seq).

@@ -255,7 +255,11 @@ void Coordinator::on_message(Frames&& frames) {
   ControlMessage& m = decoded.value();
   if (type == MsgType::kJoin) return handle_join(id, std::move(std::get<Join>(m)));
   if (type == MsgType::kCtlRequest) return handle_ctl(id, std::get<CtlRequest>(m));
+  on_worker_message(id, *header, m);
+}
 
+void Coordinator::on_worker_message(const std::string& id, const ControlHeader& header, ControlMessage& m) {
+  const MsgType type = header.type;
   Deferred later;
   std::string stop;
   {
@@ -263,7 +267,7 @@ void Coordinator::on_message(Frames&& frames) {
     for (auto& sb : standby_)
       if (sb.identity == id) {  // a standby only keeps itself alive until it is needed
         sb.last_seen = std::chrono::steady_clock::now();
-        advance_seq(*header, &sb.next_seq);
+        advance_seq(header, &sb.next_seq);
         if (type == MsgType::kShutdown) {
           LH_LOG_INFO("coordinator: the standby worker from '{}' left", sb.join.hostname);
           standby_.erase(
@@ -278,7 +282,7 @@ void Coordinator::on_message(Frames&& frames) {
       return reject(id, std::string(msg_type_name(type)) + " from a sender that has not joined", type);
     }
     w->last_seen = std::chrono::steady_clock::now();
-    if (std::string lost = check_seq_locked(*w, *header); !lost.empty()) {
+    if (std::string lost = check_seq_locked(*w, header); !lost.empty()) {
       stop = on_lost_messages_locked(lost, later);
       if (stop.empty()) {  // rolled back: what this message belonged to is abandoned
         lock.unlock();
@@ -288,190 +292,234 @@ void Coordinator::on_message(Frames&& frames) {
     }
     // A worker told to roll back may still send what its abandoned epoch produced: dropped quietly.
     if (w->state == WorkerInfo::State::kRejoining && type != MsgType::kShutdown && type != MsgType::kHeartbeat) return;
-    switch (type) {
-      case MsgType::kHeartbeat: {
-        Heartbeat& hb = std::get<Heartbeat>(m);
-        if (std::string bad = check_pending_locked(*w, hb.pending); !bad.empty()) {
-          lock.unlock();
-          return reject(id, bad, type);
-        }
-        w->progress = std::move(hb);
-        w->progress_at = w->last_seen;
-        break;
-      }
-      case MsgType::kShardSaved: {
-        auto& sh = std::get<ShardSaved>(m);
-        if (sh.rank != w->rank || w->state != WorkerInfo::State::kReady) {
-          std::string why = "ShardSaved for rank " + std::to_string(sh.rank) + " from rank " + std::to_string(w->rank) +
-                            " in state " + worker_state_name(w->state);
-          lock.unlock();
-          return reject(id, why, type);
-        }
-        // Parts in order: a first part starts a shard (dropping an unfinished one), the next continues it.
-        if (sh.offset == 0) {
-          w->shard_step = sh.step;
-          w->shard_bytes.clear();
-        }
-        const uint64_t total = sh.total > 0 ? sh.total : sh.bytes.size();
-        if (sh.step != w->shard_step || sh.offset != w->shard_bytes.size()) {
-          std::string why = "a checkpoint shard part of step " + std::to_string(sh.step) + " at byte " +
-                            std::to_string(sh.offset) + " from rank " + std::to_string(w->rank) + ", which has sent " +
-                            std::to_string(w->shard_bytes.size()) + " bytes of step " + std::to_string(w->shard_step);
-          w->shard_step = 0;
-          w->shard_bytes = {};
-          lock.unlock();
-          return reject(id, why, type);
-        }
-        w->shard_bytes.insert(w->shard_bytes.end(), sh.bytes.begin(), sh.bytes.end());
-        send_raw(id, ShardAck{sh.step, uint64_t(w->shard_bytes.size())});
-        if (w->shard_bytes.size() < total) break;
-        ShardSaved whole{sh.rank, sh.step, std::move(w->shard_bytes), 0, total};
-        w->shard_step = 0;
-        w->shard_bytes = {};
-        if (hooks_.on_shard) later.push_back([this, whole = std::move(whole)] { hooks_.on_shard(whole); });
-        break;
-      }
-      case MsgType::kResumeFailed: {
-        auto& rf = std::get<ResumeFailed>(m);
-        if (rf.rank != w->rank || (w->state != WorkerInfo::State::kPlanned && w->state != WorkerInfo::State::kReady) ||
-            rf.step != w->resume_step || resume_failed_epoch_ == epoch_) {
-          std::string why = "ResumeFailed for rank " + std::to_string(rf.rank) + " from rank " +
-                            std::to_string(w->rank) + " in state " + worker_state_name(w->state) + " for step " +
-                            std::to_string(rf.step) + " (its plan resumes after step " +
-                            std::to_string(w->resume_step) + ")" +
-                            (resume_failed_epoch_ == epoch_ ? "; this epoch's was already taken" : "");
-          lock.unlock();
-          return reject(id, why, type);
-        }
-        resume_failed_epoch_ = epoch_;
-        rf.reason = printable_reason(rf.reason);
-        const std::string reason = "rank " + std::to_string(rf.rank) + " ('" + w->join.hostname +
-                                   "') cannot load its shard of the checkpoint of step " + std::to_string(rf.step) +
-                                   ": " + rf.reason;
-        LH_LOG_ERROR("coordinator: {}", reason);
-        lock.unlock();
-        const bool set_aside = hooks_.on_resume_failed && hooks_.on_resume_failed(rf);
-        lock.lock();
-        stop = set_aside ? on_lost_messages_locked(reason + "; the job goes back to an older checkpoint", later)
-                         : reason;
-        break;
-      }
-      case MsgType::kReady: {
-        int r = std::get<Ready>(m).rank;
-        if (w->state != WorkerInfo::State::kPlanned || r != w->rank) {
-          std::string why = "Ready for rank " + std::to_string(r) + " from a worker in state " +
-                            worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
-          lock.unlock();
-          return reject(id, why);
-        }
-        w->state = WorkerInfo::State::kReady;
-        w->probes.clear();  // this epoch's pre-flight comes next
-        w->reach.reset();
-        w->reach_answered = false;
-        LH_LOG_INFO("coordinator: rank {} ready", r);
-        lock.unlock();
-        check_barriers();
-        return;
-      }
-      case MsgType::kPreflight: {
-        auto& pf = std::get<Preflight>(m);
-        if (w->state != WorkerInfo::State::kReady || pf.rank != w->rank) {
-          std::string why = "Preflight for rank " + std::to_string(pf.rank) + " from a worker in state " +
-                            worker_state_name(w->state) + " with rank " + std::to_string(w->rank);
-          lock.unlock();
-          return reject(id, why);
-        }
-        if (pf.phase == Preflight::kReach) {
-          w->reach = std::move(pf.probes);
-          lock.unlock();
-          check_reach();
-          return;
-        }
-        w->probes = std::move(pf.probes);
-        std::string unreachable;
-        for (const PeerProbe& p : w->probes) {
-          if (p.ok) continue;
-          std::string peer_host;
-          for (const auto& o : workers_)
-            if (o.rank == p.peer && live(o)) peer_host = o.join.hostname;
-          const std::string link = hooks_.link_name ? " (link " + hooks_.link_name(pf.rank, p.peer) + ")" : "";
-          unreachable = "pre-flight: rank " + std::to_string(pf.rank) + " ('" + w->join.hostname +
-                        "') cannot reach rank " + std::to_string(p.peer) + " ('" + peer_host +
-                        "', at the UCX worker address its Join gave)" + link + ": " + p.error;
-          break;
-        }
-        lock.unlock();
-        if (!unreachable.empty()) end_at_preflight(unreachable);
-        return;
-      }
-      case MsgType::kBarrier: {
-        if (w->rank < 0) {
-          lock.unlock();
-          return reject(id, "Barrier before a plan");
-        }
-        const uint64_t barrier = std::get<Barrier>(m).id;
-        if (!barrier_arrivals_.count(barrier)) {
-          // Ids are a member's to choose: each may hold a few open at once (a worker waits at one at a time).
-          size_t open = 0;
-          for (const auto& [other, ranks] : barrier_arrivals_) open += ranks.count(w->rank);
-          if (open >= kMaxOpenBarriersPerMember) {
-            std::string why = "Barrier " + std::to_string(barrier) + " from rank " + std::to_string(w->rank) +
-                              ", which already waits at " + std::to_string(open) + " open barriers (at most " +
-                              std::to_string(kMaxOpenBarriersPerMember) + ")";
-            lock.unlock();
-            return reject(id, why, type);
-          }
-        }
-        barrier_arrivals_[barrier].insert(w->rank);
-        lock.unlock();
-        check_barriers();
-        return;
-      }
-      case MsgType::kStepMetrics: {
-        auto& sm = std::get<StepMetrics>(m);
-        if (sm.rank != w->rank) {
-          lock.unlock();
-          return reject(id,
-                        "StepMetrics for rank " + std::to_string(sm.rank) + " from rank " + std::to_string(w->rank));
-        }
-        if (hooks_.on_metrics) later.push_back([this, sm] { hooks_.on_metrics(sm); });
-        break;
-      }
-      case MsgType::kShutdown: {
-        declare_lost(*w, WorkerInfo::State::kLeft, "left: " + printable_reason(std::get<Shutdown>(m).reason), later);
-        break;
-      }
-      case MsgType::kPreempt: {
-        if (w->rank < 0) {
-          lock.unlock();
-          return reject(id, "Preempt before a plan", type);
-        }
-        Preempt p = std::get<Preempt>(m);
-        p.reason = printable_reason(p.reason);
-        if (hooks_.on_preempt) later.push_back([this, copy = *w, p] { hooks_.on_preempt(copy, p); });
-        break;
-      }
-      case MsgType::kCodecApplied: {
-        auto& ca = std::get<CodecApplied>(m);
-        if (ca.rank != w->rank) {
-          lock.unlock();
-          return reject(id,
-                        "CodecApplied for rank " + std::to_string(ca.rank) + " from rank " + std::to_string(w->rank));
-        }
-        if (hooks_.on_codec_applied) later.push_back([this, ca] { hooks_.on_codec_applied(ca); });
-        break;
-      }
-      default: {
-        lock.unlock();
-        return reject(id, std::string(msg_type_name(type)) + " is not a message a worker sends");
-      }
-    }
+    if (!handle_worker_message_locked(lock, id, *w, type, m, later, stop)) return;
   }
   run_all(later);
   if (!stop.empty()) {
     LH_LOG_ERROR("coordinator: {}", stop);
     shutdown(stop);
   }
+}
+
+bool Coordinator::handle_worker_message_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& w,
+                                               MsgType type, ControlMessage& m, Deferred& later, std::string& stop) {
+  switch (type) {
+    case MsgType::kHeartbeat: {
+      Heartbeat& hb = std::get<Heartbeat>(m);
+      if (std::string bad = check_pending_locked(w, hb.pending); !bad.empty()) {
+        lock.unlock();
+        reject(id, bad, type);
+        return false;
+      }
+      w.progress = std::move(hb);
+      w.progress_at = w.last_seen;
+      return true;
+    }
+    case MsgType::kShardSaved:
+      return on_shard_saved_locked(lock, id, w, std::get<ShardSaved>(m), later);
+    case MsgType::kResumeFailed:
+      return on_resume_failed_locked(lock, id, w, std::get<ResumeFailed>(m), later, stop);
+    case MsgType::kReady:
+      on_ready_locked(lock, id, w, std::get<Ready>(m).rank);
+      return false;
+    case MsgType::kPreflight:
+      on_preflight_locked(lock, id, w, std::get<Preflight>(m));
+      return false;
+    case MsgType::kBarrier:
+      on_barrier_locked(lock, id, w, std::get<Barrier>(m).id);
+      return false;
+    case MsgType::kStepMetrics: {
+      auto& sm = std::get<StepMetrics>(m);
+      if (sm.rank != w.rank) {
+        lock.unlock();
+        reject(id, "StepMetrics for rank " + std::to_string(sm.rank) + " from rank " + std::to_string(w.rank));
+        return false;
+      }
+      if (hooks_.on_metrics) later.push_back([this, sm] { hooks_.on_metrics(sm); });
+      return true;
+    }
+    case MsgType::kShutdown: {
+      declare_lost(w, WorkerInfo::State::kLeft, "left: " + printable_reason(std::get<Shutdown>(m).reason), later);
+      return true;
+    }
+    case MsgType::kPreempt: {
+      if (w.rank < 0) {
+        lock.unlock();
+        reject(id, "Preempt before a plan", type);
+        return false;
+      }
+      Preempt p = std::get<Preempt>(m);
+      p.reason = printable_reason(p.reason);
+      if (hooks_.on_preempt) later.push_back([this, copy = w, p] { hooks_.on_preempt(copy, p); });
+      return true;
+    }
+    case MsgType::kCodecApplied: {
+      auto& ca = std::get<CodecApplied>(m);
+      if (ca.rank != w.rank) {
+        lock.unlock();
+        reject(id, "CodecApplied for rank " + std::to_string(ca.rank) + " from rank " + std::to_string(w.rank));
+        return false;
+      }
+      if (hooks_.on_codec_applied) later.push_back([this, ca] { hooks_.on_codec_applied(ca); });
+      return true;
+    }
+    default: {
+      lock.unlock();
+      reject(id, std::string(msg_type_name(type)) + " is not a message a worker sends");
+      return false;
+    }
+  }
+}
+
+bool Coordinator::on_shard_saved_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& w,
+                                        ShardSaved& sh, Deferred& later) {
+  const MsgType type = MsgType::kShardSaved;
+  if (sh.rank != w.rank || w.state != WorkerInfo::State::kReady) {
+    std::string why = "ShardSaved for rank " + std::to_string(sh.rank) + " from rank " + std::to_string(w.rank) +
+                      " in state " + worker_state_name(w.state);
+    lock.unlock();
+    reject(id, why, type);
+    return false;
+  }
+  // Parts in order: a first part starts a shard (dropping an unfinished one), the next continues it.
+  if (sh.offset == 0) {
+    w.shard_step = sh.step;
+    w.shard_bytes.clear();
+  }
+  const uint64_t total = sh.total > 0 ? sh.total : sh.bytes.size();
+  if (sh.step != w.shard_step || sh.offset != w.shard_bytes.size()) {
+    std::string why = "a checkpoint shard part of step " + std::to_string(sh.step) + " at byte " +
+                      std::to_string(sh.offset) + " from rank " + std::to_string(w.rank) + ", which has sent " +
+                      std::to_string(w.shard_bytes.size()) + " bytes of step " + std::to_string(w.shard_step);
+    w.shard_step = 0;
+    w.shard_bytes = {};
+    lock.unlock();
+    reject(id, why, type);
+    return false;
+  }
+  w.shard_bytes.insert(w.shard_bytes.end(), sh.bytes.begin(), sh.bytes.end());
+  send_raw(id, ShardAck{sh.step, uint64_t(w.shard_bytes.size())});
+  if (w.shard_bytes.size() < total) return true;
+  ShardSaved whole{sh.rank, sh.step, std::move(w.shard_bytes), 0, total};
+  w.shard_step = 0;
+  w.shard_bytes = {};
+  if (hooks_.on_shard) later.push_back([this, whole = std::move(whole)] { hooks_.on_shard(whole); });
+  return true;
+}
+
+bool Coordinator::on_resume_failed_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& w,
+                                          ResumeFailed& rf, Deferred& later, std::string& stop) {
+  if (rf.rank != w.rank || (w.state != WorkerInfo::State::kPlanned && w.state != WorkerInfo::State::kReady) ||
+      rf.step != w.resume_step || resume_failed_epoch_ == epoch_) {
+    std::string why = "ResumeFailed for rank " + std::to_string(rf.rank) + " from rank " + std::to_string(w.rank) +
+                      " in state " + worker_state_name(w.state) + " for step " + std::to_string(rf.step) +
+                      " (its plan resumes after step " + std::to_string(w.resume_step) + ")" +
+                      (resume_failed_epoch_ == epoch_ ? "; this epoch's was already taken" : "");
+    lock.unlock();
+    reject(id, why, MsgType::kResumeFailed);
+    return false;
+  }
+  resume_failed_epoch_ = epoch_;
+  rf.reason = printable_reason(rf.reason);
+  const std::string reason = "rank " + std::to_string(rf.rank) + " ('" + w.join.hostname +
+                             "') cannot load its shard of the checkpoint of step " + std::to_string(rf.step) + ": " +
+                             rf.reason;
+  LH_LOG_ERROR("coordinator: {}", reason);
+  lock.unlock();
+  const bool set_aside = hooks_.on_resume_failed && hooks_.on_resume_failed(rf);
+  lock.lock();
+  stop = set_aside ? on_lost_messages_locked(reason + "; the job goes back to an older checkpoint", later) : reason;
+  return true;
+}
+
+void Coordinator::on_ready_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& w, int r) {
+  if (w.state != WorkerInfo::State::kPlanned || r != w.rank) {
+    std::string why = "Ready for rank " + std::to_string(r) + " from a worker in state " + worker_state_name(w.state) +
+                      " with rank " + std::to_string(w.rank);
+    lock.unlock();
+    return reject(id, why);
+  }
+  w.state = WorkerInfo::State::kReady;
+  w.probes.clear();  // this epoch's pre-flight comes next
+  w.reach.reset();
+  w.reach_answered = false;
+  LH_LOG_INFO("coordinator: rank {} ready", r);
+  lock.unlock();
+  check_barriers();
+}
+
+void Coordinator::on_preflight_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& w,
+                                      Preflight& pf) {
+  if (w.state != WorkerInfo::State::kReady || pf.rank != w.rank) {
+    std::string why = "Preflight for rank " + std::to_string(pf.rank) + " from a worker in state " +
+                      worker_state_name(w.state) + " with rank " + std::to_string(w.rank);
+    lock.unlock();
+    return reject(id, why);
+  }
+  if (pf.phase == Preflight::kReach) {
+    w.reach = std::move(pf.probes);
+    lock.unlock();
+    check_reach();
+    return;
+  }
+  w.probes = std::move(pf.probes);
+  std::string unreachable;
+  for (const PeerProbe& p : w.probes) {
+    if (p.ok) continue;
+    std::string peer_host;
+    for (const auto& o : workers_)
+      if (o.rank == p.peer && live(o)) peer_host = o.join.hostname;
+    const std::string link = hooks_.link_name ? " (link " + hooks_.link_name(pf.rank, p.peer) + ")" : "";
+    unreachable = "pre-flight: rank " + std::to_string(pf.rank) + " ('" + w.join.hostname + "') cannot reach rank " +
+                  std::to_string(p.peer) + " ('" + peer_host + "', at the UCX worker address its Join gave)" + link +
+                  ": " + p.error;
+    break;
+  }
+  lock.unlock();
+  if (!unreachable.empty()) end_at_preflight(unreachable);
+}
+
+void Coordinator::on_barrier_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& w,
+                                    uint64_t barrier) {
+  if (w.rank < 0) {
+    lock.unlock();
+    return reject(id, "Barrier before a plan");
+  }
+  if (!barrier_arrivals_.count(barrier)) {
+    // Ids are a member's to choose: each may hold a few open at once (a worker waits at one at a time).
+    size_t open = 0;
+    for (const auto& [other, ranks] : barrier_arrivals_) open += ranks.count(w.rank);
+    if (open >= kMaxOpenBarriersPerMember) {
+      std::string why = "Barrier " + std::to_string(barrier) + " from rank " + std::to_string(w.rank) +
+                        ", which already waits at " + std::to_string(open) + " open barriers (at most " +
+                        std::to_string(kMaxOpenBarriersPerMember) + ")";
+      lock.unlock();
+      return reject(id, why, MsgType::kBarrier);
+    }
+  }
+  barrier_arrivals_[barrier].insert(w.rank);
+  lock.unlock();
+  check_barriers();
+}
+
+bool Coordinator::repeated_join_locked(std::unique_lock<std::mutex>& lock, const std::string& id, WorkerInfo& same,
+                                       bool standby, Join& join) {
+  if (join.attempt == same.join.attempt) {
+    // The same join again: the worker resent it because our heartbeats crossed it on the way. Nothing to do.
+    same.last_seen = std::chrono::steady_clock::now();
+    LH_LOG_DEBUG("coordinator: a repeated Join (attempt {}) from '{}'", join.attempt, join.hostname);
+    return true;
+  }
+  if (join.attempt > same.join.attempt && (standby || same.state == WorkerInfo::State::kJoined)) {
+    // Not planned yet: a newer attempt (what we sent it went missing) replaces the old one.
+    LH_LOG_INFO("coordinator: worker from '{}' joined again (attempt {}) before its plan", join.hostname, join.attempt);
+    same.join = std::move(join);
+    same.last_seen = std::chrono::steady_clock::now();
+    lock.unlock();
+    reset_seq(id);
+    return true;
+  }
+  return false;
 }
 
 void Coordinator::handle_join(const std::string& id, Join&& join) {
@@ -490,24 +538,8 @@ void Coordinator::handle_join(const std::string& id, Join&& join) {
     for (auto& sb : standby_)
       if (sb.identity == id) standby = &sb;
     if (standby) standby->next_seq = 1;
-    if (WorkerInfo* same = known && live(*known) ? known : standby; same && join.attempt > 0) {
-      if (join.attempt == same->join.attempt) {
-        // The same join again: the worker resent it because our heartbeats crossed it on the way. Nothing to do.
-        same->last_seen = std::chrono::steady_clock::now();
-        LH_LOG_DEBUG("coordinator: a repeated Join (attempt {}) from '{}'", join.attempt, join.hostname);
-        return;
-      }
-      if (join.attempt > same->join.attempt && (same == standby || same->state == WorkerInfo::State::kJoined)) {
-        // Not planned yet: a newer attempt (what we sent it went missing) replaces the old one.
-        LH_LOG_INFO("coordinator: worker from '{}' joined again (attempt {}) before its plan", join.hostname,
-                    join.attempt);
-        same->join = std::move(join);
-        same->last_seen = std::chrono::steady_clock::now();
-        lock.unlock();
-        reset_seq(id);
-        return;
-      }
-    }
+    if (WorkerInfo* same = known && live(*known) ? known : standby; same && join.attempt > 0)
+      if (repeated_join_locked(lock, id, *same, same == standby, join)) return;
     // (A new attempt from a worker whose first Plan went missing names no rank yet; it is the same worker.)
     if (known && planned_ && (join.rank == known->rank || (join.attempt > known->join.attempt && join.rank < 0)) &&
         (known->state == WorkerInfo::State::kPlanned || known->state == WorkerInfo::State::kReady)) {
@@ -597,50 +629,52 @@ bool Coordinator::complete_locked() const {
   return true;
 }
 
-void Coordinator::send_plans() {
-  {
-    // Ranks: survivors keep theirs; the others take the free ones (below). Then workers_ is in rank order.
-    std::lock_guard<std::mutex> lock(mu_);
-    const int n = options_.expected_workers;
-    std::vector<bool> used(size_t(n), false);
-    for (auto& w : workers_)
-      if (w.rank >= 0 && w.rank < n) used[size_t(w.rank)] = true;
-    // When workers name sites, the new ones take the free ranks site by site: sites in the order of the lowest rank
-    // their workers ask for (then by name), and in a site by the rank each asks for, then in join order. Two Slurm
-    // allocations whose SLURM_PROCIDs both start at 0 then hold consecutive ranks each, as a hostfile's sites do, and
-    // a restarted coordinator gives the workers that come back the ranks they held.
-    std::vector<WorkerInfo*> fresh;
-    for (auto& w : workers_)
-      if (w.rank < 0) fresh.push_back(&w);
-    if (std::any_of(workers_.begin(), workers_.end(), [](const WorkerInfo& w) { return !w.join.site.empty(); })) {
-      std::map<std::string, int32_t> lowest;  // site → the lowest rank its workers ask for (INT32_MAX: none)
-      auto asked = [](const WorkerInfo* w) { return w->join.rank >= 0 ? w->join.rank : INT32_MAX; };
-      for (const WorkerInfo* w : fresh) {
-        auto it = lowest.emplace(w->join.site, INT32_MAX).first;
-        it->second = std::min(it->second, asked(w));
-      }
-      std::stable_sort(fresh.begin(), fresh.end(), [&](const WorkerInfo* a, const WorkerInfo* b) {
-        return std::make_tuple(lowest[a->join.site], a->join.site, asked(a)) <
-               std::make_tuple(lowest[b->join.site], b->join.site, asked(b));
-      });
-    } else {
-      // Without sites: a worker naming a free rank (one coming back to a restarted coordinator) gets it.
-      for (WorkerInfo* w : fresh)
-        if (w->join.rank >= 0 && w->join.rank < n && !used[size_t(w->join.rank)]) {
-          w->rank = w->join.rank;
-          used[size_t(w->rank)] = true;
-        }
+void Coordinator::assign_ranks() {
+  // Ranks: survivors keep theirs; the others take the free ones (below). Then workers_ is in rank order.
+  std::lock_guard<std::mutex> lock(mu_);
+  const int n = options_.expected_workers;
+  std::vector<bool> used(size_t(n), false);
+  for (auto& w : workers_)
+    if (w.rank >= 0 && w.rank < n) used[size_t(w.rank)] = true;
+  // When workers name sites, the new ones take the free ranks site by site: sites in the order of the lowest rank
+  // their workers ask for (then by name), and in a site by the rank each asks for, then in join order. Two Slurm
+  // allocations whose SLURM_PROCIDs both start at 0 then hold consecutive ranks each, as a hostfile's sites do, and
+  // a restarted coordinator gives the workers that come back the ranks they held.
+  std::vector<WorkerInfo*> fresh;
+  for (auto& w : workers_)
+    if (w.rank < 0) fresh.push_back(&w);
+  if (std::any_of(workers_.begin(), workers_.end(), [](const WorkerInfo& w) { return !w.join.site.empty(); })) {
+    std::map<std::string, int32_t> lowest;  // site → the lowest rank its workers ask for (INT32_MAX: none)
+    auto asked = [](const WorkerInfo* w) { return w->join.rank >= 0 ? w->join.rank : INT32_MAX; };
+    for (const WorkerInfo* w : fresh) {
+      auto it = lowest.emplace(w->join.site, INT32_MAX).first;
+      it->second = std::min(it->second, asked(w));
     }
-    int next = 0;
+    std::stable_sort(fresh.begin(), fresh.end(), [&](const WorkerInfo* a, const WorkerInfo* b) {
+      return std::make_tuple(lowest[a->join.site], a->join.site, asked(a)) <
+             std::make_tuple(lowest[b->join.site], b->join.site, asked(b));
+    });
+  } else {
+    // Without sites: a worker naming a free rank (one coming back to a restarted coordinator) gets it.
     for (WorkerInfo* w : fresh)
-      if (w->rank < 0) {
-        while (used[size_t(next)]) ++next;
-        w->rank = next;
-        used[size_t(next)] = true;
+      if (w->join.rank >= 0 && w->join.rank < n && !used[size_t(w->join.rank)]) {
+        w->rank = w->join.rank;
+        used[size_t(w->rank)] = true;
       }
-    std::stable_sort(workers_.begin(), workers_.end(),
-                     [](const WorkerInfo& a, const WorkerInfo& b) { return a.rank < b.rank; });
   }
+  int next = 0;
+  for (WorkerInfo* w : fresh)
+    if (w->rank < 0) {
+      while (used[size_t(next)]) ++next;
+      w->rank = next;
+      used[size_t(next)] = true;
+    }
+  std::stable_sort(workers_.begin(), workers_.end(),
+                   [](const WorkerInfo& a, const WorkerInfo& b) { return a.rank < b.rank; });
+}
+
+void Coordinator::send_plans() {
+  assign_ranks();
   std::vector<WorkerInfo> ws = workers();
   std::vector<Plan> plans;
   if (hooks_.make_plans) {

@@ -163,11 +163,35 @@ class Coordinator {
  private:
   Coordinator() = default;
   void on_message(Frames&& frames);
+  // A worker's message (on_message has checked its sender and decoded it): its handler, under mu_, then what the
+  // handler queued into `later` (run unlocked) and the job's stop it asked for.
+  void on_worker_message(const std::string& identity, const ControlHeader& header, ControlMessage& m);
+  // The handlers, called with mu_ held by `lock`. A handler that returns false (or void) has answered the message
+  // itself, releasing `lock` where it had to, and nothing else happens; true: on_worker_message runs `later` and acts
+  // on `stop` once the lock goes.
+  bool handle_worker_message_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& w,
+                                    MsgType type, ControlMessage& m, std::vector<std::function<void()>>& later,
+                                    std::string& stop);
+  bool on_shard_saved_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& w,
+                             ShardSaved& sh, std::vector<std::function<void()>>& later);
+  bool on_resume_failed_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& w,
+                               ResumeFailed& rf, std::vector<std::function<void()>>& later, std::string& stop);
+  void on_ready_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& w, int rank);
+  void on_preflight_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& w,
+                           Preflight& pf);
+  void on_barrier_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& w,
+                         uint64_t barrier);
   void on_tick();
   void reject(const std::string& identity, const std::string& reason, MsgType about = MsgType(0));
   void handle_join(const std::string& identity, Join&& join);
+  // With mu_ held by `lock`: a Join from `same`, a worker already known (a standby when `standby`), that repeats an
+  // attempt (nothing to do) or makes a newer one before its plan (it replaces the old). False: neither.
+  bool repeated_join_locked(std::unique_lock<std::mutex>& lock, const std::string& identity, WorkerInfo& same,
+                            bool standby, Join& join);
   void handle_ctl(const std::string& identity, const CtlRequest& req);
   void send_plans();
+  // Before the plans go out: survivors keep their ranks, the new workers take the free ones; workers_ in rank order.
+  void assign_ranks();
   void check_barriers();
   // Once every live worker reported its reachability: answers each with the relayed pairs, or ends the job naming a
   // pair that cannot connect when there is no relay.
