@@ -289,7 +289,7 @@ Status PipelineCoordinator::restore_changes(const nlohmann::json& changes) {
       SetCodec m{e.at("src").get<int32_t>(), e.at("dst").get<int32_t>(), e.at("dir").get<std::string>(),
                  e.at("spec").get<std::string>(), e.at("from_step").get<int64_t>()};
       if (m.apply_at_step < 1) return corrupt("a codec change from step " + std::to_string(m.apply_at_step));
-      if (m.dir == "grad" || m.dir == "tp") {
+      if (m.role_wide()) {
         int stage = -1;
         if (m.src >= 0) {
           LH_ASSIGN_OR_RETURN(WorkerCoord wc, topology_.checked_coord_of(m.src));

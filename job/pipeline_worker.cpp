@@ -159,7 +159,7 @@ Result<int64_t> apply_codec_change(const SetCodec& m, int64_t step, int64_t resu
     LH_LOG_WARN("set-codec ignored: {}", s.message());
     return s;
   };
-  if (m.dir == "grad" || m.dir == "tp") {
+  if (m.role_wide()) {
     // A grad change naming a pair is for that stage's dp group only; tp changes are for every group.
     if (m.dir == "grad" && m.src >= 0) {
       auto c = topology.checked_coord_of(m.src);

@@ -155,7 +155,7 @@ Status validate(const Heartbeat& m) {
 }
 Status validate(const SetCodec& m) {
   // A role-wide change (grad: every replica link) names no pair.
-  const bool role_wide = (m.dir == "grad" || m.dir == "tp") && m.src == -1 && m.dst == -1;
+  const bool role_wide = m.role_wide() && m.src == -1 && m.dst == -1;
   if (!role_wide) {
     LH_RETURN_IF_ERROR(check_rank(m.src, "set-codec src"));
     LH_RETURN_IF_ERROR(check_rank(m.dst, "set-codec dst"));

@@ -146,6 +146,8 @@ struct SetCodec {
   // Non-zero: every worker acknowledges it (CodecApplied with this id) once it has scheduled it, so `ctl set-codec`
   // can say where it applies, or that it could not.
   uint64_t id = 0;
+  // A change of every link of a role (grad or tp), not of one pipeline link.
+  bool role_wide() const { return dir == "grad" || dir == "tp"; }
   template <class A>
   void serialize(A& ar) {
     ar(src, dst, dir, spec, apply_at_step, id);
