@@ -6,6 +6,10 @@
 # Needs root (debootstrap, chroot, mounts) and a reachable Debian mirror: the host's own apt source,
 # or $LH_FRESH_ROOT_MIRROR. $LH_FRESH_ROOT_SUITE (default bookworm = Debian 12), $LH_FRESH_ROOT_DIR
 # (default: a fresh folder under /var/tmp, removed at the end unless $LH_FRESH_ROOT_KEEP=1).
+# Inside the root the test command's ctest runs only the tests labelled `fresh` (a few minutes that touch every
+# dependency once; tests/CMakeLists.txt lists them): LH_TEST_ARGS="-L fresh", which scripts/test.sh appends to
+# ctest; $LH_FRESH_ROOT_TEST_ARGS replaces it ("" runs the whole suite there too). The host's own run of
+# `scripts/test.sh --fresh-root` still runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC=$(pwd)
@@ -30,7 +34,7 @@ TEST_CMD=$(readme_blocks | awk -F'\t' '$1 == 1 {print $2}')
 [ -n "$RUN_CMD" ] || die "README.md: no run command under '## Two commands on a fresh Debian machine'"
 [ -n "$TEST_CMD" ] || die "README.md: no test command under '## Two commands on a fresh Debian machine'"
 say "run command:  $RUN_CMD"
-say "test command: $TEST_CMD"
+say "test command: $TEST_CMD (ctest: ${LH_FRESH_ROOT_TEST_ARGS--L fresh})"
 
 # The mirror this machine's apt already uses (deb822 .sources or one-line sources.list), never a
 # host name written here.
@@ -104,6 +108,6 @@ unshare --mount --propagation private bash -c '
   mount --rbind /sys "$R/sys"
   mount --rbind /dev "$R/dev"
   exec chroot "$R" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    LANG=C.UTF-8 LH_IN_FRESH_ROOT=1 bash /root/fresh_root_run.sh
-' fresh-root "$ROOT" || die "the README's commands failed in a minimal $SUITE root (output above)"
+    LANG=C.UTF-8 LH_IN_FRESH_ROOT=1 LH_TEST_ARGS="$2" bash /root/fresh_root_run.sh
+' fresh-root "$ROOT" "${LH_FRESH_ROOT_TEST_ARGS--L fresh}" || die "the README's commands failed in a minimal $SUITE root (output above)"
 say "the README's two commands passed in a minimal $SUITE root in $(($(date +%s) - start)) s"

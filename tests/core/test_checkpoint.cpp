@@ -11,16 +11,10 @@
 #include <iterator>
 
 #include "core/checkpoint.h"
+#include "tests/common/temp_dir.h"
 
 namespace lh {
 namespace {
-
-// A fresh, empty directory (mkdtemp: a stale one of an earlier run with the same pid cannot leak in).
-std::string temp_dir() {
-  std::string t = ::testing::TempDir() + "lh_ckpt_XXXXXX";
-  if (!::mkdtemp(t.data())) ADD_FAILURE() << "mkdtemp " << t;
-  return t;
-}
 
 Checkpoint sample_checkpoint() {
   Checkpoint c;
@@ -55,7 +49,7 @@ void write_file(const std::string& p, const std::string& bytes) {
 }
 
 TEST(Checkpoint, RoundTripKeepsEverything) {
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("ckpt");
   const std::string path = dir + "/" + checkpoint_filename(42);
   const Checkpoint c = sample_checkpoint();
   ASSERT_TRUE(save_checkpoint(path, c).ok());
@@ -83,7 +77,7 @@ TEST(Checkpoint, RoundTripKeepsEverything) {
 }
 
 TEST(Checkpoint, TruncatedFilesAreRefused) {
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("ckpt");
   const std::string path = dir + "/c.lhckpt";
   ASSERT_TRUE(save_checkpoint(path, sample_checkpoint()).ok());
   const std::string full = read_file(path);
@@ -102,7 +96,7 @@ TEST(Checkpoint, TruncatedFilesAreRefused) {
 }
 
 TEST(Checkpoint, CorruptedBytesAreRefused) {
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("ckpt");
   const std::string path = dir + "/c.lhckpt";
   ASSERT_TRUE(save_checkpoint(path, sample_checkpoint()).ok());
   const std::string full = read_file(path);
@@ -128,7 +122,7 @@ TEST(Checkpoint, CorruptedBytesAreRefused) {
 
 TEST(Checkpoint, PayloadThatDoesNotDecodeIsRefused) {
   // A consistent header around garbage: only the decoder can notice.
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("ckpt");
   const std::string path = dir + "/c.lhckpt";
   ASSERT_TRUE(save_checkpoint(path, sample_checkpoint()).ok());
   std::string full = read_file(path);
@@ -148,14 +142,14 @@ TEST(Checkpoint, PayloadThatDoesNotDecodeIsRefused) {
 
 TEST(Checkpoint, MissingFilesAndDirectories) {
   EXPECT_EQ(load_checkpoint("/nonexistent/x.lhckpt").status().code(), StatusCode::kNotFound);
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("ckpt");
   EXPECT_EQ(latest_checkpoint(dir).status().code(), StatusCode::kNotFound);
   EXPECT_EQ(load_checkpoint(dir).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(save_checkpoint("/nonexistent/dir/x.lhckpt", sample_checkpoint()).code(), StatusCode::kIo);
 }
 
 TEST(Checkpoint, LatestPicksTheHighestCompleteStep) {
-  const std::string dir = temp_dir();
+  const std::string dir = temp_dir("ckpt");
   Checkpoint c = sample_checkpoint();
   for (int64_t s : {5, 120, 40}) {
     c.step = s;

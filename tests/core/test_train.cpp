@@ -11,29 +11,20 @@
 
 #include "core/exec.h"
 #include "core/trainer.h"
+#include "tests/common/temp_dir.h"
+#include "tests/core/one_thread.h"
 
 namespace lh {
 namespace {
 
 // One thread: these models are too small to gain from more, and on a machine shared with other jobs
 // (ctest -j, other builds) OpenMP barriers between busy cores cost far more than the work.
-class OneThread : public ::testing::Environment {
- public:
-  void SetUp() override { set_num_threads(1); }
-};
-const auto* const kOneThread = ::testing::AddGlobalTestEnvironment(new OneThread);
-
-std::string temp_dir() {
-  static int n = 0;
-  std::string d = ::testing::TempDir() + "lh_train_" + std::to_string(::getpid()) + "_" + std::to_string(n++);
-  ::mkdir(d.c_str(), 0755);
-  return d;
-}
+LH_ONE_THREAD_IN_THIS_FILE();
 
 // A small text with enough structure to learn from, written once per test binary.
 const std::string& text_file() {
   static std::string path = [] {
-    std::string p = temp_dir() + "/text.txt";
+    std::string p = temp_dir("train") + "/text.txt";
     std::ofstream out(p);
     const char* lines[] = {"the quick brown fox jumps over the lazy dog\n", "pack my box with five dozen liquor jugs\n",
                            "how vexingly quick daft zebras jump\n", "sphinx of black quartz, judge my vow\n"};
@@ -92,7 +83,7 @@ TEST(Trainer, ResumeContinuesExactly) {
   ASSERT_EQ(full.size(), 100u);
 
   TrainConfig first = tiny_run(100);
-  first.checkpoint_dir = temp_dir();
+  first.checkpoint_dir = temp_dir("train");
   first.checkpoint_every = 50;
   first.steps = 100;
   auto t1 = Trainer::create(first);
@@ -116,7 +107,7 @@ TEST(Trainer, ResumeContinuesExactly) {
 
 TEST(Trainer, RunWritesPeriodicCheckpointsThatResume) {
   TrainConfig c = tiny_run(6);
-  c.checkpoint_dir = temp_dir() + "/ckpts";  // created by run()
+  c.checkpoint_dir = temp_dir("train") + "/ckpts";  // created by run()
   c.checkpoint_every = 2;
   auto t = Trainer::create(c);
   ASSERT_TRUE(t.ok());
@@ -138,7 +129,7 @@ TEST(Trainer, RunWritesPeriodicCheckpointsThatResume) {
 
 TEST(Trainer, ResumeRefusesBadCheckpointsAndMismatches) {
   TrainConfig c = tiny_run(4);
-  c.checkpoint_dir = temp_dir();
+  c.checkpoint_dir = temp_dir("train");
   ASSERT_TRUE(run_losses(c).size() == 4u);
   const std::string ckpt = c.checkpoint_dir + "/" + checkpoint_filename(4);
 
@@ -151,7 +142,7 @@ TEST(Trainer, ResumeRefusesBadCheckpointsAndMismatches) {
 
   TrainConfig other_data = tiny_run(10);
   other_data.resume = ckpt;
-  const std::string data2 = temp_dir() + "/other.txt";
+  const std::string data2 = temp_dir("train") + "/other.txt";
   { std::ofstream(data2) << std::string(20000, 'z'); }
   other_data.data = data2;
   auto r2 = Trainer::create(other_data);
@@ -173,7 +164,7 @@ TEST(Trainer, ResumeRefusesBadCheckpointsAndMismatches) {
 TEST(Trainer, MetricsAreJsonLines) {
   TrainConfig c = tiny_run(6);
   c.eval_every = 3;
-  c.metrics = temp_dir() + "/m.jsonl";
+  c.metrics = temp_dir("train") + "/m.jsonl";
   ASSERT_EQ(run_losses(c).size(), 6u);
   std::ifstream in(c.metrics);
   std::string line;

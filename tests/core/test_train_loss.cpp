@@ -8,17 +8,14 @@
 
 #include "core/exec.h"
 #include "core/trainer.h"
+#include "tests/core/one_thread.h"
 
 namespace lh {
 namespace {
 
 // One thread: these models are too small to gain from more, and on a machine shared with other jobs
 // (ctest -j, other builds) OpenMP barriers between busy cores cost far more than the work.
-class OneThread : public ::testing::Environment {
- public:
-  void SetUp() override { set_num_threads(1); }
-};
-const auto* const kOneThread = ::testing::AddGlobalTestEnvironment(new OneThread);
+LH_ONE_THREAD_IN_THIS_FILE();
 
 TEST(TrainLoss, DefaultSmallConfigLearnsTheFortunesCorpus) {
   if (::access(kDefaultCorpusDir, R_OK) != 0) GTEST_SKIP() << "fortunes not installed (scripts/setup.sh)";

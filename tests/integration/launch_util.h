@@ -1,6 +1,6 @@
 // Helpers of the tests that run the real binary ($LH_BIN): spawn it, wait for it, read what it wrote, the tiny test
 // model's flags, a launch job steered through ctl, and the Launch fixture (skipped without LH_BIN). Used by
-// tests/integration/test_launch.cpp and test_live_page.cpp.
+// the tests of tests/integration (test_launch_*.cpp, the launchers, Slurm, FromEnv and the live page).
 #pragma once
 
 #include <fcntl.h>
@@ -178,6 +178,23 @@ inline void expect_same_losses(const std::map<int64_t, double>& got, const std::
   ASSERT_EQ(got.size(), size_t(steps));
   ASSERT_EQ(want.size(), size_t(steps));
   for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
+}
+
+// The run the Slurm, FromEnv and ssh launchers' jobs are checked against: `launch` with `workers` workers over
+// `steps` steps and `extra`, its metrics into `metrics`; a test failure when it does not pass (callers wrap it in
+// ASSERT_NO_FATAL_FAILURE).
+inline void run_reference_launch(int workers, int steps, const std::string& metrics, std::vector<std::string> extra) {
+  BinRun l = run(launch_args(workers, steps, metrics, std::move(extra)), std::chrono::seconds(300));
+  ASSERT_EQ(l.code, 0) << l.output;
+}
+
+// A launcher's job's losses (`have`, `steps` of them) against its reference run's: every step, to `rel` relative.
+// `said`: what the job printed, shown when a step is missing (a fatal failure: callers wrap it in
+// ASSERT_NO_FATAL_FAILURE).
+inline void expect_losses_near(const std::map<int64_t, double>& have, const std::map<int64_t, double>& want, int steps,
+                               const std::string& said = "", double rel = 1e-5) {
+  ASSERT_EQ(have.size(), size_t(steps)) << said;
+  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, rel * std::abs(loss)) << "step " << step;
 }
 
 // Per step, the mean of the losses reported (one per replica of the last stage), as `report` takes it.

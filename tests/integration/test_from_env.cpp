@@ -6,8 +6,8 @@
 
 #include <cmath>
 
+#include "tests/common/http_client.h"
 #include "tests/integration/launch_util.h"
-#include "tests/web/http_client.h"
 #include "web/http_server.h"
 
 namespace lh {
@@ -134,8 +134,7 @@ TEST_F(FromEnv, MissingAndConflictingVariablesAreNamed) {
 TEST_F(FromEnv, ATorchrunStyleJobReproducesLaunch) {
   const int steps = 4;
   const std::string ref = temp_path("from_env_ref.jsonl"), got = temp_path("from_env_job.jsonl");
-  BinRun l = run(launch_args(3, steps, ref, {"--pp", "3"}), 300s);
-  ASSERT_EQ(l.code, 0) << l.output;
+  ASSERT_NO_FATAL_FAILURE(run_reference_launch(3, steps, ref, {"--pp", "3"}));
 
   const std::string key = make_key("from_env");
   // A free port for the coordinator (torchrun's store would take the one below it, MASTER_PORT).
@@ -166,9 +165,7 @@ TEST_F(FromEnv, ATorchrunStyleJobReproducesLaunch) {
   const std::string rank0 = slurp(outs[0]);
   EXPECT_NE(rank0.find("--from-env: rank 0 of 3 (torchrun: "), std::string::npos) << rank0;
   EXPECT_NE(rank0.find("started the job's coordinator"), std::string::npos) << rank0;
-  const auto want = losses_of(ref), have = losses_of(got);
-  ASSERT_EQ(have.size(), size_t(steps));
-  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  ASSERT_NO_FATAL_FAILURE(expect_losses_near(losses_of(got), losses_of(ref), steps));
 }
 
 // Two Slurm allocations at two sites join one coordinator (--coordinator given): SLURM_PROCID starts at 0 in each, so
@@ -177,8 +174,7 @@ TEST_F(FromEnv, ATorchrunStyleJobReproducesLaunch) {
 TEST_F(FromEnv, TwoSlurmAllocationsAtTwoSitesJoinOneCoordinatorSiteBySite) {
   const int steps = 4;
   const std::string ref = temp_path("sites_ref.jsonl"), got = temp_path("sites_job.jsonl");
-  BinRun l = run(launch_args(4, steps, ref, {"--pp", "4"}), 300s);
-  ASSERT_EQ(l.code, 0) << l.output;
+  ASSERT_NO_FATAL_FAILURE(run_reference_launch(4, steps, ref, {"--pp", "4"}));
   const std::string key = make_key("sites");
   std::vector<std::string> job = {"--log-level", "warn",      "coordinator", "--listen",   "tcp://127.0.0.1:*",
                                   "--workers",   "4",         "--pp",        "4",          "--microbatches",
@@ -216,9 +212,7 @@ TEST_F(FromEnv, TwoSlurmAllocationsAtTwoSitesJoinOneCoordinatorSiteBySite) {
     EXPECT_NE(said.find(want), std::string::npos) << members[i].site << " " << members[i].procid << ":\n" << said;
   }
   EXPECT_EQ(wait_exit(coordinator, 60s), 0) << slurp(coordinator_out);
-  const auto want = losses_of(ref), have = losses_of(got);
-  ASSERT_EQ(have.size(), size_t(steps));
-  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  ASSERT_NO_FATAL_FAILURE(expect_losses_near(losses_of(got), losses_of(ref), steps));
   BinRun bad = run_env({"worker", "--coordinator", ep, "--key-file", key, "--site", "a b"}, clean_env({}));
   EXPECT_EQ(bad.code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--site 'a b': a site is up to 64 letters"), std::string::npos) << bad.output;

@@ -209,8 +209,7 @@ TEST_F(SshLaunch, WorkersStartedOverSshTrainAsLaunchsDoAndTheKeyIsInNoArgv) {
   std::ofstream(hosts) << "# a hostfile\nlocalhost slots=2 site=a\n127.0.0.1 slots=1   # the same machine\n";
   const std::string local_metrics = temp_path("local.jsonl"), ssh_metrics = temp_path("ssh.jsonl");
   std::vector<std::string> extra = {"--key-file", key, "--schedule", "gpipe"};
-  BinRun local = run(launch_args(3, steps, local_metrics, extra), 300s);
-  ASSERT_EQ(local.code, 0) << local.output;
+  ASSERT_NO_FATAL_FAILURE(run_reference_launch(3, steps, local_metrics, extra));
   std::vector<std::string> args = launch_args(3, steps, ssh_metrics, extra);
   args[1] = "info";  // the workers' own lines come back labelled
   args.insert(args.end(), {"--hosts", hosts, "--ssh", sshd_.ssh()});
@@ -237,9 +236,7 @@ TEST_F(SshLaunch, WorkersStartedOverSshTrainAsLaunchsDoAndTheKeyIsInNoArgv) {
   EXPECT_NE(said.find("over ssh to localhost, 127.0.0.1"), std::string::npos) << said;
   for (const char* label : {"[w0 localhost a] ", "[w2 127.0.0.1] "})
     EXPECT_NE(said.find(label), std::string::npos) << label << "\n" << said;
-  auto want = losses_of(local_metrics), got = losses_of(ssh_metrics);
-  ASSERT_EQ(got.size(), size_t(steps)) << said;
-  for (const auto& [step, loss] : want) EXPECT_NEAR(got.at(step), loss, 1e-6 * std::fabs(loss)) << "step " << step;
+  ASSERT_NO_FATAL_FAILURE(expect_losses_near(losses_of(ssh_metrics), losses_of(local_metrics), steps, said, 1e-6));
 }
 
 // Interrupting launch (Ctrl-C), or killing it outright, closes every ssh channel: no remote worker is left running.

@@ -12,8 +12,8 @@
 #include <regex>
 
 #include "metrics/metrics_summary.h"
+#include "tests/common/http_client.h"
 #include "tests/integration/launch_util.h"
-#include "tests/web/http_client.h"
 
 namespace lh {
 namespace {

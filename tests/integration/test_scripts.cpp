@@ -12,37 +12,22 @@
 #include <string>
 #include <vector>
 
-#include "tests/integration/netns_support.h"
+#include "tests/common/netns_support.h"
+#include "tests/common/run_command.h"
+#include "tests/common/temp_dir.h"
 
 namespace lh {
 namespace {
 
-struct ScriptRun {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
+using ScriptRun = testing::CommandRun;
 
 ScriptRun run_script(const std::string& env, const std::string& script, const std::string& args) {
-  const std::string cmd = env + " bash '" + source_script(script) + "' " + args + " 2>&1";
-  ScriptRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  while (fgets(buf.data(), int(buf.size()), p)) r.output += buf.data();
-  const int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  return r;
+  return testing::run_command(env + " bash '" + source_script(script) + "' " + args);
 }
 
 std::string longhaul_bin() {
   const char* b = std::getenv("LH_BIN");
   return b ? b : "build/bin/longhaul";
-}
-
-// A fresh, empty directory (mkdtemp: a stale one of an earlier run cannot leak in); "" if it cannot be made.
-std::string temp_dir(const std::string& name) {
-  std::string t = ::testing::TempDir() + "lh_" + name + "_XXXXXX";
-  return ::mkdtemp(t.data()) ? t : "";
 }
 
 std::vector<std::vector<std::string>> tsv(const std::string& path) {

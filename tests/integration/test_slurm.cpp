@@ -11,27 +11,18 @@
 #include <functional>
 #include <set>
 
+#include "tests/common/netns_support.h"
+#include "tests/common/run_command.h"
 #include "tests/integration/launch_util.h"
-#include "tests/integration/netns_support.h"
 #include "web/http_server.h"
 
 namespace lh {
 namespace {
 
-struct ShellRun {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
+using ShellRun = testing::CommandRun;
 
 ShellRun shell(const std::string& cmd) {
-  ShellRun r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), int(buf.size()), p)) r.output += buf.data();
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-  return r;
+  return testing::run_command(cmd);
 }
 
 // A single-quoted shell word (the paths here hold no quote).
@@ -216,8 +207,7 @@ std::string script_flags(const std::string& key, const std::string& logs) {
 TEST_F(Slurm, SbatchJobMatchesLaunch) {
   const int steps = 6;
   const std::string ref = temp_path("slurm_ref.jsonl"), got = dir_ + "/slurm_job.jsonl";
-  BinRun l = run(launch_args(4, steps, ref, {"--pp", "4"}), 300s);
-  ASSERT_EQ(l.code, 0) << l.output;
+  ASSERT_NO_FATAL_FAILURE(run_reference_launch(4, steps, ref, {"--pp", "4"}));
 
   const std::string key = make_key("slurm");
   const std::string hex = slurp(key).substr(0, 64);
@@ -251,9 +241,7 @@ TEST_F(Slurm, SbatchJobMatchesLaunch) {
   EXPECT_GE(seen_running(" coordinator --listen tcp://0.0.0.0:", key), 1) << seen;
   EXPECT_GE(seen_running(" worker --from-env --key-file " + key, key), 4) << seen;  // and the children they fork
 
-  const auto want = losses_of(ref), have = losses_of(got);
-  ASSERT_EQ(have.size(), size_t(steps));
-  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  ASSERT_NO_FATAL_FAILURE(expect_losses_near(losses_of(got), losses_of(ref), steps));
 }
 
 // A job flag the coordinator refuses: the job ends at once with the coordinator's code and words, and no worker
@@ -264,8 +252,7 @@ TEST_F(Slurm, SbatchJobMatchesLaunch) {
 TEST_F(Slurm, TwoAllocationsAtTwoSitesRunOneJob) {
   const int steps = 6;
   const std::string ref = temp_path("sites_ref.jsonl"), got = dir_ + "/sites_job.jsonl";
-  BinRun l = run(launch_args(4, steps, ref, {"--pp", "4"}), 300s);
-  ASSERT_EQ(l.code, 0) << l.output;
+  ASSERT_NO_FATAL_FAILURE(run_reference_launch(4, steps, ref, {"--pp", "4"}));
   const std::string key = make_key("slurm_sites");
   auto port = free_tcp_port("0.0.0.0");
   ASSERT_TRUE(port.ok()) << port.status().to_string();
@@ -302,9 +289,7 @@ TEST_F(Slurm, TwoAllocationsAtTwoSitesRunOneJob) {
     }
   }
   EXPECT_NE(all.find("join tcp://127.0.0.1:" + std::to_string(*port)), std::string::npos) << all;
-  const auto want = losses_of(ref), have = losses_of(got);
-  ASSERT_EQ(have.size(), size_t(steps)) << all;
-  for (auto& [step, loss] : want) EXPECT_NEAR(have.at(step), loss, 1e-5 * std::abs(loss)) << "step " << step;
+  ASSERT_NO_FATAL_FAILURE(expect_losses_near(losses_of(got), losses_of(ref), steps, all));
 }
 
 TEST_F(Slurm, ACoordinatorThatFailsEndsTheJob) {

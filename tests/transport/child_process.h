@@ -1,6 +1,7 @@
 // defines: helpers for transport integration tests that run real worker processes: spawning this test binary
-// again as a child (`--lh-child ...`), reaping children with a deadline, and deterministic packet contents.
-// Used by tests/integration/test_transport_*.cpp.
+// again as a child (`--lh-child NAME ...`, run by the entry a test file registered as NAME: the room's tests share
+// one executable, whose main is tests/transport/child_main.cpp), reaping children with a deadline, and deterministic
+// packet contents. Used by tests/transport/test_transport_*.cpp.
 #pragma once
 
 #include <signal.h>
@@ -9,14 +10,28 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace lh::testing {
 
-// Starts `prefix... /proc/self/exe --lh-child args...` (prefix e.g. {"ip","netns","exec","ns0"}).
-inline pid_t spawn_child(const std::vector<std::string>& args, const std::vector<std::string>& prefix = {}) {
+// What a child started as `--lh-child NAME args...` runs: the entry registered as NAME, given args; its result is
+// the child's exit code.
+using ChildEntry = int (*)(const std::vector<std::string>& args);
+inline std::map<std::string, ChildEntry>& child_entries() {
+  static std::map<std::string, ChildEntry> entries;
+  return entries;
+}
+// A namespace-scope `const ChildRegistration reg("name", entry);` in a test file registers its child entry.
+struct ChildRegistration {
+  ChildRegistration(const char* name, ChildEntry entry) { child_entries()[name] = entry; }
+};
+
+// Starts `prefix... /proc/self/exe --lh-child name args...` (prefix e.g. {"ip","netns","exec","ns0"}).
+inline pid_t spawn_child(const std::string& name, const std::vector<std::string>& args,
+                         const std::vector<std::string>& prefix = {}) {
   char self[4096];
   ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return -1;
@@ -24,6 +39,7 @@ inline pid_t spawn_child(const std::vector<std::string>& args, const std::vector
   std::vector<std::string> all = prefix;
   all.push_back(self);
   all.push_back("--lh-child");
+  all.push_back(name);
   all.insert(all.end(), args.begin(), args.end());
   pid_t pid = fork();
   if (pid == 0) {

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "tests/integration/netns_support.h"
+#include "tests/common/netns_support.h"
 #include "transport/allow_list.h"
 
 namespace lh {

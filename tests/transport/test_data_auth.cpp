@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "tests/transport/byte_pattern.h"
+#include "tests/transport/plane_util.h"
 #include "transport/packet_auth.h"
 #include "transport/ucx_data_plane.h"
 
@@ -185,10 +186,7 @@ TEST(PacketAuth, TheReplayWindowAcceptsEachSequenceNumberOnce) {
 std::unique_ptr<UcxDataPlane> make_plane(const char* tls = "tcp") {
   UcxOptions o;
   o.tls = tls;
-  o.net_devices = "lo";
-  auto p = UcxDataPlane::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return std::move(p).value();
+  return test::loopback_plane(o);
 }
 
 DataPlaneSecurity security(PacketProtection p, uint32_t epoch, int peer, const std::array<uint8_t, 32>& key) {
@@ -199,13 +197,10 @@ DataPlaneSecurity security(PacketProtection p, uint32_t epoch, int peer, const s
   return s;
 }
 
+// Polls `f` for up to 5 s.
 template <class F>
 bool eventually(F f) {
-  for (int i = 0; i < 500; ++i) {
-    if (f()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return f();
+  return test::eventually(f, 5s);
 }
 
 TEST(AuthenticatedDataPlane, SendsEveryKindOfTransferBetweenTwoPlanes) {

@@ -9,6 +9,7 @@
 
 #include "core/cuda_runtime.h"
 #include "tests/transport/byte_pattern.h"
+#include "tests/transport/plane_util.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh {
@@ -18,11 +19,8 @@ using test::pattern;
 
 std::unique_ptr<UcxDataPlane> make_plane() {
   UcxOptions o;
-  o.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
-  o.net_devices = "lo";
-  auto p = UcxDataPlane::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return std::move(p).value();
+  o.tls = test::test_tls("tcp");
+  return test::loopback_plane(o);
 }
 
 struct Pair {

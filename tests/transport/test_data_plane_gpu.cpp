@@ -10,6 +10,7 @@
 #include "core/cuda_runtime.h"
 #include "core/tensor.h"
 #include "tests/transport/byte_pattern.h"
+#include "tests/transport/plane_util.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh {
@@ -19,12 +20,9 @@ using test::pattern;
 
 std::unique_ptr<UcxDataPlane> make_plane(bool force_staging) {
   UcxOptions o;
-  o.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "";
-  o.net_devices = "lo";
+  o.tls = test::test_tls("");
   o.force_device_staging = force_staging;
-  auto p = UcxDataPlane::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return p.ok() ? std::move(p).value() : nullptr;
+  return test::loopback_plane(o);
 }
 
 // A device buffer holding `host` (or `n` bytes of zeros' worth of space when host is empty).

@@ -7,7 +7,8 @@
 #include <cstdlib>
 #include <thread>
 
-#include "tests/parallel/local_data_plane.h"
+#include "tests/common/local_data_plane.h"
+#include "tests/transport/plane_util.h"
 #include "transport/link_shaper.h"
 #include "transport/ucx_data_plane.h"
 
@@ -19,10 +20,7 @@ using namespace std::chrono_literals;
 std::unique_ptr<UcxDataPlane> make_plane() {
   UcxOptions o;
   o.tls = "tcp";
-  o.net_devices = "lo";
-  auto p = UcxDataPlane::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return std::move(p).value();
+  return test::loopback_plane(o);
 }
 
 TEST(LinkShape, Parses) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "tests/transport/byte_pattern.h"
+#include "tests/transport/plane_util.h"
 #include "transport/allow_list.h"
 #include "transport/relay.h"
 #include "transport/ucx_data_plane.h"
@@ -27,10 +28,7 @@ using test::pattern;
 
 std::unique_ptr<UcxDataPlane> make_plane(UcxOptions o = {}) {
   o.tls = "tcp";
-  o.net_devices = "lo";
-  auto p = UcxDataPlane::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return std::move(p).value();
+  return test::loopback_plane(o);
 }
 
 std::unique_ptr<Relay> make_relay(const std::string& token = "job-token") {
@@ -49,13 +47,10 @@ RelayClientOptions client(const Relay& relay, const std::string& token = "job-to
   return o;
 }
 
+// Polls `f` for up to 5 s.
 template <class F>
 bool eventually(F f) {
-  for (int i = 0; i < 500; ++i) {
-    if (f()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return f();
+  return test::eventually(f, 5s);
 }
 
 DataPlaneSecurity security(PacketProtection p, int peer, const std::array<uint8_t, 32>& key) {

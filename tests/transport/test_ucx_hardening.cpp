@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "tests/transport/byte_pattern.h"
+#include "tests/transport/plane_util.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh {
@@ -49,11 +50,8 @@ void wait_until_posted(UcxDataPlane& from, int to_rank, UcxDataPlane& to, int fr
 }
 
 std::unique_ptr<UcxDataPlane> make_plane(UcxOptions o = {}) {
-  if (o.tls.empty()) o.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
-  o.net_devices = "lo";
-  auto p = UcxDataPlane::create(o);
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return std::move(p).value();
+  if (o.tls.empty()) o.tls = test::test_tls("tcp");
+  return test::loopback_plane(o);
 }
 
 // A recv_into failed while its packet is still arriving: the Transfer reports done only once UCX has let go
@@ -126,11 +124,7 @@ TEST(UcxHardening, ReceiveInFlightAtCloseCompletes) {
 // Polls `cond` for up to 10 s.
 template <class F>
 bool eventually(F cond) {
-  for (int i = 0; i < 1000; ++i) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return cond();
+  return test::eventually(cond, std::chrono::seconds(10));
 }
 
 bool contains(const Status& s, const std::string& what) {

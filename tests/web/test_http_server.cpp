@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/web/http_client.h"
+#include "tests/common/http_client.h"
 #include "web/http_server.h"
 #include "web/page.h"
 
