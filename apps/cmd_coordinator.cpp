@@ -17,13 +17,13 @@ struct CoordinatorFlags {
 };
 
 void run_coordinator(CoordinatorFlags& f, CLI::App* cmd) {
-  PipelineJobConfig job = job_config_from_flags(f.job, cmd);
+  JobConfig job = job_config_from_flags(f.job, cmd);
   if (f.listen.rfind("tcp://", 0) != 0) fail("--listen '" + f.listen + "': expected tcp://HOST:PORT", 2);
   std::string key_path;
   bool wrote = false;
   const JobSecret secret = coordinator_secret(f.job.secret, f.job.metrics, &key_path, &wrote);
   set_log_role("coordinator");
-  auto coord = PipelineCoordinator::start(job, coordinator_options(f.job, f.listen, secret));
+  auto coord = JobCoordinator::start(job, coordinator_options(f.job, f.listen, secret));
   if (!coord.ok()) fail("--listen " + f.listen + ": " + coord.status().to_string());
   std::printf(
       "longhaul coordinator: %s, %d workers (pp %d × tp %d × dp %d), %lld steps, schedule %s, %d microbatches\n",

@@ -210,7 +210,7 @@ struct WanNamespaces {
 };
 
 // The rank the coordinator gave the worker process `pid` (workers name themselves "HOST pid N").
-int rank_of_pid(PipelineCoordinator& coord, pid_t pid) {
+int rank_of_pid(JobCoordinator& coord, pid_t pid) {
   auto st = coord.handle_ctl("status", "{}");
   if (!st.ok()) return -1;
   auto j = nlohmann::json::parse(*st, nullptr, false);
@@ -340,7 +340,7 @@ class Launch {
     threads_ = f_.worker_threads > 0 ? f_.worker_threads : std::max(1, cores / job_.workers);
 
     set_log_role("launch");
-    auto coord = PipelineCoordinator::start(job_, coordinator_options(f_.job, listen_, *secret_));
+    auto coord = JobCoordinator::start(job_, coordinator_options(f_.job, listen_, *secret_));
     if (!coord.ok()) fail("--listen " + listen_ + ": " + coord.status().to_string());
     coord_ = std::move(coord).value();
     job_ = coord_->job();  // an --elastic job resumed with fewer replicas than its flags say
@@ -573,7 +573,7 @@ class Launch {
 
   LaunchFlags& f_;
   CLI::App* cmd_;
-  PipelineJobConfig job_;
+  JobConfig job_;
   std::string listen_;
   std::vector<HostSlot> slots_;
   std::vector<std::string> ssh_;
@@ -584,7 +584,7 @@ class Launch {
   bool wrote_key_ = false;
   std::optional<JobSecret> secret_;
   int threads_ = 1;
-  std::unique_ptr<PipelineCoordinator> coord_;
+  std::unique_ptr<JobCoordinator> coord_;
   std::string ep_, worker_ep_;
   WorkerGroup group_;
   std::string exe_;

@@ -77,7 +77,7 @@ void run_plan(PlanFlags& f, CLI::App* cmd) {
   auto cluster = Cluster::load(f.cluster);
   if (!cluster.ok()) fail(cluster.status().message(), 2);
   if (f.evaluate) {
-    PipelineJobConfig job = job_config_from_flags(f.job, cmd);
+    JobConfig job = job_config_from_flags(f.job, cmd);
     auto p = evaluate_plan(*cluster, job);
     if (!p.ok()) fail(p.status().message(), 2);
     if (f.json) {
@@ -168,7 +168,7 @@ void run_probe(PlanFlags& f, CLI::App* cmd, const std::string& metrics_path, con
     std::printf("%s\n", j.dump(1).c_str());
     return;
   }
-  PipelineJobConfig job = job_config_from_flags(f.job, cmd);
+  JobConfig job = job_config_from_flags(f.job, cmd);
   auto records = read_step_metrics_file(metrics_path);
   if (!records.ok()) fail(records.status().message(), 2);
   auto c = cluster_from_measurements(job, *records, nlohmann::json::array(), metrics_path);

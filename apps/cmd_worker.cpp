@@ -24,7 +24,7 @@
 #include "apps/from_env.h"
 #include "apps/job_cli.h"
 #include "core/log.h"
-#include "job/pipeline_worker.h"
+#include "job/job_worker.h"
 
 namespace lh::app {
 namespace {
@@ -151,7 +151,7 @@ pid_t start_coordinator(const WorkerFlags& f, const EnvPlace& place) {
 
 // The names this worker goes by: its --hostname (this machine's name and pid by default) and --site (or $LH_SITE
 // with --from-env), checked.
-void set_identity(const WorkerFlags& f, PipelineWorkerOptions& o) {
+void set_identity(const WorkerFlags& f, JobWorkerOptions& o) {
   o.hostname = f.hostname;
   o.site = f.site;
   if (o.site.empty() && f.from_env && std::getenv("LH_SITE")) o.site = std::getenv("LH_SITE");
@@ -173,7 +173,7 @@ void set_identity(const WorkerFlags& f, PipelineWorkerOptions& o) {
 }
 
 // The data plane's flags, checked: --data-ports, --advertise, --data-bind, --relay-only (which takes none of them).
-void set_data_plane_options(const WorkerFlags& f, PipelineWorkerOptions& o) {
+void set_data_plane_options(const WorkerFlags& f, JobWorkerOptions& o) {
   if (!f.data_ports.empty()) {
     auto range = parse_port_range(f.data_ports);
     if (!range.ok()) fail("--data-ports '" + f.data_ports + "': " + range.status().message(), 2);
@@ -199,7 +199,7 @@ void set_data_plane_options(const WorkerFlags& f, PipelineWorkerOptions& o) {
 }
 
 void run_worker(const WorkerFlags& f) {
-  PipelineWorkerOptions o;
+  JobWorkerOptions o;
   std::optional<EnvPlace> place;
   if (f.from_env) {
     if (f.rank >= 0) fail("--rank and --from-env both give this worker's rank: choose one", 2);
@@ -274,7 +274,7 @@ void run_worker(const WorkerFlags& f) {
         std::_Exit(code);
       }
     });
-  Status s = run_pipeline_worker(o);
+  Status s = run_job_worker(o);
   worker_done = true;
   if (coordinator > 0) {
     // The coordinator ends with the job; a worker that failed tells it to stop first.

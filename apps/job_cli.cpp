@@ -1,4 +1,4 @@
-// The job flags of `launch` and `coordinator`, their PipelineJobConfig, the token, and the progress and
+// The job flags of `launch` and `coordinator`, their JobConfig, the token, and the progress and
 // summary printing at the end of a job. Used by apps/cmd_launch.cpp and apps/cmd_coordinator.cpp.
 #include "apps/job_cli.h"
 
@@ -243,7 +243,7 @@ void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_defaul
 namespace {
 
 // --compression NAME: the codecs of both directions (and, for frontier, the subspace model) from the frontier.
-void apply_compression(const std::string& name, CLI::App* cmd, PipelineJobConfig* job) {
+void apply_compression(const std::string& name, CLI::App* cmd, JobConfig* job) {
   for (const char* flag : {"--compress-fwd", "--compress-bwd"})
     if (cmd->count(flag) > 0) fail("--compression " + name + " sets " + flag + " itself; give one or the other", 2);
   std::string spec;
@@ -267,8 +267,8 @@ void apply_compression(const std::string& name, CLI::App* cmd, PipelineJobConfig
 
 }  // namespace
 
-PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
-  PipelineJobConfig job = f.job;
+JobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd) {
+  JobConfig job = f.job;
   job.data_protection = f.encrypt_data ? "aead" : f.no_data_auth ? "none" : "mac";
   if (f.no_data_auth)
     LH_LOG_WARN("--no-data-auth: data-plane packets carry no MAC; anyone who can reach a worker can inject them");
@@ -414,7 +414,7 @@ CoordinatorOptions control_options(const std::string& listen, const JobSecret& s
   return o;
 }
 
-void print_page_address(const PipelineCoordinator& coord, const std::string& key_path) {
+void print_page_address(const JobCoordinator& coord, const std::string& key_path) {
   const HttpServer* http = coord.http();
   if (!http) return;
   std::printf("live page: %s  (Prometheus: %smetrics)\n", http->url().c_str(), http->url().c_str());
@@ -423,8 +423,8 @@ void print_page_address(const PipelineCoordinator& coord, const std::string& key
                 coord.endpoint().c_str(), key_path.empty() ? "<the job's key file>" : key_path.c_str());
 }
 
-PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret) {
-  PipelineCoordinatorOptions o;
+JobCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret) {
+  JobCoordinatorOptions o;
   o.control = control_options(listen, secret, f.heartbeat_timeout_s);
   o.control.replace_timeout = std::chrono::milliseconds(int64_t(f.replace_timeout_s * 1000));
   o.control.stall_timeout = std::chrono::milliseconds(int64_t(f.stall_timeout_s * 1000));
@@ -458,7 +458,7 @@ PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::str
   return o;
 }
 
-std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command) {
+std::string resume_hint(const JobCoordinator& coord, const JobFlags& f, const std::string& command) {
   if (f.checkpoint_dir.empty()) return "";
   const int64_t step = coord.last_checkpoint();
   return (step > 0 ? "its last checkpoint is step " + std::to_string(step) + " in '" + f.checkpoint_dir + "'"
@@ -466,7 +466,7 @@ std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, con
          "; to go on, run the same `longhaul " + command + "` command with --resume";
 }
 
-void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters) {
+void print_progress(const JobCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters) {
   auto s = coord.summary();
   if (!s.ok() || s->loss.empty()) return;
   // The newest step whose loss every replica has reported: a step seen from one replica alone would
@@ -491,7 +491,7 @@ void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& la
   std::fflush(stdout);
 }
 
-void print_job_summary(const PipelineCoordinator& coord, const std::string& metrics_path) {
+void print_job_summary(const JobCoordinator& coord, const std::string& metrics_path) {
   auto s = coord.summary();
   if (!s.ok()) {
     std::printf("no summary: %s\n", s.status().message().c_str());
@@ -522,7 +522,7 @@ int stop_signal() {
   return g_stop_signal;
 }
 
-int preempt_or_stop_signal(PipelineCoordinator& coord, bool& preempting, const char* lead, const std::string& reason) {
+int preempt_or_stop_signal(JobCoordinator& coord, bool& preempting, const char* lead, const std::string& reason) {
   if (g_stop_signal == SIGTERM && !preempting) {
     // What a scheduler sends before its kill: the job saves a checkpoint and stops (a second signal stops it now).
     preempting = true;

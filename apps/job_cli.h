@@ -1,5 +1,5 @@
 // defines: the flags shared by `longhaul launch` and `longhaul coordinator` (model, training, grid, schedule,
-// codecs, metrics, token, heartbeats), their conversion into a PipelineJobConfig, and the end-of-job tables.
+// codecs, metrics, token, heartbeats), their conversion into a JobConfig, and the end-of-job tables.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "apps/model_flags.h"
-#include "job/pipeline_coordinator.h"
+#include "job/job_coordinator.h"
 #include "plan/job_config.h"
 #include "transport/job_secret.h"
 
@@ -25,7 +25,7 @@ struct JobFlags {
   ModelFlags model;
   std::string schedule = "1f1b";
   std::string compression;  // --compression: a frontier point that sets the codecs (and, for frontier, the model)
-  PipelineJobConfig job;  // training, grid and codec fields are bound to it directly
+  JobConfig job;            // training, grid and codec fields are bound to it directly
   std::string metrics;
   SecretFlags secret;
   bool encrypt_data = false, no_data_auth = false;
@@ -52,7 +52,7 @@ struct JobFlags {
 // Adds the job flags to `cmd`; `metrics_default` is the --metrics default shown in --help.
 void add_job_flags(CLI::App* cmd, JobFlags& f, const std::string& metrics_default);
 // The validated job; a bad flag ends the command with an error naming it.
-PipelineJobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd);
+JobConfig job_config_from_flags(const JobFlags& f, CLI::App* cmd);
 
 void add_secret_flags(CLI::App* cmd, SecretFlags& f, const std::string& group = "");
 // A key file's secret (`flag` names it in the error that exits 2; *weak: JobSecret::load's).
@@ -69,18 +69,18 @@ JobSecret coordinator_secret(const SecretFlags& f, const std::string& metrics, s
 // Heartbeats every timeout/10 (at least 20 ms), declared dead after the timeout.
 CoordinatorOptions control_options(const std::string& listen, const JobSecret& secret, double heartbeat_timeout_s);
 // The coordinator's options from the job flags: control (heartbeats, --replace-timeout), metrics, checkpoints.
-PipelineCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret);
+JobCoordinatorOptions coordinator_options(const JobFlags& f, const std::string& listen, const JobSecret& secret);
 // "live page: URL" when the job serves one (--http), with how to get its token when the address needs one.
-void print_page_address(const PipelineCoordinator& coord, const std::string& key_path);
+void print_page_address(const JobCoordinator& coord, const std::string& key_path);
 // After a failed job with checkpoints: "its last checkpoint is step N in DIR; resume it with …" ("" without).
-std::string resume_hint(const PipelineCoordinator& coord, const JobFlags& f, const std::string& command);
+std::string resume_hint(const JobCoordinator& coord, const JobFlags& f, const std::string& command);
 
 // "step 12/150  loss 3.1234  812 tok/s" when a new step was reported since `last_printed`.
 // Prints "step N/M  loss ..." for the newest step not printed yet whose loss all `loss_reporters`
 // workers (one per replica) have sent.
-void print_progress(const PipelineCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters);
+void print_progress(const JobCoordinator& coord, int64_t steps, int64_t& last_printed, int loss_reporters);
 // The link table, the step summary and where the metrics went.
-void print_job_summary(const PipelineCoordinator& coord, const std::string& metrics_path);
+void print_job_summary(const JobCoordinator& coord, const std::string& metrics_path);
 
 // The signals that stop a job's process (launch, coordinator): the first SIGTERM, what a scheduler sends before its
 // kill, checkpoints the job and stops it; any other, or SIGTERM again, stops it at once. `restart`: calls the signal
@@ -90,6 +90,6 @@ void catch_stop_signals(std::initializer_list<int> signals, bool restart);
 int stop_signal();
 // Once per turn of a job's wait loop: at the first SIGTERM, prints so (after `lead`) and preempts `coord` with `reason`
 // (`preempting` remembers it). Returns stop_signal().
-int preempt_or_stop_signal(PipelineCoordinator& coord, bool& preempting, const char* lead, const std::string& reason);
+int preempt_or_stop_signal(JobCoordinator& coord, bool& preempting, const char* lead, const std::string& reason);
 
 }  // namespace lh::app

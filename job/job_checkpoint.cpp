@@ -1,5 +1,5 @@
 // Distributed job checkpoints on the coordinator: durable shards, a manifest committed last, pruning, and loading
-// with fallback. Used by PipelineCoordinator.
+// with fallback. Used by JobCoordinator.
 #include "job/job_checkpoint.h"
 
 #include <dirent.h>

@@ -2,7 +2,7 @@
 // written durably as it arrives; a step's manifest (step, grid, the job's resume hash, each shard's size and
 // xxHash64, the live codec changes) is committed only once every shard of that step is on disk; old steps are
 // pruned; loading takes the newest committed step whose shards verify, falling back with a warning naming why.
-// Used by PipelineCoordinator (`longhaul coordinator` / `launch` --checkpoint-dir, --resume).
+// Used by JobCoordinator (`longhaul coordinator` / `launch` --checkpoint-dir, --resume).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +28,7 @@ struct JobCheckpoint {
 
 class JobCheckpointStore {
  public:
-  // `workers` shards make a checkpoint; `resume_hash` is the job's (PipelineJobConfig::resume_hash); `keep` ≥ 1
+  // `workers` shards make a checkpoint; `resume_hash` is the job's (JobConfig::resume_hash); `keep` ≥ 1
   // committed checkpoints are kept. Creates the directory.
   static Result<std::unique_ptr<JobCheckpointStore>> open(const std::string& dir, int workers,
                                                           const std::string& resume_hash, int keep);

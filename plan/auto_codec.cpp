@@ -1,5 +1,5 @@
 // Adaptive compression of pipeline links: the codec choice per link and direction, and the window of measurements
-// it is made from. Used by PipelineCoordinator.
+// it is made from. Used by JobCoordinator.
 #include "plan/auto_codec.h"
 
 #include <algorithm>

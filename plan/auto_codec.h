@@ -3,7 +3,7 @@
 // (each link's rate and latency as its sender's meter saw them, each stage's compute per microbatch) it picks codecs
 // of a ladder, with hysteresis: a pipeline's auto links together by the step the pipeline simulator predicts
 // (choose_jointly), a gradient exchange by a share of the compute it overlaps (choose_auto_codec), tp sums by the step
-// (choose_step_codec). Each choice is an lh::AutoDecision (metrics/auto_decision.h). Used by PipelineCoordinator.
+// (choose_step_codec). Each choice is an lh::AutoDecision (metrics/auto_decision.h). Used by JobCoordinator.
 #pragma once
 
 #include <cstdint>

@@ -18,7 +18,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-Result<Cluster> cluster_from_measurements(const PipelineJobConfig& job, const std::vector<WorkerStepMetrics>& records,
+Result<Cluster> cluster_from_measurements(const JobConfig& job, const std::vector<WorkerStepMetrics>& records,
                                           const nlohmann::json& preflight, const std::string& source) {
   LH_ASSIGN_OR_RETURN(std::vector<double> flops, train_flops_per_step(job));
   std::map<int, std::vector<double>> compute;

@@ -19,7 +19,7 @@ namespace lh {
 // the senders' wire bytes of messages of at least 16 KiB over their serial seconds (over their busy seconds in records
 // without serial_s) and the median of the senders' one-way latency_s; links with neither the median of the measured
 // ones (latency 0 without a probe or latency_s). `source` names the records in errors.
-Result<Cluster> cluster_from_measurements(const PipelineJobConfig& job, const std::vector<WorkerStepMetrics>& records,
+Result<Cluster> cluster_from_measurements(const JobConfig& job, const std::vector<WorkerStepMetrics>& records,
                                           const nlohmann::json& preflight, const std::string& source);
 
 }  // namespace lh

@@ -28,7 +28,7 @@ namespace {
 
 }  // namespace
 
-PipelineJobConfig::DataPlaneBounds PipelineJobConfig::data_plane_bounds() const {
+JobConfig::DataPlaneBounds JobConfig::data_plane_bounds() const {
   const GptConfig& m = train.model;
   const uint64_t d = uint64_t(std::max(m.d_model, 1)), v = uint64_t(std::max(m.vocab, 1));
   const uint64_t seq = uint64_t(std::max(m.seq, 1)), layers = uint64_t(std::max(m.layers, 0));
@@ -44,11 +44,11 @@ PipelineJobConfig::DataPlaneBounds PipelineJobConfig::data_plane_bounds() const 
   return b;
 }
 
-Result<Topology> PipelineJobConfig::topology() const {
+Result<Topology> JobConfig::topology() const {
   return Topology::create(workers, pp, tp, dp);
 }
 
-Result<Partition> PipelineJobConfig::make_partition() const {
+Result<Partition> JobConfig::make_partition() const {
   if (partition.empty() || partition == "speed" || partition == "auto") return Partition::even(train.model.layers, pp);
   auto p = Partition::parse(partition, train.model.layers, pp);
   if (!p.ok()) return Status(p.status()).prepend("--partition");
@@ -75,7 +75,7 @@ std::vector<int> units_by_weight(const std::vector<double>& weights, int units) 
 
 }  // namespace
 
-Result<std::vector<int>> PipelineJobConfig::dp_rows() const {
+Result<std::vector<int>> JobConfig::dp_rows() const {
   if (dp_split.empty() || dp_split == "speed") return std::vector<int>{};
   const std::string what = "--dp-split '" + dp_split + "'";
   std::vector<double> weights;
@@ -103,14 +103,14 @@ Result<std::vector<int>> PipelineJobConfig::dp_rows() const {
   return rows;
 }
 
-Result<std::string> PipelineJobConfig::planned_dp_split(const std::vector<double>& speeds) const {
+Result<std::string> JobConfig::planned_dp_split(const std::vector<double>& speeds) const {
   if (dp_split != "speed") return dp_split;
   LH_ASSIGN_OR_RETURN(Topology t, topology());
   LH_ASSIGN_OR_RETURN(std::vector<double> replica_speed,
                       slowest_at_each(
                           t, speeds, [](const WorkerCoord& c) { return c.dp; }, "--dp-split speed"));
   std::string out;
-  PipelineJobConfig c = *this;
+  JobConfig c = *this;
   for (size_t d = 0; d < replica_speed.size(); ++d) out += (d ? ":" : "") + std::to_string(replica_speed[d]);
   c.dp_split = out;
   LH_ASSIGN_OR_RETURN(std::vector<int> rows, c.dp_rows());
@@ -139,7 +139,7 @@ Result<std::vector<double>> slowest_at_each(const Topology& t, const std::vector
 
 }  // namespace
 
-Result<std::string> PipelineJobConfig::planned_partition(const std::vector<double>& speeds) const {
+Result<std::string> JobConfig::planned_partition(const std::vector<double>& speeds) const {
   if (partition != "speed") {  // "auto" is planned by the coordinator (plan/planner.h plan_partition)
     LH_ASSIGN_OR_RETURN(Partition p, make_partition());
     return partition.empty() ? std::string() : p.to_string();
@@ -156,11 +156,11 @@ Result<std::string> PipelineJobConfig::planned_partition(const std::vector<doubl
   return p.to_string();
 }
 
-Result<std::vector<int>> PipelineJobConfig::tp_heads_split() const {
+Result<std::vector<int>> JobConfig::tp_heads_split() const {
   return tp_heads(tp_split == "speed" ? "" : tp_split, tp, train.model.heads);
 }
 
-Result<std::string> PipelineJobConfig::planned_tp_split(const std::vector<double>& speeds) const {
+Result<std::string> JobConfig::planned_tp_split(const std::vector<double>& speeds) const {
   if (tp_split != "speed") return tp_split;
   // Shard t's heads run on every stage and replica at index t: the slowest of them sets its pace.
   LH_ASSIGN_OR_RETURN(Topology t, topology());
@@ -193,7 +193,7 @@ std::string resolve_auto(const std::string& spec, const std::string& if_auto, co
 
 // The job's pipeline codec plan (--compress-fwd/--compress-bwd and the --compress-link entries naming pipeline
 // links) with every spec put through resolve_auto.
-Result<CodecPlan> plan_resolving_auto(const PipelineJobConfig& c, const Topology& t, const std::string& if_auto,
+Result<CodecPlan> plan_resolving_auto(const JobConfig& c, const Topology& t, const std::string& if_auto,
                                       const std::string& otherwise) {
   std::vector<std::string> pipeline;
   for (const std::string& e : c.compress_link) {
@@ -208,13 +208,13 @@ Result<CodecPlan> plan_resolving_auto(const PipelineJobConfig& c, const Topology
 }
 }  // namespace
 
-Result<CodecPlan> PipelineJobConfig::codec_plan() const {
+Result<CodecPlan> JobConfig::codec_plan() const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
   LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(auto_ladder));
   return plan_resolving_auto(*this, t, ladder[0], "");
 }
 
-Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_links() const {
+Result<std::vector<std::pair<PipelineLink, LinkDir>>> JobConfig::auto_links() const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
   // The same plan with "auto" as bf16 and every other spec as none: the links that come out bf16 are auto.
   LH_ASSIGN_OR_RETURN(CodecPlan marker, plan_resolving_auto(*this, t, "bf16", "none"));
@@ -225,13 +225,13 @@ Result<std::vector<std::pair<PipelineLink, LinkDir>>> PipelineJobConfig::auto_li
   return out;
 }
 
-Result<std::string> PipelineJobConfig::tp_spec() const {
+Result<std::string> JobConfig::tp_spec() const {
   if (compress_tp != "auto") return compress_tp;
   LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_tp_ladder(auto_tp_ladder));
   return ladder.front();
 }
 
-Result<std::vector<int>> PipelineJobConfig::auto_grad_stages() const {
+Result<std::vector<int>> JobConfig::auto_grad_stages() const {
   LH_ASSIGN_OR_RETURN(std::vector<std::string> specs, grad_specs(true));
   std::vector<int> out;
   for (size_t s = 0; s < specs.size(); ++s)
@@ -239,7 +239,7 @@ Result<std::vector<int>> PipelineJobConfig::auto_grad_stages() const {
   return out;
 }
 
-Result<std::vector<std::string>> PipelineJobConfig::grad_specs(bool keep_auto) const {
+Result<std::vector<std::string>> JobConfig::grad_specs(bool keep_auto) const {
   LH_ASSIGN_OR_RETURN(Topology t, topology());
   std::vector<std::string> specs(size_t(t.pp()), compress_grad);
   for (const std::string& e : compress_link) {
@@ -271,7 +271,7 @@ Result<std::vector<std::string>> PipelineJobConfig::grad_specs(bool keep_auto) c
   return specs;
 }
 
-Status PipelineJobConfig::validate() const {
+Status JobConfig::validate() const {
   LH_RETURN_IF_ERROR(train.validate());
   if (checkpoint_every < 0)
     return invalid_argument("--checkpoint-every " + std::to_string(checkpoint_every) + ": expected 0 or more steps");
@@ -310,7 +310,7 @@ Status PipelineJobConfig::validate() const {
                               " with --sync diloco is not supported: replicas of unequal shares take local steps of "
                               "unequal noise, and their average is not the whole batch's");
     // "speed" is planned into weights; its check is that any split can be made.
-    PipelineJobConfig c = *this;
+    JobConfig c = *this;
     if (c.dp_split == "speed") {
       c.dp_split = "1";
       for (int d = 1; d < dp; ++d) c.dp_split += ":1";
@@ -335,7 +335,7 @@ Status PipelineJobConfig::validate() const {
 
 // validate() with tp > 1: a model tp can split, the --compress-tp codec, and each stage's tp all-reduces per step
 // within the tag's 12-bit sequence (docs/grid.md §2).
-Status PipelineJobConfig::check_tp(const Partition& part) const {
+Status JobConfig::check_tp(const Partition& part) const {
   if (train.model.subspace_k > 0)
     return invalid_argument("--tp " + std::to_string(tp) +
                             " with --subspace-k: tensor parallelism does not "
@@ -356,7 +356,7 @@ Status PipelineJobConfig::check_tp(const Partition& part) const {
 }
 
 // validate()'s gradient codecs: --compress-grad, the groups' overrides and the auto ladder, each suiting --sync.
-Status PipelineJobConfig::check_grad_codecs() const {
+Status JobConfig::check_grad_codecs() const {
   if (compress_grad != "auto") {
     Status g = check_grad_codec_spec(compress_grad);
     if (!g.ok()) return g.prepend("--compress-grad '" + compress_grad + "'");
@@ -384,7 +384,7 @@ Status PipelineJobConfig::check_grad_codecs() const {
   return Status::Ok();
 }
 
-nlohmann::json PipelineJobConfig::to_json() const {
+nlohmann::json JobConfig::to_json() const {
   const GptConfig& m = train.model;
   nlohmann::json model = {{"vocab", m.vocab},          {"seq", m.seq},     {"layers", m.layers},
                           {"d_model", m.d_model},      {"heads", m.heads}, {"tied_head", m.tied_head},
@@ -432,11 +432,11 @@ nlohmann::json PipelineJobConfig::to_json() const {
           {"replica_slices", replica_slices}};
 }
 
-Result<PipelineJobConfig> PipelineJobConfig::without_replica(int replica) const {
+Result<JobConfig> JobConfig::without_replica(int replica) const {
   if (dp < 2) return invalid_argument("the job has one replica; it cannot go on without it");
   if (replica < 0 || replica >= dp)
     return invalid_argument("replica " + std::to_string(replica) + " outside 0.." + std::to_string(dp - 1));
-  PipelineJobConfig c = *this;
+  JobConfig c = *this;
   c.batch_slices = slices();
   c.replica_slices.clear();
   for (int d = 0; d < dp; ++d)
@@ -447,7 +447,7 @@ Result<PipelineJobConfig> PipelineJobConfig::without_replica(int replica) const 
   return c;
 }
 
-std::string PipelineJobConfig::resume_hash() const {
+std::string JobConfig::resume_hash() const {
   nlohmann::json j = to_json();
   j["train"].erase("steps");
   j["train"].erase("eval_every");
@@ -469,11 +469,11 @@ std::string PipelineJobConfig::resume_hash() const {
   return hex;
 }
 
-Result<PipelineJobConfig> PipelineJobConfig::from_json(const std::string& text) {
+Result<JobConfig> JobConfig::from_json(const std::string& text) {
   // A plan's configuration holds the job's link rules (up to 4096) and dp split: well under 4 MiB.
   LH_ASSIGN_OR_RETURN(nlohmann::json j, parse_json_bounded(text, JsonLimits{size_t(4) << 20}, "job config"));
   if (!j.is_object()) return invalid_argument("job config: expected a JSON object");
-  PipelineJobConfig c;
+  JobConfig c;
   JsonFields r(j, "job config");
   for (const char* obj : {"model", "train"}) {
     const nlohmann::json* v = r.find(obj);

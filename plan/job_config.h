@@ -1,4 +1,4 @@
-// defines: lh::PipelineJobConfig — the settings of a multi-worker training job (model and training,
+// defines: lh::JobConfig — the settings of a multi-worker training job (model and training,
 // grid, partition, schedule, microbatches, codecs), validated into a Topology, Partition and
 // CodecPlan, and carried as JSON in the control plane's Plan; plus the conversions between codec
 // plans/changes and the control messages (LinkCodec, SetCodec). Used by launch, coordinator, worker, ctl.
@@ -19,7 +19,7 @@
 
 namespace lh {
 
-struct PipelineJobConfig {
+struct JobConfig {
   TrainConfig train;  // model, data, steps, global batch, optimizer, seed, device, evaluation
   int workers = 1, pp = 1, tp = 1, dp = 1;
   // "" = even split; block counts per stage ("3,3,2"); "speed": the coordinator splits in
@@ -83,7 +83,7 @@ struct PipelineJobConfig {
   int slices() const { return batch_slices > 0 ? batch_slices : dp; }
   int slice_of(int replica) const { return replica_slices.empty() ? replica : replica_slices.at(size_t(replica)); }
   // The job without replica `replica` (dp − 1 replicas; the others keep their slices), validated.
-  Result<PipelineJobConfig> without_replica(int replica) const;
+  Result<JobConfig> without_replica(int replica) const;
 
   // Everything checked together; the first problem is the error, naming the flag.
   Status validate() const;
@@ -126,7 +126,7 @@ struct PipelineJobConfig {
 
   // Every field; from_json refuses missing or mistyped fields, naming them, then validates.
   nlohmann::json to_json() const;
-  static Result<PipelineJobConfig> from_json(const std::string& text);
+  static Result<JobConfig> from_json(const std::string& text);
 };
 
 // The plan's codec entries: for every pair of pipeline neighbours (r → next), the forward codec on

@@ -434,7 +434,7 @@ std::string JobPlan::describe() const {
 namespace {
 
 // The cluster with the job's --link rules on top, as the emulation does: a rate caps the link, a delay adds to it.
-Result<Cluster> cluster_with_link_rules(const Cluster& cluster, const PipelineJobConfig& job, const Topology& topo) {
+Result<Cluster> cluster_with_link_rules(const Cluster& cluster, const JobConfig& job, const Topology& topo) {
   Cluster c = cluster;
   if (!job.links.empty())
     for (int r = 0; r < job.workers; ++r) {
@@ -454,7 +454,7 @@ Result<Cluster> cluster_with_link_rules(const Cluster& cluster, const PipelineJo
 
 // The job's setup as it asks for it: grid, slowdowns, partition (by speed when auto_partition), replica rows, codecs
 // (`autos`: the pipeline links whose codec is auto) and sync.
-Result<Setup> setup_of(const Cluster& c, const PipelineJobConfig& job, bool auto_partition,
+Result<Setup> setup_of(const Cluster& c, const JobConfig& job, bool auto_partition,
                        std::vector<std::pair<PipelineLink, LinkDir>>* autos) {
   Setup s;
   s.pp = job.pp;
@@ -469,7 +469,7 @@ Result<Setup> setup_of(const Cluster& c, const PipelineJobConfig& job, bool auto
   if (job.partition == "speed" || auto_partition) {
     std::vector<double> speeds;
     for (int r = 0; r < job.workers; ++r) speeds.push_back(c.worker(r).gflops / s.slowdown[size_t(r)]);
-    PipelineJobConfig by_speed = job;
+    JobConfig by_speed = job;
     by_speed.partition = "speed";
     LH_ASSIGN_OR_RETURN(std::string planned, by_speed.planned_partition(speeds));
     LH_ASSIGN_OR_RETURN(Partition part, Partition::parse(planned, job.train.model.layers, job.pp));
@@ -484,7 +484,7 @@ Result<Setup> setup_of(const Cluster& c, const PipelineJobConfig& job, bool auto
   if (job.dp_split == "speed") {
     std::vector<double> speeds;
     for (int r = 0; r < job.workers; ++r) speeds.push_back(c.worker(r).gflops / s.slowdown[size_t(r)]);
-    PipelineJobConfig planned = job;
+    JobConfig planned = job;
     LH_ASSIGN_OR_RETURN(planned.dp_split, job.planned_dp_split(speeds));
     LH_ASSIGN_OR_RETURN(s.dp_rows, planned.dp_rows());
   } else {
@@ -511,7 +511,7 @@ Result<Setup> setup_of(const Cluster& c, const PipelineJobConfig& job, bool auto
 
 // The auto links chosen together by the predicted step, as auto decides in a running job: the fastest codecs, then
 // each link on the least lossy codec that keeps the step within --auto-tolerance of the fastest's.
-Status settle_auto_links(Model& m, Setup& s, const PipelineJobConfig& job,
+Status settle_auto_links(Model& m, Setup& s, const JobConfig& job,
                          const std::vector<std::pair<PipelineLink, LinkDir>>& autos) {
   LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_ladder(job.auto_ladder));
   auto apply = [&](const std::vector<int>& choice) {
@@ -532,7 +532,7 @@ Status settle_auto_links(Model& m, Setup& s, const PipelineJobConfig& job,
 
 // An auto gradient codec settles like auto links: the least lossy of its ladder whose exchange (the slowest stage
 // group's) fits under --auto-fit of the pace; one codec for every group here.
-Status settle_auto_grad(Model& m, Setup& s, const PipelineJobConfig& job) {
+Status settle_auto_grad(Model& m, Setup& s, const JobConfig& job) {
   LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_grad_ladder(job.auto_grad_ladder));
   LH_ASSIGN_OR_RETURN(JobPlan base, m.step(s));
   double pace = 0;
@@ -557,7 +557,7 @@ Status settle_auto_grad(Model& m, Setup& s, const PipelineJobConfig& job) {
 }
 
 // An auto tp codec: the least lossy of its ladder whose step is within 5% of the fastest's (as auto decides).
-Status settle_auto_tp(Model& m, Setup& s, const PipelineJobConfig& job) {
+Status settle_auto_tp(Model& m, Setup& s, const JobConfig& job) {
   LH_ASSIGN_OR_RETURN(std::vector<std::string> ladder, parse_auto_tp_ladder(job.auto_tp_ladder));
   std::vector<double> steps;
   for (const std::string& spec : ladder) {
@@ -574,7 +574,7 @@ Status settle_auto_tp(Model& m, Setup& s, const PipelineJobConfig& job) {
   return Status::Ok();
 }
 
-Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& job, bool auto_partition) {
+Result<JobPlan> evaluate_job(const Cluster& cluster, const JobConfig& job, bool auto_partition) {
   LH_RETURN_IF_ERROR(job.validate());
   if (job.train.model.subspace_k > 0)
     return invalid_argument("plan: --subspace-k models are not modelled yet (their boundary carries K values)");
@@ -597,11 +597,11 @@ Result<JobPlan> evaluate_job(const Cluster& cluster, const PipelineJobConfig& jo
 
 }  // namespace
 
-Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& job) {
+Result<JobPlan> evaluate_plan(const Cluster& cluster, const JobConfig& job) {
   return evaluate_job(cluster, job, job.partition == "auto");
 }
 
-Result<std::string> plan_partition(const Cluster& cluster, const PipelineJobConfig& job) {
+Result<std::string> plan_partition(const Cluster& cluster, const JobConfig& job) {
   LH_ASSIGN_OR_RETURN(JobPlan p, evaluate_job(cluster, job, true));
   return join(p.partition, ',');
 }
@@ -804,7 +804,7 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
   return top;
 }
 
-Result<std::vector<double>> train_flops_per_step(const PipelineJobConfig& job) {
+Result<std::vector<double>> train_flops_per_step(const JobConfig& job) {
   LH_RETURN_IF_ERROR(job.validate());
   LH_ASSIGN_OR_RETURN(Partition part, job.make_partition());
   const ModelCosts mc = model_costs(job.train.model);
@@ -819,7 +819,7 @@ Result<std::vector<double>> train_flops_per_step(const PipelineJobConfig& job) {
   return flops;
 }
 
-Result<double> stage_parameters(const PipelineJobConfig& job, int stage) {
+Result<double> stage_parameters(const JobConfig& job, int stage) {
   LH_ASSIGN_OR_RETURN(Partition part, job.make_partition());
   if (stage < 0 || stage >= part.stages())
     return invalid_argument("stage " + std::to_string(stage) + " is not in the job");

@@ -63,13 +63,13 @@ struct PlanOptions {
 // `--link` rules and `--slowdown` applied on top of the cluster as the emulation does: a rule's rate caps a link, its
 // delay adds to the link's latency) with rank r on cluster worker r. "auto" codecs are predicted as auto settles: per
 // link, the least lossy of the ladder whose predicted step is within --auto-tolerance of the fastest codec's there.
-Result<JobPlan> evaluate_plan(const Cluster& cluster, const PipelineJobConfig& job);
+Result<JobPlan> evaluate_plan(const Cluster& cluster, const JobConfig& job);
 
 // `--partition auto`: the partition of `job` (its own partition ignored) on `cluster`, rank r on worker r, from the
 // split in proportion to each stage's slowest worker (its GFLOP/s over any --slowdown), then single blocks moved
 // across a boundary while the predicted step — compute, the links with the job's --link rules, codecs, schedule —
 // gets shorter. As "3,3,2".
-Result<std::string> plan_partition(const Cluster& cluster, const PipelineJobConfig& job);
+Result<std::string> plan_partition(const Cluster& cluster, const JobConfig& job);
 
 // The `options.top` fastest plans for the model and global batch of `train` on `cluster`, fastest first; an error
 // names why nothing fits (too few workers, memory, batch).
@@ -77,10 +77,10 @@ Result<std::vector<JobPlan>> search_plans(const Cluster& cluster, const TrainCon
 
 // The forward and backward FLOPs each rank of `job` computes per training step, as the model counts them (what
 // `longhaul probe` divides by a worker's measured compute seconds to get its GFLOP/s).
-Result<std::vector<double>> train_flops_per_step(const PipelineJobConfig& job);
+Result<std::vector<double>> train_flops_per_step(const JobConfig& job);
 
 // The parameters one worker of `stage` holds (its tp shard's share), as the planner counts them.
-Result<double> stage_parameters(const PipelineJobConfig& job, int stage);
+Result<double> stage_parameters(const JobConfig& job, int stage);
 
 // The `longhaul launch` command line that runs `plan` with `train`'s model and training flags, and the map of ranks
 // to the cluster's workers for a job started by hand (`longhaul worker --rank R` on each machine).

@@ -46,11 +46,11 @@ struct StageRunnerOptions {
   // How long a stage waits for one activation, gradient or norm before giving up with an error
   // naming the peer. A dead peer is normally reported sooner by the control plane (fail_peer).
   std::chrono::milliseconds receive_timeout{std::chrono::minutes(10)};
-  // An --elastic job that lost replicas (PipelineJobConfig::slices / slice_of): the global batch is cut into
+  // An --elastic job that lost replicas (JobConfig::slices / slice_of): the global batch is cut into
   // `batch_slices` slices and this replica trains on slice `batch_slice`. 0 / −1: dp slices, the replica's own.
   int batch_slices = 0;
   int batch_slice = -1;
-  // --dp-split (PipelineJobConfig::dp_rows): sequences of the global batch per replica, in replica order, each a
+  // --dp-split (JobConfig::dp_rows): sequences of the global batch per replica, in replica order, each a
   // multiple of `microbatches`; replica d trains on its own run of them and weights its loss (so its gradients) by
   // rows[d] · dp / batch, so the replicas' average is the whole batch's. Empty: equal slices.
   std::vector<int> dp_rows;

@@ -1,5 +1,5 @@
-// End-to-end pipeline jobs inside one process: a PipelineCoordinator and worker threads running
-// run_pipeline_worker over real ZeroMQ and UCX (tcp). Losses match the single-process trainer, a live
+// End-to-end pipeline jobs inside one process: a JobCoordinator and worker threads running
+// run_job_worker over real ZeroMQ and UCX (tcp). Losses match the single-process trainer, a live
 // set-codec switches both ends of a link at one step, and a silent worker stops the job with its name.
 // Label `job`.
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 
 #include "core/exec.h"
 #include "core/rng.h"
-#include "job/pipeline_coordinator.h"
-#include "job/pipeline_worker.h"
+#include "job/job_coordinator.h"
+#include "job/job_worker.h"
 #include "tests/common/http_client.h"
 #include "tests/common/netns_support.h"
 #include "tests/common/result_value.h"
@@ -40,8 +40,8 @@ std::string corpus() {
   return path;
 }
 
-PipelineJobConfig job(int stages, int steps) {
-  PipelineJobConfig c;
+JobConfig job(int stages, int steps) {
+  JobConfig c;
   c.train.model.layers = 4;
   c.train.model.d_model = 32;
   c.train.model.heads = 2;
@@ -56,16 +56,16 @@ PipelineJobConfig job(int stages, int steps) {
   return c;
 }
 
-PipelineCoordinatorOptions coordinator_options() {
-  PipelineCoordinatorOptions o;
+JobCoordinatorOptions coordinator_options() {
+  JobCoordinatorOptions o;
   o.control.token = "test-token";
   o.control.heartbeat_interval = 100ms;
   o.control.heartbeat_timeout = 1500ms;
   return o;
 }
 
-PipelineWorkerOptions worker_options(const std::string& endpoint) {
-  PipelineWorkerOptions w;
+JobWorkerOptions worker_options(const std::string& endpoint) {
+  JobWorkerOptions w;
   w.coordinator = endpoint;
   w.token = "test-token";
   w.ucx.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";
@@ -81,17 +81,17 @@ class PipelineJob : public ::testing::Test {
 
 TEST_F(PipelineJob, TwoStagesReproduceTheTrainerAndSwitchCodecsLive) {
   const int steps = 8;
-  PipelineJobConfig cfg = job(2, steps);
+  JobConfig cfg = job(2, steps);
   cfg.partition = "speed";  // equal speeds below: the even split, settled by the coordinator
-  auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
+  auto coord = value_of(JobCoordinator::start(cfg, coordinator_options()));
   std::vector<Status> results(2);
   std::vector<std::thread> workers;
   for (int i = 0; i < 2; ++i)
     workers.emplace_back([&, i] {
-      PipelineWorkerOptions w = worker_options(coord->endpoint());
+      JobWorkerOptions w = worker_options(coord->endpoint());
       w.link = value_of(parse_link_shape("4M,2ms"));  // slow enough that a live change lands mid-run
       w.compute_speed = 10;
-      results[i] = run_pipeline_worker(w);
+      results[i] = run_job_worker(w);
     });
   // Once step 1 is reported, switch the activation link to int8.
   int64_t switch_step = -1;
@@ -178,12 +178,12 @@ struct RawMember {
 TEST_F(PipelineJob, ShardsForStepsNotReachedOrNotCheckpointedAreRefused) {
   const std::string dir = ::testing::TempDir() + "lh_pipeline_job_shards_" + std::to_string(getpid());
   std::filesystem::remove_all(dir);
-  PipelineJobConfig cfg = job(1, 10);
+  JobConfig cfg = job(1, 10);
   cfg.checkpoint_every = 4;
-  PipelineCoordinatorOptions o = coordinator_options();
+  JobCoordinatorOptions o = coordinator_options();
   o.control.heartbeat_timeout = 10s;
   o.checkpoint_dir = dir;
-  auto coord = value_of(PipelineCoordinator::start(cfg, o));
+  auto coord = value_of(JobCoordinator::start(cfg, o));
   RawMember m(coord->endpoint());
   m.send(Join{"test-token", "raw", "cpu", 1, std::vector<uint8_t>(16, 1), -1});
   auto plan = m.next<Plan>();
@@ -214,22 +214,22 @@ TEST_F(PipelineJob, ShardsForStepsNotReachedOrNotCheckpointedAreRefused) {
 // `worker --compute-speed`), and the uneven job still reproduces the trainer.
 TEST_F(PipelineJob, TensorShardsSplitByReportedSpeed) {
   const int steps = 3;
-  PipelineJobConfig cfg = job(1, steps);
+  JobConfig cfg = job(1, steps);
   cfg.workers = 2;
   cfg.tp = 2;
   cfg.train.model.heads = 4;
   cfg.tp_split = "speed";
-  auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
+  auto coord = value_of(JobCoordinator::start(cfg, coordinator_options()));
   const double speeds[2] = {30, 10};
   int ranks[2] = {-1, -1};
   std::vector<Status> results(2);
   std::vector<std::thread> workers;
   for (int i = 0; i < 2; ++i)
     workers.emplace_back([&, i] {
-      PipelineWorkerOptions w = worker_options(coord->endpoint());
+      JobWorkerOptions w = worker_options(coord->endpoint());
       w.compute_speed = speeds[i];
       w.on_rank = [&ranks, i](int rank) { ranks[i] = rank; };
-      results[i] = run_pipeline_worker(w);
+      results[i] = run_job_worker(w);
     });
   for (auto& t : workers) t.join();
   for (const Status& s : results) ASSERT_TRUE(s.ok()) << s.to_string();
@@ -251,12 +251,12 @@ TEST_F(PipelineJob, TensorShardsSplitByReportedSpeed) {
 // temporary folder (its path is printed) for the note.
 TEST_F(PipelineJob, TheLivePageShowsTheJobAndMetricsAgreeWithItsFile) {
   const int steps = 60;
-  PipelineJobConfig cfg = job(4, steps);
-  PipelineCoordinatorOptions o = coordinator_options();
+  JobConfig cfg = job(4, steps);
+  JobCoordinatorOptions o = coordinator_options();
   o.http = "127.0.0.1:0";
   o.metrics_path = ::testing::TempDir() + "lh_live_page_" + std::to_string(getpid()) + ".jsonl";
   std::filesystem::remove(o.metrics_path);
-  auto coord = value_of(PipelineCoordinator::start(cfg, o));
+  auto coord = value_of(JobCoordinator::start(cfg, o));
   const std::string url = coord->http_url();
   ASSERT_FALSE(url.empty());
   const int port = coord->http()->port();
@@ -264,9 +264,9 @@ TEST_F(PipelineJob, TheLivePageShowsTheJobAndMetricsAgreeWithItsFile) {
   std::vector<std::thread> workers;
   for (int i = 0; i < 4; ++i)
     workers.emplace_back([&, i] {
-      PipelineWorkerOptions w = worker_options(coord->endpoint());
+      JobWorkerOptions w = worker_options(coord->endpoint());
       w.link = value_of(parse_link_shape("2M,2ms"));  // a few seconds of job for the browser to watch
-      results[i] = run_pipeline_worker(w);
+      results[i] = run_job_worker(w);
     });
   auto wait_step = [&](int64_t step) {
     for (int i = 0; i < 3000 && coord->newest_step() < step; ++i) std::this_thread::sleep_for(10ms);
@@ -367,10 +367,10 @@ TEST_F(PipelineJob, TheLivePageShowsTheJobAndMetricsAgreeWithItsFile) {
 
 // Bound beyond loopback, the coordinator's data needs the page token (the page itself carries none).
 TEST_F(PipelineJob, ThePageBeyondLoopbackNeedsItsToken) {
-  PipelineCoordinatorOptions o = coordinator_options();
+  JobCoordinatorOptions o = coordinator_options();
   o.http = "0.0.0.0:0";
   o.http_token = "page-token-for-the-test";
-  auto coord = value_of(PipelineCoordinator::start(job(2, 2), o));
+  auto coord = value_of(JobCoordinator::start(job(2, 2), o));
   const int port = coord->http()->port();
   EXPECT_EQ(status_of(http_get(port, "/")), 200);
   for (const char* path : {"/metrics", "/api/status", "/api/page"}) {
@@ -379,16 +379,16 @@ TEST_F(PipelineJob, ThePageBeyondLoopbackNeedsItsToken) {
   }
   EXPECT_EQ(status_of(http_get(port, "/etc/passwd")), 404);
   o.http_token.clear();
-  auto refused = PipelineCoordinator::start(job(2, 2), o);
+  auto refused = JobCoordinator::start(job(2, 2), o);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.status().message().find("needs the job's page token"), std::string::npos);
 }
 
 TEST_F(PipelineJob, ASilentWorkerStopsTheJobNamingIt) {
-  PipelineJobConfig cfg = job(2, 50);
-  auto coord = value_of(PipelineCoordinator::start(cfg, coordinator_options()));
+  JobConfig cfg = job(2, 50);
+  auto coord = value_of(JobCoordinator::start(cfg, coordinator_options()));
   Status real;
-  std::thread worker([&] { real = run_pipeline_worker(worker_options(coord->endpoint())); });
+  std::thread worker([&] { real = run_job_worker(worker_options(coord->endpoint())); });
   // The other "worker" joins and then falls silent, as a crashed machine would.
   UcxOptions uo;
   uo.tls = std::getenv("LH_TEST_UCX_TLS") ? std::getenv("LH_TEST_UCX_TLS") : "tcp";

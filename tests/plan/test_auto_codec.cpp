@@ -361,7 +361,7 @@ TEST(AutoCodec, LadderAndAutoLinksOfAJob) {
   EXPECT_NE(parse_auto_ladder("none,,int4").status().message().find("entry ''"), std::string::npos);
   EXPECT_NE(parse_auto_ladder("none,int9").status().message().find("int9"), std::string::npos);
   EXPECT_FALSE(parse_auto_ladder("auto").ok());
-  PipelineJobConfig job;
+  JobConfig job;
   job.workers = job.pp = 3;
   job.train.model.layers = 3;
   job.compress_fwd = "auto";
@@ -383,7 +383,7 @@ TEST(AutoCodec, LadderAndAutoLinksOfAJob) {
   EXPECT_NE(job.validate().message().find("--auto-every"), std::string::npos);
   // Through JSON (the Plan) and back.
   job.auto_every = 7;
-  auto again = value_of(PipelineJobConfig::from_json(job.to_json().dump()));
+  auto again = value_of(JobConfig::from_json(job.to_json().dump()));
   EXPECT_EQ(again.auto_every, 7);
   EXPECT_EQ(again.compress_fwd, "auto");
 }

@@ -1,4 +1,4 @@
-// Tests for PipelineJobConfig (validation naming the flag, JSON round trip and field errors) and the
+// Tests for JobConfig (validation naming the flag, JSON round trip and field errors) and the
 // codec plan / change conversions to the control messages. Label `plan`.
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 namespace lh {
 namespace {
 
-PipelineJobConfig four_stages() {
-  PipelineJobConfig c;
+JobConfig four_stages() {
+  JobConfig c;
   c.train.model.layers = 8;
   c.train.batch = 8;
   c.workers = c.pp = 4;
@@ -27,8 +27,8 @@ PipelineJobConfig four_stages() {
   return c;
 }
 
-TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
-  PipelineJobConfig c = four_stages();
+TEST(JobConfig, ValidatesAndBuildsThePieces) {
+  JobConfig c = four_stages();
   ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
   EXPECT_EQ(value_of(c.make_partition()).to_string(), "3,2,2,1");
   EXPECT_EQ(value_of(c.codec_plan()).spec({1, 2}, LinkDir::kFwd), "int4");
@@ -36,49 +36,47 @@ TEST(PipelineJobConfig, ValidatesAndBuildsThePieces) {
   EXPECT_EQ(value_of(c.make_partition()).to_string(), "2,2,2,2");
 
   struct Case {
-    void (*change)(PipelineJobConfig&);
+    void (*change)(JobConfig&);
     const char* says;
   };
   const Case cases[] = {
-      {[](PipelineJobConfig& c) { c.workers = 3; }, "--workers 3 does not equal"},
-      {[](PipelineJobConfig& c) { c.partition = "3,3,1,1,0"; }, "--partition"},
-      {[](PipelineJobConfig& c) { c.microbatches = 3; }, "does not split into --dp 1 replicas × --microbatches 3"},
-      {[](PipelineJobConfig& c) { c.workers = 12, c.dp = 3; }, "--batch 8 does not split into --dp 3 replicas"},
-      {[](PipelineJobConfig& c) { c.workers = 8, c.dp = 2, c.compress_grad = "delta"; }, "--compress-grad 'delta'"},
-      {[](PipelineJobConfig& c) { c.sync = "diloco:H=-1"; }, "H must be an integer >= 1"},
-      {[](PipelineJobConfig& c) { c.sync = "diloco", c.compress_grad = "powersgd"; }, "--sync every-step"},
-      {[](PipelineJobConfig& c) { c.microbatches = 0; }, "--microbatches must be at least 1"},
-      {[](PipelineJobConfig& c) { c.compress_link = {"3-4:fwd=int8"}; }, "'3-4'"},
-      {[](PipelineJobConfig& c) { c.compress_fwd = "int3"; }, "--compress-fwd"},
+      {[](JobConfig& c) { c.workers = 3; }, "--workers 3 does not equal"},
+      {[](JobConfig& c) { c.partition = "3,3,1,1,0"; }, "--partition"},
+      {[](JobConfig& c) { c.microbatches = 3; }, "does not split into --dp 1 replicas × --microbatches 3"},
+      {[](JobConfig& c) { c.workers = 12, c.dp = 3; }, "--batch 8 does not split into --dp 3 replicas"},
+      {[](JobConfig& c) { c.workers = 8, c.dp = 2, c.compress_grad = "delta"; }, "--compress-grad 'delta'"},
+      {[](JobConfig& c) { c.sync = "diloco:H=-1"; }, "H must be an integer >= 1"},
+      {[](JobConfig& c) { c.sync = "diloco", c.compress_grad = "powersgd"; }, "--sync every-step"},
+      {[](JobConfig& c) { c.microbatches = 0; }, "--microbatches must be at least 1"},
+      {[](JobConfig& c) { c.compress_link = {"3-4:fwd=int8"}; }, "'3-4'"},
+      {[](JobConfig& c) { c.compress_fwd = "int3"; }, "--compress-fwd"},
       // A job's links send no sample ids: delta is refused up front, not at the first step.
-      {[](PipelineJobConfig& c) { c.compress_bwd = "delta+int8"; }, "delta needs each sample's id"},
-      {[](PipelineJobConfig& c) { c.compress_link = {"1-2:fwd=delta"}; }, "delta needs each sample's id"},
-      {[](PipelineJobConfig& c) { c.train.steps = 0; }, "--steps"},
-      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2; }, "with --subspace-k: tensor parallelism does not"},
-      {[](PipelineJobConfig& c) { c.workers = 12, c.tp = 3, c.train.model.subspace_k = 0; },
+      {[](JobConfig& c) { c.compress_bwd = "delta+int8"; }, "delta needs each sample's id"},
+      {[](JobConfig& c) { c.compress_link = {"1-2:fwd=delta"}; }, "delta needs each sample's id"},
+      {[](JobConfig& c) { c.train.steps = 0; }, "--steps"},
+      {[](JobConfig& c) { c.workers = 8, c.tp = 2; }, "with --subspace-k: tensor parallelism does not"},
+      {[](JobConfig& c) { c.workers = 12, c.tp = 3, c.train.model.subspace_k = 0; },
        "--tp 3 does not divide the model's 4 heads; give the shards whole heads with --tp-split 2:1:1"},
-      {[](PipelineJobConfig& c) { c.tp_split = "3:1"; }, "--tp-split 3:1 needs --tp > 1"},
-      {[](PipelineJobConfig& c) { c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.compress_tp = "int3"; },
+      {[](JobConfig& c) { c.tp_split = "3:1"; }, "--tp-split 3:1 needs --tp > 1"},
+      {[](JobConfig& c) { c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.compress_tp = "int3"; },
        "--compress-tp 'int3'"},
-      {[](PipelineJobConfig& c) {
+      {[](JobConfig& c) {
          c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.microbatches = 8, c.train.batch = 1024,
          c.train.model.layers = 1024, c.partition = "";
        },
        "use fewer --microbatches or more stages"},
-      {[](PipelineJobConfig& c) {
-         c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.compress_link = {"t0-t1=int8"};
-       },
+      {[](JobConfig& c) { c.workers = 8, c.tp = 2, c.train.model.subspace_k = 0, c.compress_link = {"t0-t1=int8"}; },
        "a tp group's sums use one codec, --compress-tp"},
   };
   for (const Case& k : cases) {
-    PipelineJobConfig bad = four_stages();
+    JobConfig bad = four_stages();
     k.change(bad);
     expect_error(bad.validate(), k.says);
   }
 }
 
-TEST(PipelineJobConfig, ReplicaLinkOverridesSetEachGroupsGradientCodec) {
-  PipelineJobConfig c = four_stages();
+TEST(JobConfig, ReplicaLinkOverridesSetEachGroupsGradientCodec) {
+  JobConfig c = four_stages();
   c.pp = 2;
   c.dp = 2;
   c.workers = 4;
@@ -96,7 +94,7 @@ TEST(PipelineJobConfig, ReplicaLinkOverridesSetEachGroupsGradientCodec) {
            {"d0-d1=lowrank:rank=2", "'lowrank' cannot compress"},
            {"d0-d1=int9", "int9"},
        }) {
-    PipelineJobConfig bad = c;
+    JobConfig bad = c;
     bad.compress_link = {entry};
     Status s = bad.validate();
     ASSERT_FALSE(s.ok()) << entry;
@@ -105,10 +103,10 @@ TEST(PipelineJobConfig, ReplicaLinkOverridesSetEachGroupsGradientCodec) {
   }
 }
 
-TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
-  const PipelineJobConfig c = four_stages();
+TEST(JobConfig, JsonRoundTripAndFieldErrors) {
+  const JobConfig c = four_stages();
   const nlohmann::json j = c.to_json();
-  PipelineJobConfig back = value_of(PipelineJobConfig::from_json(j.dump()));
+  JobConfig back = value_of(JobConfig::from_json(j.dump()));
   EXPECT_EQ(back.to_json(), j);
   EXPECT_EQ(back.train.seed, c.train.seed);
   EXPECT_EQ(back.train.model, c.train.model);
@@ -120,7 +118,7 @@ TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
       k.erase(k.find(pointer.substr(1)));
     else
       k[nlohmann::json::json_pointer(pointer)] = value;
-    return PipelineJobConfig::from_json(k.dump()).status();
+    return JobConfig::from_json(k.dump()).status();
   };
   const nlohmann::json gone = nlohmann::json(nlohmann::json::value_t::discarded);
   expect_error(with("/pp", gone), "field 'pp': missing");
@@ -133,16 +131,16 @@ TEST(PipelineJobConfig, JsonRoundTripAndFieldErrors) {
   expect_error(with("/compress_link", nlohmann::json::array({1})), "field 'compress_link'");
   expect_error(with("/model", 3), "field 'model': expected an object");
   expect_error(with("/workers", 5), "--workers 5");
-  expect_error(PipelineJobConfig::from_json("{").status(), "not valid JSON");
-  expect_error(PipelineJobConfig::from_json(R"({"steps": 1e999})").status(), "not valid JSON");
-  expect_error(PipelineJobConfig::from_json("[]").status(), "expected a JSON object");
+  expect_error(JobConfig::from_json("{").status(), "not valid JSON");
+  expect_error(JobConfig::from_json(R"({"steps": 1e999})").status(), "not valid JSON");
+  expect_error(JobConfig::from_json("[]").status(), "expected a JSON object");
 }
 
 // --elastic: a job without one replica keeps the others' slices of the original global batch, round-trips through
 // JSON (the plan carries it), resumes from the same checkpoints (the resume hash ignores the replicas), and refuses
 // slices that do not fit.
-TEST(PipelineJobConfig, WithoutAReplicaKeepsTheOthersSlices) {
-  PipelineJobConfig c = four_stages();
+TEST(JobConfig, WithoutAReplicaKeepsTheOthersSlices) {
+  JobConfig c = four_stages();
   c.pp = 2;
   c.dp = 3;
   c.workers = 6;
@@ -153,20 +151,20 @@ TEST(PipelineJobConfig, WithoutAReplicaKeepsTheOthersSlices) {
   ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
   EXPECT_EQ(c.slices(), 3);
   EXPECT_EQ(c.slice_of(2), 2);
-  PipelineJobConfig two = value_of(c.without_replica(1));
+  JobConfig two = value_of(c.without_replica(1));
   EXPECT_EQ(two.dp, 2);
   EXPECT_EQ(two.workers, 4);
   EXPECT_EQ(two.slices(), 3);
   EXPECT_EQ(two.slice_of(0), 0);
   EXPECT_EQ(two.slice_of(1), 2);
   EXPECT_EQ(two.resume_hash(), c.resume_hash());
-  PipelineJobConfig one = value_of(two.without_replica(0));
+  JobConfig one = value_of(two.without_replica(0));
   EXPECT_EQ(one.replica_slices, std::vector<int>{2});
   EXPECT_EQ(one.slices(), 3);
-  EXPECT_EQ(value_of(PipelineJobConfig::from_json(one.to_json().dump())).to_json(), one.to_json());
+  EXPECT_EQ(value_of(JobConfig::from_json(one.to_json().dump())).to_json(), one.to_json());
   expect_error(one.without_replica(0).status(), "one replica");
   expect_error(c.without_replica(3).status(), "replica 3 outside 0..2");
-  PipelineJobConfig bad = two;
+  JobConfig bad = two;
   bad.replica_slices = {2, 0};
   expect_error(bad.validate(), "replica slices must rise");
   bad.replica_slices = {0, 3};
@@ -175,26 +173,26 @@ TEST(PipelineJobConfig, WithoutAReplicaKeepsTheOthersSlices) {
   expect_error(bad.validate(), "1 replica slices of 3 for --dp 2");
   nlohmann::json j = two.to_json();
   j["replica_slices"] = "0,2";
-  expect_error(PipelineJobConfig::from_json(j.dump()).status(), "field 'replica_slices'");
+  expect_error(JobConfig::from_json(j.dump()).status(), "field 'replica_slices'");
 }
 
-TEST(PipelineJobConfig, SpeedPartitionIsSettledAtPlanning) {
-  PipelineJobConfig c = four_stages();
+TEST(JobConfig, SpeedPartitionIsSettledAtPlanning) {
+  JobConfig c = four_stages();
   c.partition = "speed";
   ASSERT_TRUE(c.validate().ok()) << c.validate().to_string();
   EXPECT_EQ(value_of(c.make_partition()).to_string(), "2,2,2,2");  // until planned
   EXPECT_EQ(value_of(c.planned_partition({3, 1, 1, 1})), "5,1,1,1");
   EXPECT_EQ(value_of(c.planned_partition({3, 0, 1, 1})), "2,2,2,2");  // a speed unknown: even
   expect_error(c.planned_partition({1, 1}).status(), "2 speeds for 4 workers");
-  EXPECT_EQ(value_of(PipelineJobConfig::from_json(c.to_json().dump())).partition, "speed");
+  EXPECT_EQ(value_of(JobConfig::from_json(c.to_json().dump())).partition, "speed");
   c.partition = "3,2,2,1";
   EXPECT_EQ(value_of(c.planned_partition({})), "3,2,2,1");
   c.partition.clear();
   EXPECT_EQ(value_of(c.planned_partition({})), "");
 }
 
-TEST(PipelineJobConfig, TensorShardSplitsAndTheirSpeedPlan) {
-  PipelineJobConfig c = four_stages();
+TEST(JobConfig, TensorShardSplitsAndTheirSpeedPlan) {
+  JobConfig c = four_stages();
   c.train.model.subspace_k = 0;
   c.train.model.heads = 4;
   c.workers = 16;  // pp 4 × tp 2 × dp 2
@@ -205,7 +203,7 @@ TEST(PipelineJobConfig, TensorShardSplitsAndTheirSpeedPlan) {
   EXPECT_EQ(value_of(c.tp_heads_split()), (std::vector<int>{2, 2}));
   c.tp_split = "3:1";
   EXPECT_EQ(value_of(c.tp_heads_split()), (std::vector<int>{3, 1}));
-  const PipelineJobConfig back = value_of(PipelineJobConfig::from_json(c.to_json().dump()));
+  const JobConfig back = value_of(JobConfig::from_json(c.to_json().dump()));
   EXPECT_EQ(back.tp_split, "3:1");
   EXPECT_EQ(back.compress_tp, "lowrank:rank=8+int8");
   c.tp_split = "speed";
@@ -225,13 +223,13 @@ TEST(PipelineJobConfig, TensorShardSplitsAndTheirSpeedPlan) {
   for (int r = 0; r < 4; ++r) stage_speeds[r] = 3.0;  // stage 0's four workers
   stage_speeds[2] = 2.0;
   EXPECT_EQ(value_of(c.planned_partition(stage_speeds)),
-            value_of(PipelineJobConfig(c).planned_partition({2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})));
+            value_of(JobConfig(c).planned_partition({2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1})));
 }
 
 // --dp-split: weights become sequences per replica in whole microbatches, the slowest replica's share minimised;
 // "speed" is planned from each replica's slowest worker; what cannot be split is named.
-TEST(PipelineJobConfig, ReplicaSharesOfTheBatch) {
-  PipelineJobConfig c;
+TEST(JobConfig, ReplicaSharesOfTheBatch) {
+  JobConfig c;
   c.train.model.layers = 4;
   c.train.batch = 16;
   c.workers = 4;
@@ -246,7 +244,7 @@ TEST(PipelineJobConfig, ReplicaSharesOfTheBatch) {
   EXPECT_EQ(value_of(c.dp_rows()), (std::vector<int>{2, 14}));  // at least one microbatch each
   c.dp_split = "2.5:2.5";
   EXPECT_EQ(value_of(c.dp_rows()), (std::vector<int>{8, 8}));
-  EXPECT_EQ(value_of(PipelineJobConfig::from_json(c.to_json().dump())).dp_split, "2.5:2.5");
+  EXPECT_EQ(value_of(JobConfig::from_json(c.to_json().dump())).dp_split, "2.5:2.5");
   // Each replica takes its slowest worker (ranks: stage · dp + replica): replica 1's worker on stage 1 is 3x slower.
   c.dp_split = "speed";
   ASSERT_TRUE(c.validate().ok());
@@ -254,7 +252,7 @@ TEST(PipelineJobConfig, ReplicaSharesOfTheBatch) {
   EXPECT_EQ(value_of(c.planned_dp_split({3, 3, 3, 1})), "12:4");
   expect_error(c.planned_dp_split({1, 1}).status(), "2 speeds for 4 workers");
   // The resume hash does not depend on how the batch is shared.
-  PipelineJobConfig even = c;
+  JobConfig even = c;
   even.dp_split = "";
   EXPECT_EQ(c.resume_hash(), even.resume_hash());
   for (const auto& [split, says] :
@@ -357,10 +355,10 @@ TEST(PlanCodecs, SetCodecMessagesBecomeStepAlignedChanges) {
 
 // The data plane's bounds come from the job: above every tensor the job sends (the whole model's parameters, counted
 // by the model itself; the batch's activations), and far below the 16 GiB a plane allows when nothing says more.
-TEST(PipelineJobConfig, DataPlaneBoundsCoverTheJobsLargestTensors) {
+TEST(JobConfig, DataPlaneBoundsCoverTheJobsLargestTensors) {
   for (const char* preset : {"tiny", "small", "base"}) {
     SCOPED_TRACE(preset);
-    PipelineJobConfig c;
+    JobConfig c;
     c.train.model = value_of(gpt_preset(preset));
     for (bool tied : {false, true}) {
       c.train.model.tied_head = tied;

@@ -121,8 +121,8 @@ TEST(Cluster, BadDescriptionsNameTheField) {
   expect_error(Cluster::load("/nonexistent/c.json").status(), "cluster file /nonexistent/c.json: cannot be read");
 }
 
-PipelineJobConfig pipeline_job(int stages, int microbatches) {
-  PipelineJobConfig j;
+JobConfig pipeline_job(int stages, int microbatches) {
+  JobConfig j;
   j.train.model.layers = 4;
   j.train.model.d_model = 64;
   j.train.model.heads = 2;
@@ -137,7 +137,7 @@ PipelineJobConfig pipeline_job(int stages, int microbatches) {
 // (here within 1%: the last stage's head of 256 outputs adds 1% to its blocks' work).
 TEST(Planner, EqualStagesOnFreeLinksHaveTheTheoreticalBubble) {
   for (int M : {1, 2, 4, 8}) {
-    PipelineJobConfig j = pipeline_job(4, M);
+    JobConfig j = pipeline_job(4, M);
     j.train.model.d_model = 1024;
     Cluster c = Cluster::uniform(4, 10, 1e15, 0);
     JobPlan p = value_of(evaluate_plan(c, j));
@@ -154,7 +154,7 @@ TEST(Planner, EqualStagesOnFreeLinksHaveTheTheoreticalBubble) {
 // A link-bound job: transfers are packet bytes over the bandwidth, and the step is at least every transfer of the
 // slow direction plus one latency each way. --link caps the cluster's links and adds its delay.
 TEST(Planner, LinkBoundStepsAreBytesOverRateAndLatency) {
-  PipelineJobConfig j = pipeline_job(2, 4);
+  JobConfig j = pipeline_job(2, 4);
   j.schedule = ScheduleKind::kGPipe;
   j.compress_fwd = "int8";
   Cluster c = Cluster::uniform(2, 10, 1e15, 0);
@@ -183,7 +183,7 @@ TEST(Planner, LinkBoundStepsAreBytesOverRateAndLatency) {
 }
 
 TEST(Planner, SlowdownAndAutoFollowTheJob) {
-  PipelineJobConfig j = pipeline_job(2, 4);
+  JobConfig j = pipeline_job(2, 4);
   Cluster c = Cluster::uniform(2, 10, 1e15, 0);
   JobPlan base = value_of(evaluate_plan(c, j));
   j.slowdown = {"1=3"};
@@ -209,7 +209,7 @@ TEST(Planner, AutoLinksSettleWithinTheToleranceOfTheFastestStep) {
   const std::vector<std::string> ladder = {"none", "bf16", "int8", "int4"};
   std::map<std::string, int> lossiness;
   for (const char* slowdown : {"", "1=40"}) {
-    PipelineJobConfig j = pipeline_job(4, 4);
+    JobConfig j = pipeline_job(4, 4);
     j.train.model.d_model = 256;
     j.links = {"10M,50ms"};
     if (*slowdown) j.slowdown = {slowdown};
@@ -237,7 +237,7 @@ TEST(Planner, AutoLinksSettleWithinTheToleranceOfTheFastestStep) {
         const std::string& now = (dir == 0 ? a.fwd_codec : a.bwd_codec)[l];
         const int idx = int(std::find(ladder.begin(), ladder.end(), now) - ladder.begin());
         if (idx == 0) continue;
-        PipelineJobConfig t = j;
+        JobConfig t = j;
         t.compress_fwd = t.compress_bwd = "none";
         for (size_t m = 0; m < a.fwd_codec.size(); ++m)
           for (int e = 0; e < 2; ++e) {
@@ -259,7 +259,7 @@ TEST(Planner, AutoLinksSettleWithinTheToleranceOfTheFastestStep) {
 // predicted slower than the speed split or the even one, and the last stage (which also holds the head) no fuller
 // than the others on equal machines.
 TEST(Planner, PartitionAutoIsNeverPredictedSlowerThanSpeedOrEven) {
-  PipelineJobConfig j = pipeline_job(4, 4);
+  JobConfig j = pipeline_job(4, 4);
   j.train.model.layers = 12;
   j.train.model.d_model = 128;
   Cluster c = Cluster::uniform(4, 10, 1e15, 0);
@@ -287,7 +287,7 @@ TEST(Planner, PartitionAutoIsNeverPredictedSlowerThanSpeedOrEven) {
 // --dp-split speed: a replica on a slower machine gets a smaller share, and the step is predicted shorter than with
 // equal shares (where the slow replica sets the pace).
 TEST(Planner, UnequalSharesSpeedUpAJobWithASlowReplica) {
-  PipelineJobConfig j = pipeline_job(1, 2);
+  JobConfig j = pipeline_job(1, 2);
   j.workers = 2;
   j.dp = 2;
   j.train.batch = 16;
@@ -307,7 +307,7 @@ TEST(Planner, UnequalSharesSpeedUpAJobWithASlowReplica) {
 }
 
 TEST(Planner, FlopsPerStepMatchTheModelsCount) {
-  PipelineJobConfig j = pipeline_job(2, 2);
+  JobConfig j = pipeline_job(2, 2);
   j.partition = "3,1";
   const std::vector<double> f = value_of(train_flops_per_step(j));
   ASSERT_EQ(f.size(), 2u);
@@ -349,7 +349,7 @@ TEST(Planner, ASlowWorkerGetsFewerBlocks) {
     if (s != slow_stage) {
       EXPECT_LT(four->partition[size_t(slow_stage)], four->partition[size_t(s)]) << four->describe();
     }
-  PipelineJobConfig even;
+  JobConfig even;
   even.train = t;
   even.workers = even.pp = 4;
   even.microbatches = four->microbatches;
@@ -383,7 +383,7 @@ TEST(Planner, TheBestPlanSparesTheSlowLink) {
       }
     }
   // Four stages in a row over the slow link, uncompressed, is what the plan must beat.
-  PipelineJobConfig naive;
+  JobConfig naive;
   naive.train = t;
   naive.workers = naive.pp = 4;
   naive.microbatches = 4;
@@ -399,7 +399,7 @@ TEST(Planner, ImpossiblePlansSayWhy) {
   PlanOptions bad;
   bad.ladder = {"none", "int3"};
   expect_error(search_plans(Cluster::uniform(2, 1, 1e9, 0), small_model(4), bad).status(), "--ladder entry 'int3'");
-  PipelineJobConfig j = pipeline_job(4, 2);
+  JobConfig j = pipeline_job(4, 2);
   expect_error(evaluate_plan(Cluster::uniform(2, 1, 1e9, 0), j).status(), "the job has 4 workers, the cluster 2");
 }
 

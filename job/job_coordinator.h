@@ -1,4 +1,4 @@
-// defines: lh::PipelineCoordinator — the coordinator of a pipeline job: it plans workers (rank, stage,
+// defines: lh::JobCoordinator — the coordinator of a pipeline job: it plans workers (rank, stage,
 // peers, codecs, job config), gathers their step metrics into the job's file, serves `ctl status` and
 // `ctl set-codec` (scheduled at a step boundary ahead of every worker), and ends the job with the name
 // of any worker lost. Used by `longhaul coordinator` and `longhaul launch`.
@@ -29,7 +29,7 @@
 
 namespace lh {
 
-struct PipelineCoordinatorOptions {
+struct JobCoordinatorOptions {
   CoordinatorOptions control;  // listen address, token, heartbeats (expected_workers is set from the job)
   std::string metrics_path;    // the job's JSON-lines metrics; empty: memory only
   // Job checkpoints (the job's checkpoint_every sets how often): committed here, `keep` of them kept.
@@ -38,7 +38,7 @@ struct PipelineCoordinatorOptions {
   // Start from the newest usable checkpoint in checkpoint_dir (none: from the beginning, with a warning).
   bool resume = false;
   // --elastic (dp > 1): a lost worker's replica is dropped at the rollback instead of waiting for a replacement
-  // (when no standby waits); see PipelineJobConfig::without_replica.
+  // (when no standby waits); see JobConfig::without_replica.
   bool elastic = false;
   // --http ADDR:PORT: the live page (/), /metrics (Prometheus) and /api/status, /api/page; empty: none. Beyond
   // loopback every request for data needs `http_token` (JobSecret::page_token) as "Authorization: Bearer …".
@@ -46,10 +46,9 @@ struct PipelineCoordinatorOptions {
   std::string http_token;
 };
 
-class PipelineCoordinator {
+class JobCoordinator {
  public:
-  static Result<std::unique_ptr<PipelineCoordinator>> start(const PipelineJobConfig& job,
-                                                            const PipelineCoordinatorOptions& options);
+  static Result<std::unique_ptr<JobCoordinator>> start(const JobConfig& job, const JobCoordinatorOptions& options);
   const std::string& endpoint() const { return coordinator_->endpoint(); }
 
   // Blocks until every worker has left or one was lost: OK when all finished, else an error naming
@@ -72,7 +71,7 @@ class PipelineCoordinator {
   int64_t epoch() const { return coordinator_->epoch(); }
   // The job as it runs now: an --elastic job's grid shrinks when it loses replicas (and a resumed one starts with
   // its checkpoint's).
-  PipelineJobConfig job() {
+  JobConfig job() {
     std::lock_guard<std::mutex> lock(mu_);
     return job_;
   }
@@ -84,7 +83,7 @@ class PipelineCoordinator {
   //   set-link {"rule":"0-1:fwd=5M,80ms"}     → JSON with the job's link rules now
   // `ack_id` non-zero: the SetCodec messages carry it and every worker acknowledges it (CodecApplied).
   Result<std::string> handle_ctl(const std::string& command, const std::string& args, uint64_t ack_id = 0);
-  ~PipelineCoordinator();
+  ~JobCoordinator();
 
   // The live page's address ("http://HOST:PORT/"; empty without --http).
   std::string http_url() const { return http_ ? http_->url() : std::string(); }
@@ -107,7 +106,7 @@ class PipelineCoordinator {
   void settle_pending_acks(bool ok, const std::string& note);
   // "replicas" (pp = 1) or "s1 replicas": the status row of one stage's dp group.
   std::string group_label(int stage) const;
-  PipelineCoordinator(PipelineJobConfig job, Topology topology, CodecSchedule schedule)
+  JobCoordinator(JobConfig job, Topology topology, CodecSchedule schedule)
       : job_(std::move(job)), topology_(std::move(topology)), codecs_(std::move(schedule)) {}
   Result<std::vector<Plan>> make_plans(const std::vector<WorkerInfo>& workers);
   void on_lost(const WorkerInfo& w, const std::string& reason);
@@ -131,7 +130,7 @@ class PipelineCoordinator {
   Status restore_changes(const nlohmann::json& changes);
   // start's step for --resume: the newest checkpoint that fits the grid (an --elastic job's fewer replicas, the
   // settled partition and splits, the codec changes), or a fresh start when there is none.
-  Status resume_from_checkpoint(const PipelineJobConfig& job, const PipelineCoordinatorOptions& options);
+  Status resume_from_checkpoint(const JobConfig& job, const JobCoordinatorOptions& options);
   // What the control-plane coordinator calls back into this one for (plans, metrics, joins, losses, ctl, shards).
   CoordinatorHooks control_hooks();
   nlohmann::json status_json();
@@ -140,7 +139,7 @@ class PipelineCoordinator {
   Status grid_fits(const nlohmann::json& manifest, bool smaller_too) const;
   Result<int> checkpoint_rank(const JobCheckpoint& ck, int rank) const;
   // Makes `next` (a smaller grid of the same job) the job's: topology, codec history, checkpoint store.
-  Status regrid_locked(const PipelineJobConfig& next);
+  Status regrid_locked(const JobConfig& next);
   // --elastic, at a rollback: goes on without the replicas of the `vacant` ranks, if a whole replica is left.
   void drop_replicas(const std::set<int>& vacant);
   // Adaptive compression (--compress-fwd/--compress-bwd/--compress-link … auto): the decider for this grid.
@@ -150,7 +149,7 @@ class PipelineCoordinator {
   // schedule codec changes now) and given the decisions about the worker's outgoing links made since its last line.
   std::string observe_auto(int rank, int64_t step, const std::string& line);
 
-  PipelineJobConfig job_;
+  JobConfig job_;
   Topology topology_;
   std::mutex mu_;  // guards codecs_ and failure_
   CodecSchedule codecs_;
@@ -194,7 +193,7 @@ class PipelineCoordinator {
   int64_t preempt_at_ = -1;             // the step the workers checkpoint after and stop (guarded by mu_)
   std::string preempt_reason_;          // guarded by mu_
   void note(int64_t step, const std::string& kind, const std::string& text) { history_->event(step, kind, text); }
-  Status start_http(const PipelineCoordinatorOptions& options);
+  Status start_http(const JobCoordinatorOptions& options);
   std::unique_ptr<HttpServer> http_;  // stopped first: its handlers read everything above
 };
 

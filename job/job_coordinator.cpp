@@ -1,6 +1,6 @@
 // The pipeline job's coordinator: plans, metrics, ctl status / set-codec / set-link, and lost workers.
 // Used by `longhaul coordinator` and `longhaul launch`.
-#include "job/pipeline_coordinator.h"
+#include "job/job_coordinator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,12 +17,12 @@
 
 namespace lh {
 
-Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const PipelineJobConfig& job,
-                                                                        const PipelineCoordinatorOptions& options) {
+Result<std::unique_ptr<JobCoordinator>> JobCoordinator::start(const JobConfig& job,
+                                                              const JobCoordinatorOptions& options) {
   LH_RETURN_IF_ERROR(job.validate());
   LH_ASSIGN_OR_RETURN(Topology topology, job.topology());
   LH_ASSIGN_OR_RETURN(CodecPlan plan, job.codec_plan());
-  std::unique_ptr<PipelineCoordinator> c(new PipelineCoordinator(job, topology, CodecSchedule(topology, plan)));
+  std::unique_ptr<JobCoordinator> c(new JobCoordinator(job, topology, CodecSchedule(topology, plan)));
   if (options.resume && options.checkpoint_dir.empty())
     return invalid_argument("--resume needs --checkpoint-dir (where the job's checkpoints are)");
   c->elastic_ = options.elastic;
@@ -59,8 +59,7 @@ Result<std::unique_ptr<PipelineCoordinator>> PipelineCoordinator::start(const Pi
   return c;
 }
 
-Status PipelineCoordinator::resume_from_checkpoint(const PipelineJobConfig& job,
-                                                   const PipelineCoordinatorOptions& options) {
+Status JobCoordinator::resume_from_checkpoint(const JobConfig& job, const JobCoordinatorOptions& options) {
   std::vector<std::string> warnings;
   auto ck = store_->load_latest(&warnings, [this](const nlohmann::json& m) { return grid_fits(m, true); });
   for (const std::string& w : warnings) LH_LOG_WARN("coordinator: {}", w);
@@ -70,9 +69,9 @@ Status PipelineCoordinator::resume_from_checkpoint(const PipelineJobConfig& job,
                             "' can be used (the newest: " + warnings.front() + ")");
   if (ck.ok()) {
     const nlohmann::json& saved_job = ck->manifest.contains("job") ? ck->manifest["job"] : nlohmann::json();
-    if (auto saved = PipelineJobConfig::from_json(saved_job.dump()); saved.ok() && saved->dp < job_.dp) {
+    if (auto saved = JobConfig::from_json(saved_job.dump()); saved.ok() && saved->dp < job_.dp) {
       // An --elastic job that went on with fewer replicas goes on with them.
-      PipelineJobConfig next = job_;
+      JobConfig next = job_;
       next.dp = saved->dp;
       next.workers = saved->workers;
       next.batch_slices = saved->batch_slices;
@@ -111,8 +110,8 @@ Status PipelineCoordinator::resume_from_checkpoint(const PipelineJobConfig& job,
   return Status::Ok();
 }
 
-CoordinatorHooks PipelineCoordinator::control_hooks() {
-  PipelineCoordinator* self = this;
+CoordinatorHooks JobCoordinator::control_hooks() {
+  JobCoordinator* self = this;
   CoordinatorHooks hooks;
   hooks.make_plans = [self](const std::vector<WorkerInfo>& w) { return self->make_plans(w); };
   hooks.on_metrics = [self](const StepMetrics& m) {
@@ -157,7 +156,7 @@ CoordinatorHooks PipelineCoordinator::control_hooks() {
   return hooks;
 }
 
-Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<WorkerInfo>& workers) {
+Result<std::vector<Plan>> JobCoordinator::make_plans(const std::vector<WorkerInfo>& workers) {
   if (static_cast<int>(workers.size()) != topology_.workers())
     return internal_error("planning " + std::to_string(workers.size()) + " workers for a job of " +
                           std::to_string(topology_.workers()));
@@ -235,7 +234,7 @@ Result<std::vector<Plan>> PipelineCoordinator::make_plans(const std::vector<Work
   return plans;
 }
 
-void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason) {
+void JobCoordinator::on_lost(const WorkerInfo& w, const std::string& reason) {
   // The coordinator reports a leaving worker's own words as "left: <reason>"; workers that finished
   // their steps say "done".
   const std::string said = reason.rfind("left: ", 0) == 0 ? reason.substr(6) : reason;
@@ -253,14 +252,14 @@ void PipelineCoordinator::on_lost(const WorkerInfo& w, const std::string& reason
   coordinator_->shutdown(why);
 }
 
-bool PipelineCoordinator::claim_failure(const std::string& why) {
+bool JobCoordinator::claim_failure(const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failure_) return false;
   failure_ = unavailable(why);
   return true;
 }
 
-std::vector<SetCodec> PipelineCoordinator::changes_locked() const {
+std::vector<SetCodec> JobCoordinator::changes_locked() const {
   std::vector<SetCodec> out;
   for (const CodecChange& c : codecs_.changes()) {
     SetCodec m = set_codec_message(c, topology_);
@@ -281,7 +280,7 @@ std::vector<SetCodec> PipelineCoordinator::changes_locked() const {
   return out;
 }
 
-Status PipelineCoordinator::restore_changes(const nlohmann::json& changes) {
+Status JobCoordinator::restore_changes(const nlohmann::json& changes) {
   if (!changes.is_array()) return corrupt("the manifest's changes are not a list");
   std::lock_guard<std::mutex> lock(mu_);
   try {
@@ -307,7 +306,7 @@ Status PipelineCoordinator::restore_changes(const nlohmann::json& changes) {
   return Status::Ok();
 }
 
-void PipelineCoordinator::on_shard(const ShardSaved& sh) {
+void JobCoordinator::on_shard(const ShardSaved& sh) {
   if (!store_) {
     LH_LOG_WARN("coordinator: rank {} sent a checkpoint shard, but the job has no --checkpoint-dir", sh.rank);
     return;
@@ -335,7 +334,7 @@ void PipelineCoordinator::on_shard(const ShardSaved& sh) {
   enqueue_write([this, sh] { save_shard(sh); });
 }
 
-void PipelineCoordinator::save_shard(const ShardSaved& sh) {
+void JobCoordinator::save_shard(const ShardSaved& sh) {
   auto complete = store_->add_shard(sh.step, sh.rank, std::string(sh.bytes.begin(), sh.bytes.end()));
   if (!complete.ok()) {
     LH_LOG_WARN("coordinator: checkpoint shard of rank {} for step {} not saved: {}", sh.rank, sh.step,
@@ -363,7 +362,7 @@ void PipelineCoordinator::save_shard(const ShardSaved& sh) {
   }
 }
 
-bool PipelineCoordinator::on_resume_failed(const ResumeFailed& rf) {
+bool JobCoordinator::on_resume_failed(const ResumeFailed& rf) {
   drain_writes();
   int64_t resuming = 0;
   {
@@ -381,7 +380,7 @@ bool PipelineCoordinator::on_resume_failed(const ResumeFailed& rf) {
   return true;
 }
 
-void PipelineCoordinator::enqueue_write(std::function<void()> fn) {
+void JobCoordinator::enqueue_write(std::function<void()> fn) {
   std::lock_guard<std::mutex> lock(writer_mu_);
   if (!writer_.joinable())
     writer_ = std::thread([this] {
@@ -403,12 +402,12 @@ void PipelineCoordinator::enqueue_write(std::function<void()> fn) {
   writer_cv_.notify_all();
 }
 
-void PipelineCoordinator::drain_writes() {
+void JobCoordinator::drain_writes() {
   std::unique_lock<std::mutex> lock(writer_mu_);
   writer_cv_.wait(lock, [&] { return writes_.empty() && !writer_busy_; });
 }
 
-void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) {
+void JobCoordinator::on_rollback(int64_t epoch, const std::string& reason) {
   training_ = false;
   if (preempted_) {
     // The checkpoint the preemption asked for will not come: the job stops, its last committed one stands.
@@ -458,7 +457,7 @@ void PipelineCoordinator::on_rollback(int64_t epoch, const std::string& reason) 
 }
 
 namespace {
-std::vector<int> slice_list(const PipelineJobConfig& j) {
+std::vector<int> slice_list(const JobConfig& j) {
   std::vector<int> out;
   for (int d = 0; d < j.dp; ++d) out.push_back(j.slice_of(d));
   return out;
@@ -468,9 +467,9 @@ bool includes_all(const std::vector<int>& big, const std::vector<int>& small) {
 }
 }  // namespace
 
-Status PipelineCoordinator::grid_fits(const nlohmann::json& manifest, bool smaller_too) const {
+Status JobCoordinator::grid_fits(const nlohmann::json& manifest, bool smaller_too) const {
   if (!manifest.contains("job")) return corrupt("the manifest has no job");
-  auto ck = PipelineJobConfig::from_json(manifest["job"].dump());
+  auto ck = JobConfig::from_json(manifest["job"].dump());
   if (!ck.ok()) return Status(ck.status()).prepend("the manifest's job");
   const std::string grid = "pp " + std::to_string(ck->pp) + " × tp " + std::to_string(ck->tp) + " × dp " +
                            std::to_string(ck->dp) + " (" + std::to_string(ck->workers) + " workers)";
@@ -487,13 +486,13 @@ Status PipelineCoordinator::grid_fits(const nlohmann::json& manifest, bool small
                           (elastic_ ? "" : " (an --elastic job that lost replicas resumes with --elastic)"));
 }
 
-Result<int> PipelineCoordinator::checkpoint_rank(const JobCheckpoint& ck, int rank) const {
+Result<int> JobCoordinator::checkpoint_rank(const JobCheckpoint& ck, int rank) const {
   if (int(ck.shards.size()) == topology_.workers() && ck.manifest.contains("job")) {
-    auto same = PipelineJobConfig::from_json(ck.manifest["job"].dump());
+    auto same = JobConfig::from_json(ck.manifest["job"].dump());
     if (same.ok() && slice_list(*same) == slice_list(job_)) return rank;
   }
   if (!ck.manifest.contains("job")) return corrupt("checkpoint step " + std::to_string(ck.step) + ": no job");
-  auto saved = PipelineJobConfig::from_json(ck.manifest["job"].dump());
+  auto saved = JobConfig::from_json(ck.manifest["job"].dump());
   if (!saved.ok()) return Status(saved.status()).prepend("checkpoint step " + std::to_string(ck.step));
   LH_ASSIGN_OR_RETURN(Topology theirs, saved->topology());
   const WorkerCoord c = topology_.coord_of(rank);
@@ -508,7 +507,7 @@ Result<int> PipelineCoordinator::checkpoint_rank(const JobCheckpoint& ck, int ra
                           std::to_string(slice) + " of the batch (rank " + std::to_string(rank) + ")");
 }
 
-Status PipelineCoordinator::regrid_locked(const PipelineJobConfig& next) {
+Status JobCoordinator::regrid_locked(const JobConfig& next) {
   LH_ASSIGN_OR_RETURN(Topology topology, next.topology());
   CodecSchedule codecs(topology, codecs_.initial());
   for (const CodecChange& c : codecs_.changes()) LH_RETURN_IF_ERROR(codecs.schedule_change(c));
@@ -520,7 +519,7 @@ Status PipelineCoordinator::regrid_locked(const PipelineJobConfig& next) {
   return setup_auto_locked();  // the stand-in ranks of the links moved
 }
 
-void PipelineCoordinator::drop_replicas(const std::set<int>& vacant) {
+void JobCoordinator::drop_replicas(const std::set<int>& vacant) {
   std::set<int> lost;
   for (int r : vacant)
     if (r >= 0 && r < topology_.workers()) lost.insert(topology_.coord_of(r).dp);
@@ -529,7 +528,7 @@ void PipelineCoordinator::drop_replicas(const std::set<int>& vacant) {
     LH_LOG_WARN("coordinator: --elastic: every replica lost a worker; the job waits for replacements");
     return;
   }
-  PipelineJobConfig next = job_;
+  JobConfig next = job_;
   for (auto it = lost.rbegin(); it != lost.rend(); ++it) {
     auto smaller = next.without_replica(*it);
     if (!smaller.ok()) {
@@ -568,7 +567,7 @@ void PipelineCoordinator::drop_replicas(const std::set<int>& vacant) {
   if (!s.ok()) LH_LOG_ERROR("coordinator: --elastic: {}", s.message());
 }
 
-Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
+Status JobCoordinator::wait(std::chrono::milliseconds timeout) {
   if (!coordinator_->wait_done(timeout)) return unavailable("the job did not finish within the timeout");
   drain_writes();  // the last checkpoint is committed before the job is reported done
   settle_pending_acks(false, "the job ended before every worker reached the step boundary where it applies");
@@ -577,17 +576,16 @@ Status PipelineCoordinator::wait(std::chrono::milliseconds timeout) {
   const int64_t done = collector_->newest_step();
   if (preempt_at_ > 0 && done < job_.train.steps) {
     const int64_t committed = store_ ? store_->last_committed() : 0;
-    return unavailable("preempted (" + preempt_reason_ + ") after step " + std::to_string(done) + "; " +
-                       (committed == preempt_at_ ? "its checkpoint is committed"
-                        : committed > 0
-                            ? "its checkpoint is incomplete: the newest committed one is step " +
-                                  std::to_string(committed)
-                            : "no checkpoint was committed"));
+    return unavailable(
+        "preempted (" + preempt_reason_ + ") after step " + std::to_string(done) + "; " +
+        (committed == preempt_at_ ? "its checkpoint is committed"
+         : committed > 0 ? "its checkpoint is incomplete: the newest committed one is step " + std::to_string(committed)
+                         : "no checkpoint was committed"));
   }
   return Status::Ok();
 }
 
-void PipelineCoordinator::preempt(const std::string& reason) {
+void JobCoordinator::preempt(const std::string& reason) {
   if (preempted_.exchange(true)) return;
   std::string stop;
   {
@@ -623,7 +621,7 @@ void PipelineCoordinator::preempt(const std::string& reason) {
 // Adaptive compression of the replicas' gradients: one auto "link" per stage whose group's codec is auto, its
 // stand-in the pair (replica 0 → replica 1, shard 0); bytes per ladder entry: what one member sends one other per
 // step, the stage shard's gradients (direct: its whole packet; mesh: 2/dp of it).
-Status PipelineCoordinator::setup_auto_grad_locked() {
+Status JobCoordinator::setup_auto_grad_locked() {
   auto_grad_.reset();
   auto_tp_.reset();
   LH_ASSIGN_OR_RETURN(std::vector<int> stages, job_.auto_grad_stages());
@@ -699,7 +697,7 @@ Status PipelineCoordinator::setup_auto_grad_locked() {
   return Status::Ok();
 }
 
-Status PipelineCoordinator::setup_auto_locked() {
+Status JobCoordinator::setup_auto_locked() {
   LH_RETURN_IF_ERROR(setup_auto_grad_locked());
   auto_.reset();
   LH_ASSIGN_OR_RETURN(auto links, job_.auto_links());
@@ -750,7 +748,7 @@ Status PipelineCoordinator::setup_auto_locked() {
   return Status::Ok();
 }
 
-std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std::string& line) {
+std::string JobCoordinator::observe_auto(int rank, int64_t step, const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!auto_ && !auto_grad_ && !auto_tp_) return line;
   auto record = parse_step_metrics_line(line, 0, "rank " + std::to_string(rank));
@@ -820,7 +818,7 @@ std::string PipelineCoordinator::observe_auto(int rank, int64_t step, const std:
   return j.dump();
 }
 
-nlohmann::json PipelineCoordinator::status_json() {
+nlohmann::json JobCoordinator::status_json() {
   nlohmann::json links = nlohmann::json::array();
   const int64_t step = collector_->newest_step();
   auto summary = collector_->summary();
@@ -907,14 +905,14 @@ nlohmann::json PipelineCoordinator::status_json() {
           {"http_bind", http_ ? http_->host() : std::string()}};
 }
 
-std::string PipelineCoordinator::group_label(int stage) const {
+std::string JobCoordinator::group_label(int stage) const {
   return topology_.pp() > 1 ? "s" + std::to_string(stage) + " replicas" : "replicas";
 }
 
 // The replicas' gradient codec, from the next step boundary: every dp group's, or (with a link naming replica
 // links) the groups of the stages it touches — a group's all-reduce uses one codec.
-Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string& spec, const std::string& link,
-                                                               uint64_t ack_id) {
+Result<std::string> JobCoordinator::set_grad_codec_locked(const std::string& spec, const std::string& link,
+                                                          uint64_t ack_id) {
   if (topology_.dp() < 2)
     return invalid_argument("set-codec --role grad: the job has one replica (--dp 1), so no gradients cross a link");
   LH_ASSIGN_OR_RETURN(SyncConfig sync, parse_sync(job_.sync));
@@ -953,8 +951,8 @@ Result<std::string> PipelineCoordinator::set_grad_codec_locked(const std::string
 }
 
 // The tp groups' codec, from the next step boundary: every group switches together.
-Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& spec, const std::string& link,
-                                                             uint64_t ack_id) {
+Result<std::string> JobCoordinator::set_tp_codec_locked(const std::string& spec, const std::string& link,
+                                                        uint64_t ack_id) {
   if (topology_.tp() < 2)
     return invalid_argument(
         "set-codec --role tp: the job has one tensor shard per stage (--tp 1), so no partial sums "
@@ -973,8 +971,7 @@ Result<std::string> PipelineCoordinator::set_tp_codec_locked(const std::string& 
   return nlohmann::json{{"role", "tp"}, {"link", "tp shards"}, {"spec", spec}, {"from_step", from}}.dump();
 }
 
-Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, const std::string& args,
-                                                    uint64_t ack_id) {
+Result<std::string> JobCoordinator::handle_ctl(const std::string& command, const std::string& args, uint64_t ack_id) {
   if (command == "status") return status_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (command == "set-link") return set_link(args);
   if (command == "cluster") {
@@ -1041,7 +1038,7 @@ Result<std::string> PipelineCoordinator::handle_ctl(const std::string& command, 
       .dump();
 }
 
-Result<std::string> PipelineCoordinator::set_link(const std::string& args) {
+Result<std::string> JobCoordinator::set_link(const std::string& args) {
   auto j = nlohmann::json::parse(args, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object() || !j.contains("rule") || !j["rule"].is_string())
     return invalid_argument("set-link: the arguments are not a JSON object with a \"rule\" string");
@@ -1063,7 +1060,7 @@ Result<std::string> PipelineCoordinator::set_link(const std::string& args) {
   return nlohmann::json{{"rule", rule}, {"links", job_.links}}.dump();
 }
 
-PipelineCoordinator::~PipelineCoordinator() {
+JobCoordinator::~JobCoordinator() {
   http_.reset();         // no page is served after this
   coordinator_.reset();  // no hook runs after this
   {
@@ -1076,7 +1073,7 @@ PipelineCoordinator::~PipelineCoordinator() {
   pending_acks_.clear();  // the replies' sockets are gone
 }
 
-void PipelineCoordinator::handle_ctl_async(const CtlRequest& req, CoordinatorHooks::CtlReplyFn reply) {
+void JobCoordinator::handle_ctl_async(const CtlRequest& req, CoordinatorHooks::CtlReplyFn reply) {
   uint64_t id = 0;
   if (req.command == "set-codec") {
     std::lock_guard<std::mutex> lock(acks_mu_);
@@ -1089,7 +1086,7 @@ void PipelineCoordinator::handle_ctl_async(const CtlRequest& req, CoordinatorHoo
   pending_acks_[id] = PendingAck{std::move(reply), std::move(body), {}};
 }
 
-void PipelineCoordinator::on_codec_applied(const CodecApplied& ack) {
+void JobCoordinator::on_codec_applied(const CodecApplied& ack) {
   CoordinatorHooks::CtlReplyFn reply;
   Result<std::string> result = std::string();
   {
@@ -1114,7 +1111,7 @@ void PipelineCoordinator::on_codec_applied(const CodecApplied& ack) {
   reply(std::move(result));
 }
 
-void PipelineCoordinator::settle_pending_acks(bool ok, const std::string& note) {
+void JobCoordinator::settle_pending_acks(bool ok, const std::string& note) {
   std::map<uint64_t, PendingAck> pending;
   {
     std::lock_guard<std::mutex> lock(acks_mu_);
@@ -1127,10 +1124,10 @@ void PipelineCoordinator::settle_pending_acks(bool ok, const std::string& note) 
 }
 
 // The page's data (web/page.html): the status ctl shows, with the series and events a watcher needs.
-nlohmann::json PipelineCoordinator::page_json() {
+nlohmann::json JobCoordinator::page_json() {
   nlohmann::json st = status_json();
   const nlohmann::json& control = st["workers"];
-  const PipelineJobConfig j = job();
+  const JobConfig j = job();
   char title[160];
   std::snprintf(title, sizeof title, "%d stage%s × %d shard%s × %d replica%s · %lld steps", j.pp, j.pp == 1 ? "" : "s",
                 j.tp, j.tp == 1 ? "" : "s", j.dp, j.dp == 1 ? "" : "s", static_cast<long long>(j.train.steps));
@@ -1157,7 +1154,7 @@ nlohmann::json PipelineCoordinator::page_json() {
 }
 
 // /metrics: names and units as Prometheus' conventions ask (base units, _total on counters, _info for labels).
-std::string PipelineCoordinator::prometheus_text() {
+std::string JobCoordinator::prometheus_text() {
   PrometheusText p;
   const std::vector<LinkCounter> counters = history_->counters();
   auto labels = [](const LinkCounter& c) {
@@ -1189,7 +1186,7 @@ std::string PipelineCoordinator::prometheus_text() {
     p.sample("longhaul_link_codec_info",
              {{"link", l.value("link", "")}, {"dir", l.value("dir", "")}, {"codec", l.value("spec", "")}}, 1.0);
   const JobHistory::Latest latest = history_->latest();
-  const PipelineJobConfig j = job();
+  const JobConfig j = job();
   p.family("longhaul_step", "gauge", "The newest step any worker reported.");
   p.sample("longhaul_step", {}, double(latest.step));
   p.family("longhaul_steps", "gauge", "The steps the job trains.");
@@ -1243,7 +1240,7 @@ std::string PipelineCoordinator::prometheus_text() {
   return p.str();
 }
 
-Status PipelineCoordinator::start_http(const PipelineCoordinatorOptions& options) {
+Status JobCoordinator::start_http(const JobCoordinatorOptions& options) {
   if (options.http.empty()) return Status::Ok();
   auto json_response = [](const nlohmann::json& j) {
     return HttpResponse{200, "application/json", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};

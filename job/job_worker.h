@@ -1,4 +1,4 @@
-// defines: run_pipeline_worker — one worker process of a pipeline job: join the coordinator, take the
+// defines: run_job_worker — one worker process of a pipeline job: join the coordinator, take the
 // Plan (rank, peers, codecs, job config), connect the UCX data plane (optionally behind a LinkShaper),
 // train its stage step by step, apply live codec changes at step boundaries, send metrics, and stop
 // with a clear error when a peer is lost. Used by `longhaul worker` and `longhaul launch`.
@@ -16,7 +16,7 @@
 
 namespace lh {
 
-struct PipelineWorkerOptions {
+struct JobWorkerOptions {
   std::string coordinator;  // "tcp://HOST:PORT"
   std::string token;
   std::optional<ZmqLoop::Curve> curve;  // the control plane's encryption (JobSecret::client_curve)
@@ -55,6 +55,6 @@ struct PipelineWorkerOptions {
 // so several workers can share a process in tests.
 // Returns OK when the job's steps are done (or the coordinator shut the job down cleanly after
 // them); an error naming the lost worker when a peer dies; any setup error (bad plan, data) as is.
-Status run_pipeline_worker(const PipelineWorkerOptions& options);
+Status run_job_worker(const JobWorkerOptions& options);
 
 }  // namespace lh

@@ -1,6 +1,6 @@
 // One pipeline worker: join → plan → connect → train the stage with live codec changes → leave.
 // Used by `longhaul worker` and `longhaul launch`.
-#include "job/pipeline_worker.h"
+#include "job/job_worker.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -226,7 +226,7 @@ struct EpochEnd {
 // order they are made, so they are undone in reverse: `epoch_end_` before the runner whose buffers it frees.
 class Epoch {
  public:
-  Epoch(const PipelineWorkerOptions& options, ControlClient& cc, WorkerPlane& wp)
+  Epoch(const JobWorkerOptions& options, ControlClient& cc, WorkerPlane& wp)
       : options_(options), cc_(cc), wp_(wp), ucx_(*wp.ucx) {}
 
   Status run(int* rank) {
@@ -271,7 +271,7 @@ class Epoch {
       return Status::Ok();
     }
     LH_ASSIGN_OR_RETURN(plan_, std::move(joined));
-    auto job = PipelineJobConfig::from_json(plan_.config);
+    auto job = JobConfig::from_json(plan_.config);
     if (!job.ok()) return Status(job.status()).prepend("the coordinator's plan");
     job_ = std::move(job).value();
     *rank = plan_.rank;
@@ -301,7 +301,7 @@ class Epoch {
       k.ciphers = p.data_ciphers;
     }
     if (wp_.allow && !wp_.data_ports.empty()) open_data_ports();
-    const PipelineJobConfig::DataPlaneBounds bounds = job_.data_plane_bounds();
+    const JobConfig::DataPlaneBounds bounds = job_.data_plane_bounds();
     ucx_.set_bounds(bounds.max_packet_bytes, bounds.max_unexpected_bytes);
     LH_RETURN_IF_ERROR(ucx_.connect(plan_.rank, peers, security));
     meter_->set_self_rank(plan_.rank);
@@ -567,7 +567,7 @@ class Epoch {
         cc_, *plane_, [this](const SetLink& m) { reshape(m); }, options_.stop_requested);
     if (options_.on_training) options_.on_training(true);
     struct TrainingEnds {
-      const PipelineWorkerOptions& o;
+      const JobWorkerOptions& o;
       ~TrainingEnds() {
         if (o.on_training) o.on_training(false);
       }
@@ -631,13 +631,13 @@ class Epoch {
     return result;
   }
 
-  const PipelineWorkerOptions& options_;
+  const JobWorkerOptions& options_;
   ControlClient& cc_;
   WorkerPlane& wp_;
   UcxDataPlane& ucx_;
   std::shared_ptr<LinkMeter> meter_;
   Plan plan_;
-  PipelineJobConfig job_;
+  JobConfig job_;
   std::optional<Topology> topology_;
   std::optional<Partition> partition_;
   std::optional<CodecSchedule> codecs_;
@@ -653,14 +653,14 @@ class Epoch {
   BatchSampler sampler_;
 };
 
-Status run_epoch(const PipelineWorkerOptions& options, ControlClient& cc, int* rank, WorkerPlane& wp) {
+Status run_epoch(const JobWorkerOptions& options, ControlClient& cc, int* rank, WorkerPlane& wp) {
   Epoch epoch(options, cc, wp);
   return epoch.run(rank);
 }
 
 }  // namespace
 
-Status run_pipeline_worker(const PipelineWorkerOptions& options) {
+Status run_job_worker(const JobWorkerOptions& options) {
   ControlClientOptions co;
   co.coordinator = options.coordinator;
   co.token = options.token;
