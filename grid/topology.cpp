@@ -123,7 +123,8 @@ Result<PipelineLink> Topology::parse_link(const std::string& text) const {
     std::string why = sel.status().message();  // "link 'TEXT': why"
     const std::string where = "link '" + text + "': ";
     if (why.rfind(where, 0) == 0) why = why.substr(where.size());
-    return fail("link '" + text + "' is not a pipeline link of this job (" + describe() + "): " + why);
+    const std::string grid = why.find(describe()) == std::string::npos ? " (" + describe() + ")" : "";
+    return fail("link '" + text + "' is not a pipeline link of this job" + grid + ": " + why);
   }
   const WorkerCoord lo = coord_of(sel->pairs.front().first), hi = coord_of(sel->pairs.front().second);
   const size_t whole_link = size_t(2) * tp_ * dp_;  // both directions of every replica's and shard's pair

@@ -2,7 +2,7 @@
 # Issue 37's liveness figure at full size: a checkpoint of `--model base --pp 4` (about 44 MB a worker) over a
 # 20 Mbit/s link per worker (network namespaces, tc tbf: scripts/wan.sh). Each shard takes ~18 s on its link, well
 # past the 5 s heartbeat timeout; it goes up in acknowledged parts the heartbeats pass, so the job checkpoints and
-# finishes. CI runs the same at a smaller scale (the small model over 1 Mbit/s, test_launch.cpp). Root.
+# finishes. CI runs the same at a smaller scale (the small model over 1 Mbit/s, tests/integration/test_launch_*.cpp). Root.
 #
 #   scripts/checkpoint_slow_link.sh [LONGHAUL]      (default: build/bin/longhaul)
 # Environment: RATE (20M), MODEL (base), PP (4), STEPS (2), BATCH (4), SEQ (64), OUT (a fresh temp dir: log, metrics,

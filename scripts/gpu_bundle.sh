@@ -18,7 +18,7 @@ trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib/ucx"
 
 bins=("$BUILD_DIR/bin/longhaul")
-for t in $(find tests -name 'test_*_gpu.cpp' | sed -E 's#^tests/([^/]+)/(test_[A-Za-z0-9_]+)\.cpp$#\1_\2#' | sort); do
+for t in $(find tests -name 'test_*_gpu.cpp' | sed -E 's#^tests/([^/]+)/.*#\1_gpu_tests#' | sort -u); do
   [ -x "$BUILD_DIR/bin/$t" ] || { echo "gpu_bundle: $BUILD_DIR/bin/$t is not built" >&2; exit 1; }
   bins+=("$BUILD_DIR/bin/$t")
 done

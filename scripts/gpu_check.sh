@@ -42,7 +42,7 @@ if [ -n "${LH_GPU_BUNDLE:-}" ]; then
   log "bundle $LH_GPU_BUNDLE: $(ls "$BIN_DIR" | tr '\n' ' ')"
   ldd "$BIN_DIR/longhaul" | grep "not found" | tee -a "$LOG"
   : >"$OUT_DIR/ctest_gpu.log"
-  for t in "$BIN_DIR"/*_gpu; do
+  for t in "$BIN_DIR"/*_gpu_tests; do
     echo "=== $(basename "$t")" >>"$OUT_DIR/ctest_gpu.log"
     timeout 120 "$t" >>"$OUT_DIR/ctest_gpu.log" 2>&1 || step_failed "$(basename "$t")"
   done
@@ -60,7 +60,7 @@ else
     step_failed "configure (see build.log)"
     exit 1
   fi
-  GPU_TESTS=$(find tests -name 'test_*_gpu.cpp' | sed -E 's#^tests/([^/]+)/(test_[A-Za-z0-9_]+)\.cpp$#\1_\2#' | sort)
+  GPU_TESTS=$(find tests -name 'test_*_gpu.cpp' | sed -E 's#^tests/([^/]+)/.*#\1_gpu_tests#' | sort -u)
   log "building longhaul and: $(echo $GPU_TESTS | tr '\n' ' ')"
   # shellcheck disable=SC2086
   if ! timeout 300 cmake --build "$BUILD_DIR" -j "$JOBS" --target longhaul $GPU_TESTS >>"$OUT_DIR/build.log" 2>&1; then

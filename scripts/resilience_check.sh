@@ -10,7 +10,7 @@
 set -euo pipefail
 
 BUILD="${1:-build}"
-TESTS="$BUILD/bin/integration_test_launch"
+TESTS="$BUILD/bin/integration_tests"
 [ -x "$TESTS" ] || { echo "resilience_check.sh: no $TESTS (build first: bash scripts/build.sh)" >&2; exit 1; }
 export LH_BIN="$BUILD/bin/longhaul" OMP_WAIT_POLICY=PASSIVE LH_FLOOD_MESSAGES="${FLOOD:-100000}" \
   LH_JOIN_GAP_S="${JOIN_GAP:-60}"

@@ -19,7 +19,7 @@ PACKAGES=(
 # libcivetweb-dev: the coordinator's --http page and /metrics. For the tests: python3-prometheus-client's parser reads
 # /metrics as Prometheus would (the prometheus package would bring a server that starts at boot), and headless
 # chromium runs the live page's script. slurm-wlm, munge and openssh-server: the launchers' tests start their own
-# one-node Slurm cluster and sshd in the foreground (tests/integration/test_slurm.cpp, test_ssh_launch.cpp); the
+# one-node Slurm cluster and sshd in the foreground (tests/integration/test_slurm.cpp, test_launchers.cpp); the
 # packages' own services are never started (policy-rc.d below).
 
 SUDO=""
