@@ -72,9 +72,7 @@ Result<LinkTraffic> parse_link(const nlohmann::json& j, const std::string& where
   if (t.src == t.dst) return r.error("dst", "equals src (" + std::to_string(t.src) + "); a link joins two workers");
   if (j.find("role") == j.end()) return r.error("role", "missing");
   LH_RETURN_IF_ERROR(r.string("role", t.role, JsonFields::kOptional));
-  bool known = false;
-  for (const std::string& n : role_names()) known |= n == t.role;
-  if (!known) return r.error("role", "unknown role '" + t.role + "' (allowed: act, act_grad, grad, tp, other)");
+  if (auto role = parse_role(t.role); !role.ok()) return r.error("role", role.status().message());
   LH_RETURN_IF_ERROR(r.string("dir", t.dir, JsonFields::kOptional));
   if (t.dir != "send" && t.dir != "recv") return r.error("dir", "expected send or recv, got '" + t.dir + "'");
   LH_RETURN_IF_ERROR(r.string("codec", t.codec, JsonFields::kOptional));
