@@ -79,7 +79,8 @@ class JsonFields {
   }
   Status number(const std::string& field, float& out, Need need = kRequired) const {
     double x = out;
-    LH_RETURN_IF_ERROR(number(field, x, need));
+    // Plain returns here and below: the error is the file's, and names its field; no [file:line] of ours.
+    if (Status s = number(field, x, need); !s.ok()) return s;
     out = static_cast<float>(x);
     return Status::Ok();
   }
@@ -87,7 +88,7 @@ class JsonFields {
     double x = 0;
     const nlohmann::json* v = find(field);
     if (!v || v->is_null()) return Status::Ok();
-    LH_RETURN_IF_ERROR(number(field, x, kOptional, min_zero));
+    if (Status s = number(field, x, kOptional, min_zero); !s.ok()) return s;
     out = x;
     return Status::Ok();
   }
