@@ -56,7 +56,12 @@ Result<std::shared_ptr<Storage>> Storage::allocate(size_t bytes, Device device) 
   return std::shared_ptr<Storage>(new Storage(p, bytes, device));
 }
 
+std::shared_ptr<Storage> Storage::borrow(void* data, size_t bytes, Device device) {
+  return std::shared_ptr<Storage>(new Storage(data, bytes, device, /*owned=*/false));
+}
+
 Storage::~Storage() {
+  if (!owned_) return;
   if (device_ == Device::cpu) {
     std::free(ptr_);
   } else {
@@ -81,6 +86,16 @@ Result<Tensor> Tensor::create(const Shape& shape, DType dtype, Device device) {
     if (d < 0) return invalid_argument("negative dimension in shape " + shape_string(shape));
   Tensor t;
   LH_ASSIGN_OR_RETURN(t.storage_, Storage::allocate(shape_numel(shape) * dtype_size(dtype), device));
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  return t;
+}
+
+Tensor Tensor::borrow(void* data, const Shape& shape, DType dtype, Device device) {
+  Tensor t;
+  t.storage_ = Storage::borrow(data, shape_numel(shape) * dtype_size(dtype), device);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

@@ -21,6 +21,9 @@ int64_t shape_numel(const Shape& s);
 class Storage {
  public:
   static Result<std::shared_ptr<Storage>> allocate(size_t bytes, Device device);
+  // Memory someone else owns (a torch tensor's, a caller's buffer): never freed here; the owner keeps it alive as
+  // long as any tensor over it.
+  static std::shared_ptr<Storage> borrow(void* data, size_t bytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -29,10 +32,11 @@ class Storage {
   Device device() const { return device_; }
 
  private:
-  Storage(void* p, size_t b, Device d) : ptr_(p), bytes_(b), device_(d) {}
+  Storage(void* p, size_t b, Device d, bool owned = true) : ptr_(p), bytes_(b), device_(d), owned_(owned) {}
   void* ptr_;
   size_t bytes_;
   Device device_;
+  bool owned_ = true;
 };
 
 class Tensor {
@@ -45,6 +49,9 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32);
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
   static Tensor from_vector(const std::vector<float>& v, const Shape& shape);
+  // A contiguous tensor over memory the caller owns and keeps alive (and unmoved) while the tensor or a view of it
+  // exists: the Python bindings hand torch tensors to codecs and collectives this way, without a copy.
+  static Tensor borrow(void* data, const Shape& shape, DType dtype, Device device = Device::cpu);
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }

@@ -15,12 +15,14 @@ PACKAGES=(
   libcivetweb-dev
   python3-prometheus-client chromium
   slurm-wlm munge openssh-server openssh-client
+  python3-torch libtorch-dev pybind11-dev python3-dev python3-pytest
 )
 # libcivetweb-dev: the coordinator's --http page and /metrics. For the tests: python3-prometheus-client's parser reads
 # /metrics as Prometheus would (the prometheus package would bring a server that starts at boot), and headless
 # chromium runs the live page's script. slurm-wlm, munge and openssh-server: the launchers' tests start their own
 # one-node Slurm cluster and sshd in the foreground (tests/integration/test_slurm.cpp, test_launchers.cpp); the
-# packages' own services are never started (policy-rc.d below).
+# packages' own services are never started (policy-rc.d below). python3-torch, libtorch-dev (the same build),
+# pybind11-dev, python3-dev and python3-pytest: the Python package (python/, docs/torch.md) and its tests.
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then
