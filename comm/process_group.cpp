@@ -126,8 +126,17 @@ Result<const compress::CodecChain*> ProcessGroup::chain(const std::string& spec)
   return &it->second;
 }
 
+Status ProcessGroup::set_tag_group(int group) {
+  if (group < 0 || group > kMaxTagGroup)
+    return invalid_argument(name_ + ": tag group " + std::to_string(group) + " is outside 0.." +
+                            std::to_string(kMaxTagGroup));
+  tag_group_ = group;
+  return Status::Ok();
+}
+
 Tag ProcessGroup::tag(const Op& op, int packet) const {
-  return make_tag(uint32_t(op.step), uint16_t(op.seq), op.opt.role, uint8_t(packet));
+  const uint32_t step = tag_group_ < 0 ? uint32_t(op.step) : (uint32_t(tag_group_) << 16) | (uint32_t(op.step) & 0xFFFF);
+  return make_tag(step, uint16_t(op.seq), op.opt.role, uint8_t(packet));
 }
 
 std::string ProcessGroup::op_name(const Op& op) const {

@@ -51,6 +51,11 @@ class ProcessGroup {
   int index() const { return index_; }
   const std::vector<int>& members() const { return members_; }
   const std::string& name() const { return name_; }
+  // For planes that several groups share with the same members (the PyTorch bridge's one plane per process): the
+  // tags of this group's packets carry `group` (0..255) in the step field's top 8 bits and the step's low 16 bits
+  // below it, so two groups' ops never match each other's packets. Members must agree on it; set before the first op.
+  static constexpr int kMaxTagGroup = 255;
+  Status set_tag_group(int group);
 
   // Starts a step: the op sequence restarts at 0. Every op of earlier steps must be finished, unless
   // `keep_running`: then they go on beside this step's (each op's packets carry the step it was started in).
@@ -103,6 +108,7 @@ class ProcessGroup {
   std::string name_;
   std::chrono::milliseconds timeout_{std::chrono::minutes(10)};
   int64_t step_ = 0;
+  int tag_group_ = -1;  // set_tag_group's; −1: the whole step goes in the tag
   int sequence_ = 0;
   int next_id_ = 0;
   std::vector<std::unique_ptr<Op>> ops_;  // started this step, in order

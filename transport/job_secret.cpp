@@ -14,7 +14,7 @@ namespace lh {
 namespace {
 
 constexpr char kKdfContext[crypto_kdf_CONTEXTBYTES + 1] = "lhctrl01";
-enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3, kRelayRanks = 4, kPageToken = 5 };
+enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3, kRelayRanks = 4, kPageToken = 5, kStoreEntry = 6 };
 
 void init_sodium() {
   static const int rc = sodium_init();  // thread-safe, idempotent; −1 only if no randomness is available
@@ -164,6 +164,13 @@ std::string JobSecret::join_proof() const {
   char hex[65];
   sodium_bin2hex(hex, sizeof(hex), proof, sizeof(proof));
   return hex;
+}
+
+std::string JobSecret::store_entry_key() const {
+  init_sodium();
+  std::string key(32, '\0');
+  crypto_kdf_derive_from_key(reinterpret_cast<uint8_t*>(key.data()), key.size(), kStoreEntry, kKdfContext, key_.data());
+  return key;
 }
 
 std::string JobSecret::relay_rank_key() const {

@@ -42,6 +42,10 @@ class JobSecret {
   // The live page's token (`--http`; 48 hex digits), derived apart from the others: it reads the job's page and
   // /metrics, nothing else, and the secret cannot be recovered from it.
   std::string page_token() const;
+  // The key (32 bytes) that authenticates what a process publishes in an untrusted rendezvous store (the PyTorch
+  // bridge's address, data-plane public key and epoch in torch.distributed's store), derived apart from the others:
+  // a store writer without the secret cannot put in a key of its own.
+  std::string store_entry_key() const;
 
  private:
   std::array<uint8_t, kBytes> key_{};

@@ -1,0 +1,82 @@
+"""The "longhaul" backend of torch.distributed (docs/torch.md).
+
+    import longhaul.torch                         # registers the backend
+    dist.init_process_group("longhaul")           # torchrun's env://, or any c10d store
+    longhaul.torch.set_codec(None, "ef+int4")     # compress the default group's float32 all-reduces
+    model = DistributedDataParallel(model)        # unchanged
+
+Every rank needs the same job secret: LH_JOB_KEY_FILE (a file made by `longhaul keygen FILE`) or LH_JOB_KEY (its 64
+hex digits). It authenticates what each rank puts in the store and every packet between ranks.
+"""
+import json
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from . import _C
+
+__all__ = ["set_codec", "codec", "link_stats", "counters", "log_step", "LonghaulProcessGroup"]
+
+LonghaulProcessGroup = _C.LonghaulProcessGroup
+
+
+def _seconds(timeout):
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def _create(opts, pg_options=None):
+    return _C._create_process_group(opts.store, opts.group_rank, opts.group_size, _seconds(opts.timeout),
+                                    str(opts.group_id), list(opts.global_ranks_in_group))
+
+
+if "LONGHAUL" not in dist.Backend._plugins:
+    dist.Backend.register_backend("longhaul", _create, extended_api=True)
+
+
+def _group(group):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, LonghaulProcessGroup):
+        raise ValueError(f"longhaul: {group!r} is not a group of the longhaul backend")
+    return pg
+
+
+def set_codec(group, spec):
+    """Compresses `group`'s float32 SUM/AVG all-reduces with the codec chain `spec` (longhaul's grammar: "int8",
+    "ef+int4", "ef+topk:ratio=0.01+int2", "none", ...) from the next one on; None is the default group. Every rank
+    ends with the same bits. Raises ValueError naming what is wrong with a bad spec."""
+    _C._set_codec(_group(group), spec)
+
+
+def codec(group=None):
+    """The codec chain of `group`'s float32 all-reduces."""
+    return _group(group).codec
+
+
+def link_stats():
+    """This rank's per-link counters since the last log_step: {"rank", "links": [{"src", "dst", "role", "dir",
+    "messages", "raw_bytes", "wire_bytes", "seconds", ...}], "bandwidth": [...]}."""
+    return json.loads(_C._link_stats())
+
+
+def counters():
+    """The data plane's totals: rank, world, auth_failures (packets refused), dropped_packets, transports."""
+    return dict(_C._plane_counters())
+
+
+def log_step(step, loss=None, path=None, group=None):
+    """Writes this rank's metrics line for `step` (the JSON-lines format `longhaul report` reads: per link and role,
+    raw and wire bytes, messages, busy seconds, and the group's codec on gradient links) to `path` (default
+    $LH_METRICS; nothing is written when neither is set), restarts the counters, and returns the line as a dict.
+    Ranks may share one file: each line is appended with a single write."""
+    line = _C._metrics_line(int(step), None if loss is None else float(loss), codec(group))
+    path = path or os.environ.get("LH_METRICS")
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    return json.loads(line)

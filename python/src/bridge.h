@@ -1,0 +1,162 @@
+// defines: the PyTorch bridge's core, free of torch headers: lh::py::Plane (one UCX data plane per process, set up
+// through torch.distributed's store with entries authenticated by the job secret) and lh::py::Group (one per
+// torch.distributed group: its collectives and point-to-point transfers on that plane, run on the group's own
+// thread). torch_backend.cpp wraps them as a c10d::ProcessGroup; docs/torch.md is the user's view.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "core/status.h"
+#include "transport/link_meter.h"
+#include "transport/ucx_data_plane.h"
+
+namespace lh::py {
+
+// Element types the bridge reduces (broadcast, gathers and point-to-point move bytes of any type).
+enum class Elem : uint8_t { f32, f64, f16, bf16, i64, i32, i16, i8, u8, boolean };
+size_t elem_size(Elem e);
+const char* elem_name(Elem e);
+
+enum class ReduceKind : uint8_t { sum, avg, min, max, product };
+const char* reduce_name(ReduceKind k);
+
+// A tensor's memory as the bridge sees it: CPU, contiguous, kept alive by the caller until its op is done.
+struct Buffer {
+  void* data = nullptr;
+  int64_t numel = 0;
+  Elem elem = Elem::f32;
+  uint64_t bytes() const { return uint64_t(numel) * elem_size(elem); }
+};
+
+// torch.distributed's store, as callbacks (the torch side wraps a c10d::Store); they throw on failure or timeout.
+struct StoreOps {
+  std::function<void(const std::string& key, const std::string& value)> set;
+  std::function<std::string(const std::string& key)> get;  // waits for the key (the store's timeout)
+  std::function<int64_t(const std::string& key, int64_t delta)> add;
+  std::function<bool(const std::string& key)> check;  // whether the key is set (never waits)
+};
+
+// One per process: made by the default group, shared by every group after it.
+class Plane {
+ public:
+  // The job secret comes from $LH_JOB_KEY (64 hex digits, or a passphrase) or the key file $LH_JOB_KEY_FILE
+  // (`longhaul keygen`); without one, creation fails saying so. Every rank publishes its data-plane address and
+  // public key in the store, sealed with a key derived from the secret; a peer's entry that does not verify fails
+  // creation naming that rank. Returns once every rank's plane is connected.
+  static Result<std::shared_ptr<Plane>> create(const StoreOps& store, int rank, int world,
+                                               std::chrono::milliseconds timeout);
+  ~Plane();
+
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  UcxDataPlane& data() { return *ucx_; }
+  const std::shared_ptr<LinkMeter>& meter() const { return meter_; }
+
+  // Tag groups (0..255) in use in this process: a group takes one for its life.
+  Status claim_tag_group(int id, const std::string& group_name);
+  void release_tag_group(int id);
+
+  // The plane the default group made, while it lives (sub-groups use it).
+  static std::shared_ptr<Plane> current();
+
+ private:
+  Plane() = default;
+  int rank_ = -1, world_ = 0;
+  std::unique_ptr<UcxDataPlane> ucx_;
+  std::shared_ptr<LinkMeter> meter_;
+  std::mutex mu_;
+  std::map<int, std::string> tag_groups_;
+};
+
+// One torch.distributed group. Collectives run one at a time, in the order they were submitted, on the group's
+// thread (every member submits them in the same order, as torch.distributed requires); point-to-point transfers
+// start at once on the caller's thread and complete on the group's second thread.
+class Group {
+ public:
+  // `members`: the group's ranks on the plane in group order; `tag_group`: the same on every member.
+  static Result<std::shared_ptr<Group>> create(std::shared_ptr<Plane> plane, std::vector<int> members, int tag_group,
+                                               std::string name, std::chrono::milliseconds timeout);
+  ~Group();
+
+  int size() const { return int(members_.size()); }
+  int index() const { return index_; }
+  const std::string& name() const { return name_; }
+  Plane& plane() { return *plane_; }
+
+  // Runs `op` on the group's thread after every op submitted before it, then `done` with its status (there too).
+  void submit(std::function<Status()> op, std::function<void(const Status&)> done);
+
+  // The collectives (on the group's thread, through submit). Results are bit-identical on every member.
+  // all_reduce: f32 SUM/AVG go through longhaul's collectives with the group's codec (ring or direct, error feedback
+  // per tensor); everything else is exact: every member's tensor reaches every member, which reduces them in member
+  // order (f16/bf16 in f32, rounded once).
+  Status all_reduce(const Buffer& inout, ReduceKind kind);
+  Status broadcast(const Buffer& inout, int root);
+  Status all_gather(const Buffer& in, const std::vector<Buffer>& outs);
+  Status reduce_scatter(const std::vector<Buffer>& ins, const Buffer& out, ReduceKind kind);
+  Status barrier();
+
+  // Point-to-point, with torch's tag (0 ≤ tag < 2^28): starts now; `done` runs on the group's transfer thread.
+  void send(const Buffer& data, int dst, int64_t tag, std::function<void(const Status&)> done);
+  void recv(const Buffer& data, int src, int64_t tag, std::function<void(const Status&)> done);
+
+  // The codec chain of this group's f32 all-reduces (compress/spec.h grammar; "none" by default). Takes effect for
+  // the ops submitted after it; refuses a spec that does not parse, naming what is wrong.
+  Status set_codec(const std::string& spec);
+  std::string codec() const;
+
+ private:
+  struct Part {
+    int member = 0;  // index in the group
+    void* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  Group() = default;
+  void run_ops();
+  void run_transfers();
+  uint32_t next_step();
+  Tag tag(uint32_t step, Role role) const;
+  std::string op_name(const char* what, uint32_t step) const;
+  // Posts every receive and send, then waits for them all (the group's timeout); a receive of another size fails.
+  Status transfer_all(const std::string& what, Tag tag, const std::vector<Part>& sends, const std::vector<Part>& recvs);
+  Status exchange_reduce(const std::string& what, Tag tag, const std::vector<const void*>& mine, const Buffer& out,
+                         ReduceKind kind);
+  Status compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec);
+  int stream_of(const Buffer& b);
+
+  std::shared_ptr<Plane> plane_;
+  std::vector<int> members_;
+  int index_ = 0;
+  int tag_group_ = 0;
+  std::string name_;
+  std::chrono::milliseconds timeout_{0};
+  std::unique_ptr<ProcessGroup> collectives_;
+  uint32_t ops_ = 0;  // collectives started (group thread only)
+  std::map<std::pair<uintptr_t, int64_t>, int> streams_;  // (data, numel) → codec stream (group thread only)
+
+  mutable std::mutex mu_;
+  std::string codec_ = "none";
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::deque<std::pair<std::function<Status()>, std::function<void(const Status&)>>> queue_;
+  std::deque<std::pair<Transfer, std::function<void(const Status&)>>> transfers_;
+  std::thread ops_thread_, transfer_thread_;
+};
+
+// The plane's link counters as a step-metrics line (metrics/step_metrics.h: what `longhaul report` reads), with this
+// rank as the worker and `codec` on its gradient links; the counters restart after it.
+std::string metrics_line(Plane& plane, int64_t step, const double* loss, const std::string& codec);
+
+}  // namespace lh::py
