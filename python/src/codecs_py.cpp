@@ -190,8 +190,9 @@ std::unique_ptr<PyStreamState> state_from_bytes(const pb::bytes& data) {
 
 void bind_packet(pb::module_& m) {
   pb::class_<Packet>(m, "Packet", pb::buffer_protocol(),
-                     "One encoded tensor. Its bytes are shared (not copied) through the buffer protocol: "
-                     "memoryview(p), torch.frombuffer(p, dtype=torch.uint8); bytes(p) copies them.")
+                     "One encoded tensor. Its bytes are shared (not copied) through the buffer protocol, writable so "
+                     "that torch.frombuffer(p, dtype=torch.uint8) takes them without a warning (a changed byte fails "
+                     "the checksum); memoryview(p) views them too, bytes(p) copies them.")
       .def_buffer([](Packet& p) {
         return pb::buffer_info(p.bytes.data(), 1, pb::format_descriptor<uint8_t>::format(), 1,
                                {static_cast<pb::ssize_t>(p.size())}, {pb::ssize_t{1}});
