@@ -202,6 +202,7 @@ def case_bad_codec():
             errors[spec] = None
         except ValueError as e:
             errors[spec] = str(e)
+    dist.barrier()  # rank 0 holds the store: it must not leave while another rank still joins
     dist.destroy_process_group()
     return errors
 
