@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["set_codec", "codec", "link_stats", "counters", "log_step", "LonghaulProcessGroup"]
+__all__ = ["set_codec", "codec", "all_reduce", "link_stats", "counters", "log_step", "LonghaulProcessGroup"]
 
 LonghaulProcessGroup = _C.LonghaulProcessGroup
 
@@ -53,6 +53,17 @@ def set_codec(group, spec):
 def codec(group=None):
     """The codec chain of `group`'s float32 all-reduces."""
     return _group(group).codec
+
+
+def all_reduce(tensor, codec="none", op="avg", group=None, stream=None, async_op=False):
+    """All-reduces a float32 tensor in place through `codec` (whatever the group's own codec is): "avg" or "sum".
+    `stream` (an id ≥ 0) names the error-feedback state the codec keeps across calls (e.g. one per parameter bucket);
+    None keys it by the tensor's memory. Every rank ends with the same bits. Returns the Work when async_op."""
+    work = _group(group)._allreduce_coded(tensor, op, codec, -1 if stream is None else int(stream))
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def link_stats():

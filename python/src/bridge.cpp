@@ -543,29 +543,31 @@ int Group::stream_of(const Buffer& b) {
     streams_.clear();
     collectives_->set_stream_states({});
   }
-  const int id = int(streams_.size());
+  const int id = int(streams_.size());  // < kMaxStreams < kExplicitStreams
   streams_.emplace(key, id);
   return id;
 }
 
-Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec) {
+Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream) {
   const uint32_t step = next_step();
   LH_RETURN_IF_ERROR(collectives_->begin_step(step));
   CollectiveOptions o;
   o.role = Role::kWeightGrad;
   o.average = kind == ReduceKind::avg;
   o.spec = spec;
-  o.stream = stream_of(inout);
+  o.stream = stream >= 0 ? kExplicitStreams + stream : stream_of(inout);
   Tensor t = Tensor::borrow(inout.data, {inout.numel}, DType::f32);
   LH_ASSIGN_OR_RETURN(int id, collectives_->start_all_reduce(t, o));
   return collectives_->wait(id);
 }
 
-Status Group::all_reduce(const Buffer& inout, ReduceKind kind) {
-  const std::string spec = codec();
+Status Group::all_reduce(const Buffer& inout, ReduceKind kind) { return all_reduce_with(inout, kind, codec(), -1); }
+
+Status Group::all_reduce_with(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream) {
+  if (stream >= kExplicitStreams) return invalid_argument(name_ + ": codec stream " + std::to_string(stream) + " is not below 2^20");
   if (inout.elem == Elem::f32 && (kind == ReduceKind::sum || kind == ReduceKind::avg) && inout.numel > 0 &&
       size() > 1)
-    return compressed_all_reduce(inout, kind, spec);
+    return compressed_all_reduce(inout, kind, spec, stream);
   const uint32_t step = next_step();
   const std::string what = op_name("all-reduce", step) + " (" + reduce_name(kind) + ", " + elem_name(inout.elem) + ")";
   if (spec != "none" && inout.elem == Elem::f32 && size() > 1)

@@ -103,6 +103,10 @@ class Group {
   // per tensor); everything else is exact: every member's tensor reaches every member, which reduces them in member
   // order (f16/bf16 in f32, rounded once).
   Status all_reduce(const Buffer& inout, ReduceKind kind);
+  // The same with its own codec chain and codec stream (≥ 0: the error-feedback state it keeps across calls; −1: the
+  // stream of the tensor's memory, as all_reduce does), for callers that compress some reductions and not others
+  // (longhaul.torch.all_reduce, DiLoCo's pseudo-gradients).
+  Status all_reduce_with(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream);
   Status broadcast(const Buffer& inout, int root);
   Status all_gather(const Buffer& in, const std::vector<Buffer>& outs);
   Status reduce_scatter(const std::vector<Buffer>& ins, const Buffer& out, ReduceKind kind);
@@ -133,8 +137,9 @@ class Group {
   Status transfer_all(const std::string& what, Tag tag, const std::vector<Part>& sends, const std::vector<Part>& recvs);
   Status exchange_reduce(const std::string& what, Tag tag, const std::vector<const void*>& mine, const Buffer& out,
                          ReduceKind kind);
-  Status compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec);
+  Status compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream);
   int stream_of(const Buffer& b);
+  static constexpr int kExplicitStreams = 1 << 20;  // explicit stream s is codec stream kExplicitStreams + s
 
   std::shared_ptr<Plane> plane_;
   std::vector<int> members_;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <regex>
 
+#include "compress/codec_chain.h"
 #include "python/src/bridge.h"
 
 namespace lh::py {
@@ -123,6 +124,19 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
     const Buffer b = buffer_of(t, "allreduce's tensor");
     const ReduceKind k = kind_of(opts.reduceOp);
     return run(c10d::OpType::ALLREDUCE, {t}, [g = group_.get(), b, k] { return g->all_reduce(b, k); });
+  }
+
+  // longhaul.torch.all_reduce: its own codec and stream (`spec` checked here, before it is queued).
+  c10::intrusive_ptr<c10d::Work> allreduce_coded(at::Tensor& t, const std::string& op, const std::string& spec,
+                                                 int stream) {
+    const Buffer b = buffer_of(t, "all_reduce's tensor");
+    ReduceKind k = ReduceKind::sum;
+    if (op == "avg") k = ReduceKind::avg;
+    else if (op != "sum") throw pyb::value_error("longhaul: all_reduce's op is 'sum' or 'avg', got '" + op + "'");
+    if (Status s = compress::parse_codec_spec(spec).status(); !s.ok()) raise(s);
+    if (stream < -1) throw pyb::value_error("longhaul: all_reduce's stream is a non-negative id (or None)");
+    return run(c10d::OpType::ALLREDUCE, {t},
+               [g = group_.get(), b, k, spec, stream] { return g->all_reduce_with(b, k, spec, stream); });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -287,7 +301,9 @@ std::shared_ptr<Plane> current_plane() {
 void bind_torch(pyb::module_& m) {
   pyb::class_<LonghaulProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<LonghaulProcessGroup>>(
       m, "LonghaulProcessGroup", "torch.distributed's \"longhaul\" backend (made by init_process_group / new_group)")
-      .def_property_readonly("codec", [](LonghaulProcessGroup& pg) { return pg.group().codec(); });
+      .def_property_readonly("codec", [](LonghaulProcessGroup& pg) { return pg.group().codec(); })
+      .def("_allreduce_coded", &LonghaulProcessGroup::allreduce_coded, pyb::arg("tensor"), pyb::arg("op"),
+           pyb::arg("spec"), pyb::arg("stream"));
   m.def("_create_process_group", &create_process_group, pyb::arg("store"), pyb::arg("group_rank"),
         pyb::arg("group_size"), pyb::arg("timeout_s"), pyb::arg("group_id"), pyb::arg("global_ranks"));
   m.def("_set_codec", [](LonghaulProcessGroup& pg, const std::string& spec) {
