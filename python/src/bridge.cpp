@@ -257,6 +257,7 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
   for (int r = 0; r < world; ++r)
     if (r != rank) LH_RETURN_IF_ERROR(read_entry(join, r, world, epoch, key, &peers, &security));
   if (Status s = p->ucx_->connect(rank, peers, security); !s.ok()) return join.fail(s);
+  p->epoch_ = epoch;
 
   // Every plane connected before any packet flows (a plane drops packets from ranks it has not connected to yet).
   LH_RETURN_IF_ERROR(store_call("add longhaul/connected", [&] { store.add("longhaul/connected", 1); }));
@@ -271,6 +272,19 @@ Plane::~Plane() { shaper_.reset(); }
 std::shared_ptr<Plane> Plane::current() {
   std::lock_guard<std::mutex> lock(g_plane_mu);
   return g_plane.lock();
+}
+
+Status Plane::send_forged_for_tests(int peer, Tag tag, size_t bytes) {
+  WireHeader h;
+  h.packet.epoch = epoch_;
+  h.packet.sender = rank_;
+  h.packet.receiver = peer;
+  h.packet.tag_bits = tag.pack();
+  h.packet.seq = uint64_t(1) << 40;
+  h.length = bytes + kPacketTrailerBytes;
+  std::array<uint8_t, kWireHeaderBytes> header{};
+  write_wire_header(h, nullptr, header.data());
+  return ucx_->send_raw_for_tests(peer, header, Bytes(h.length, 0x5A)).wait(std::chrono::seconds(30));
 }
 
 Status Plane::claim_tag_group(int id, const std::string& group_name) {
@@ -728,6 +742,11 @@ void Group::recv(const Buffer& data, int src, int64_t tag, std::function<void(co
     done(d.ok() ? d : Status(d.code(), what + ": " + d.message()));
   };
   queue_transfer(t, std::move(decode));
+}
+
+Status Group::forge_for_tests(int dst, int64_t tag) {
+  if (dst < 0 || dst >= size() || dst == index_) return invalid_argument("forge_for_tests: another member, please");
+  return plane_->send_forged_for_tests(members_[dst], p2p_tag(tag_group_, tag), 4096);
 }
 
 Status Group::set_p2p_codec(const std::string& spec) {

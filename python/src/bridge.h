@@ -76,12 +76,18 @@ class Plane {
   Status claim_tag_group(int id, const std::string& group_name);
   void release_tag_group(int id);
 
+  // Tests only: sends `bytes` to `peer` under `tag` with a wire header that has no MAC, as a stranger who reached the
+  // peer's port could: the peer must drop and count it (UcxDataPlane::auth_failures), and nothing of it may complete
+  // a receive.
+  Status send_forged_for_tests(int peer, Tag tag, size_t bytes);
+
   // The plane the default group made, while it lives (sub-groups use it).
   static std::shared_ptr<Plane> current();
 
  private:
   Plane() = default;
   int rank_ = -1, world_ = 0;
+  uint32_t epoch_ = 0;
   std::unique_ptr<UcxDataPlane> ucx_;
   std::unique_ptr<LinkShaper> shaper_;  // over *ucx_, destroyed first
   LinkShape shape_;
@@ -139,6 +145,8 @@ class Group {
   Status set_codec(const std::string& spec);
   std::string codec() const;
   Status set_p2p_codec(const std::string& spec);
+  // Tests only: Plane::send_forged_for_tests to group rank `dst` under the point-to-point tag `tag`.
+  Status forge_for_tests(int dst, int64_t tag);
   std::string p2p_codec() const;
 
  private:

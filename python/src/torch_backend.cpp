@@ -316,6 +316,10 @@ void bind_torch(pyb::module_& m) {
       .def_property_readonly("p2p_codec", [](LonghaulProcessGroup& pg) { return pg.group().p2p_codec(); })
       .def("_allreduce_coded", &LonghaulProcessGroup::allreduce_coded, pyb::arg("tensor"), pyb::arg("op"),
            pyb::arg("spec"), pyb::arg("stream"))
+      .def("_forge_for_tests",
+           [](LonghaulProcessGroup& pg, int dst, int64_t tag) {
+             if (Status s = pg.group().forge_for_tests(dst, tag); !s.ok()) raise(s);
+           })
       .def("_powersgd", &LonghaulProcessGroup::powersgd, pyb::arg("grads"), pyb::arg("bucket"), pyb::arg("shapes"),
            pyb::arg("rank"), pyb::arg("wire"));
   m.def("_create_process_group", &create_process_group, pyb::arg("store"), pyb::arg("group_rank"),

@@ -308,6 +308,24 @@ def case_powersgd():
             "wire": sum(l["wire_bytes"] for l in grad)}
 
 
+def case_forged():
+    """Rank 0 sends rank 1 a packet without a valid MAC, then the genuine one under the same tag."""
+    init()
+    pg = dist.distributed_c10d._get_default_group()
+    x = torch.arange(1024, dtype=torch.float32)
+    got = torch.zeros(1024)
+    if RANK == 0:
+        pg._forge_for_tests(1, 5)
+        time.sleep(0.5)
+        dist.send(x, 1, tag=5)
+    else:
+        dist.recv(got, 0, tag=5)
+    counters = lht.counters()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"equal": bool(torch.equal(got, x)), "auth_failures": counters["auth_failures"]}
+
+
 def case_shaped():
     """With LH_LINK set, 1 MB from rank 0 to rank 1 takes the emulated link's time."""
     init()

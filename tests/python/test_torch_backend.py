@@ -126,3 +126,10 @@ def test_lh_link_shapes_every_link_like_launch_link():
 def test_a_bad_lh_link_is_named():
     res = ranks.run("init", 2, env={"LH_LINK": "fast"}, args={"timeout": 10}, expect_ok=False)
     assert "LH_LINK" in res[0]["out"]["error"], res[0]
+
+
+def test_a_forged_packet_is_counted_and_dropped_and_the_genuine_one_arrives():
+    res = ranks.run("forged", 2)
+    assert res[1]["out"]["equal"], res[1]
+    assert res[1]["out"]["auth_failures"] >= 1, res[1]
+    assert res[0]["out"]["auth_failures"] == 0, res[0]
