@@ -163,21 +163,38 @@ class Join {
   Clock::time_point deadline_;
 };
 
+// $LH_DATA_PROTECTION: mac (the default), aead (payloads encrypted too) or none (trusted networks only).
+Result<PacketProtection> protection_from_env() {
+  const char* text = std::getenv("LH_DATA_PROTECTION");
+  if (!text || !*text) return PacketProtection::kMac;
+  auto p = parse_packet_protection(text);
+  if (!p.ok()) return invalid_argument("LH_DATA_PROTECTION='" + std::string(text) + "': " + p.status().message());
+  return *p;
+}
+
 // The epoch: rank 0's random number, sealed; a packet of an earlier job (same secret) is refused as another epoch's.
-Result<uint32_t> agree_epoch(const StoreOps& store, Join& join, int rank, int world, const std::string& key) {
+// Rank 0's packet protection goes with it: every rank must use the same.
+Result<uint32_t> agree_epoch(const StoreOps& store, Join& join, int rank, int world, const std::string& key,
+                             PacketProtection protection) {
   if (rank == 0) {
     const uint32_t epoch = randombytes_random();
     std::string body;
     put_u32(body, epoch);
     put_u32(body, uint32_t(world));
+    put_u32(body, uint32_t(protection));
     LH_RETURN_IF_ERROR(store_call("set longhaul/epoch", [&] { store.set("longhaul/epoch", seal(body, key)); }));
     return epoch;
   }
   LH_ASSIGN_OR_RETURN(std::string value, join.wait_for("longhaul/epoch", 0, "epoch"));
   auto body = unseal(value, key, "rank 0's epoch");
   if (!body.ok()) return join.fail(body.status());
-  if (body->size() != 8)
+  if (body->size() != 12)
     return join.fail(corrupt("rank 0's epoch in the store is " + std::to_string(body->size()) + " bytes"));
+  if (PacketProtection(get_u32(*body, 8)) != protection)
+    return join.fail(invalid_argument(
+        std::string("rank 0 protects packets with '") + packet_protection_name(PacketProtection(get_u32(*body, 8))) +
+        "', this rank (" + std::to_string(rank) + ") with '" + packet_protection_name(protection) +
+        "': set the same LH_DATA_PROTECTION everywhere"));
   if (int(get_u32(*body, 4)) != world)
     return join.fail(invalid_argument("rank 0 was started with a world of " + std::to_string(get_u32(*body, 4)) +
                                       " ranks, this rank (" + std::to_string(rank) + ") with " +
@@ -238,7 +255,9 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
     p->shape_ = *shape;
     p->shaper_ = std::make_unique<LinkShaper>(*p->ucx_, p->shape_);
   }
-  LH_ASSIGN_OR_RETURN(const uint32_t epoch, agree_epoch(store, join, rank, world, key));
+  auto protection = protection_from_env();
+  if (!protection.ok()) return join.fail(protection.status());
+  LH_ASSIGN_OR_RETURN(const uint32_t epoch, agree_epoch(store, join, rank, world, key, *protection));
 
   std::string body(1, char(kEntryVersion));
   put_u32(body, uint32_t(rank));
@@ -252,7 +271,7 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
 
   std::map<int, Bytes> peers;
   DataPlaneSecurity security;
-  security.protection = PacketProtection::kMac;
+  security.protection = *protection;
   security.epoch = epoch;
   for (int r = 0; r < world; ++r)
     if (r != rank) LH_RETURN_IF_ERROR(read_entry(join, r, world, epoch, key, &peers, &security));

@@ -133,3 +133,16 @@ def test_a_forged_packet_is_counted_and_dropped_and_the_genuine_one_arrives():
     assert res[1]["out"]["equal"], res[1]
     assert res[1]["out"]["auth_failures"] >= 1, res[1]
     assert res[0]["out"]["auth_failures"] == 0, res[0]
+
+
+def test_ranks_that_disagree_on_packet_protection_are_named():
+    res = ranks.run("init", 2, rank_env={1: {"LH_DATA_PROTECTION": "none"}}, args={"timeout": 10}, expect_ok=False)
+    assert "LH_DATA_PROTECTION" in res[1]["out"]["error"], res[1]
+    assert "rank 1 could not join" in res[0]["out"]["error"], res[0]
+
+
+def test_unauthenticated_and_encrypted_planes_run_ddp_too():
+    for p in ("none", "aead"):
+        res = ranks.run("ddp", 2, args={"backend": "longhaul", "codec": "int8", "steps": 5},
+                        env={"LH_DATA_PROTECTION": p})
+        assert res[0]["out"]["hashes"] == res[1]["out"]["hashes"], p
