@@ -475,6 +475,11 @@ Status Group::transfer_all(const std::string& what, Tag tag, const std::vector<P
                                        what, rank, ts[i].wire_bytes(), parts[i]->bytes));
     if (!s.ok() && first.ok()) first = s;
   }
+  // A transfer still pending holds the caller's tensor, which is free once the op fails: fail its peer (UCX lets go
+  // of the buffer, and the group is broken for that peer anyway).
+  if (!first.ok())
+    for (size_t i = 0; i < ts.size(); ++i)
+      if (!ts[i].done()) plane.fail_peer(members_[parts[i]->member], first.message());
   return first;
 }
 

@@ -103,7 +103,14 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
  public:
   LonghaulProcessGroup(int rank, int size, std::shared_ptr<Group> group)
       : c10d::ProcessGroup(rank, size), group_(std::move(group)) {}
-  ~LonghaulProcessGroup() override = default;
+  // The group's threads may be finishing an op whose future runs Python callbacks: they need the GIL this thread may
+  // hold while it joins them.
+  ~LonghaulProcessGroup() override {
+    if (PyGILState_Check()) {
+      pyb::gil_scoped_release nogil;
+      group_.reset();
+    }
+  }
 
   const std::string getBackendName() const override { return "longhaul"; }
   Group& group() { return *group_; }
