@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["set_codec", "codec", "all_reduce", "link_stats", "counters", "log_step", "LonghaulProcessGroup"]
+__all__ = ["set_codec", "codec", "all_reduce", "link_stats", "counters", "log_step", "LonghaulProcessGroup", "DiLoCo"]
 
 LonghaulProcessGroup = _C.LonghaulProcessGroup
 
@@ -91,3 +91,6 @@ def log_step(step, loss=None, path=None, group=None):
         finally:
             os.close(fd)
     return json.loads(line)
+
+
+from .diloco import DiLoCo  # noqa: E402
