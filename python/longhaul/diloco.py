@@ -1,5 +1,6 @@
 """DiLoCo for any PyTorch model: H local steps of its own optimizer on each replica, then one all-reduce of the
-pseudo-gradient and an outer Nesterov step, the C++ jobs' `--sync diloco` (docs/torch.md). longhaul.torch exports it.
+pseudo-gradient and an outer Nesterov step, the C++ jobs' `--sync diloco`. longhaul.torch exports it;
+examples/torch_diloco.py runs it.
 
     import longhaul.torch
     dist.init_process_group("longhaul")
@@ -47,7 +48,8 @@ class DiLoCo:
     is a world of one) through longhaul.torch.all_reduce with `codec` and a codec stream of its own, takes the outer
     step and puts θ_sync back into the parameters, bit-identical on every replica. The replicas must start from the
     same parameters (broadcast them first). Only parameters are averaged: buffers (e.g. BatchNorm's running stats)
-    stay each replica's own."""
+    stay each replica's own. `stream` (0 ≤ id < 2^20, the same on every rank) names the codec's error-feedback state;
+    by default each DiLoCo object takes the next id from 2^19 on, in the order this process makes them."""
 
     def __init__(self, model, inner_optimizer, sync="diloco:H=50,outer_lr=0.7,outer_momentum=0.9", codec="none",
                  group=None, stream=None):
@@ -63,6 +65,8 @@ class DiLoCo:
                                  "DiLoCo takes float32 CPU parameters")
         self._group = self._resolve(group)
         self.stream = _next_stream() if stream is None else int(stream)
+        if not 0 <= self.stream < 1 << 20:
+            raise ValueError(f"longhaul.torch.DiLoCo: stream {self.stream} is not in [0, 2^20)")
         self._sync = self._flat().clone()
         self._momentum = torch.zeros_like(self._sync)
         self._steps = 0

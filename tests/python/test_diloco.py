@@ -58,7 +58,8 @@ def test_H1_lr1_no_momentum_is_the_inner_optimizer_bit_for_bit(inner):
 def test_the_outer_step_is_nesterov_in_float32_against_a_hand_written_reference():
     H, lr, mu = 3, 0.7, 0.9
     a, b = mlp(), mlp()
-    dl = lht.DiLoCo(a, torch.optim.AdamW(a.parameters(), lr=1e-2), sync=f"diloco:H={H},outer_lr={lr},outer_momentum={mu}")
+    spec = f"diloco:H={H},outer_lr={lr},outer_momentum={mu}"
+    dl = lht.DiLoCo(a, torch.optim.AdamW(a.parameters(), lr=1e-2), sync=spec)
     ref_inner = torch.optim.AdamW(b.parameters(), lr=1e-2)
     flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])  # noqa: E731
     sync, mom = flat(b).clone(), torch.zeros_like(flat(b))
@@ -101,6 +102,13 @@ def test_a_bad_codec_is_a_value_error_naming_it(codec, named):
     m = mlp()
     with pytest.raises(ValueError, match=named):
         lht.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), sync="diloco:H=2", codec=codec)
+
+
+@pytest.mark.parametrize("stream", [-1, 1 << 20])
+def test_a_stream_out_of_range_is_refused(stream):
+    m = mlp()
+    with pytest.raises(ValueError, match=str(stream)):
+        lht.DiLoCo(m, torch.optim.SGD(m.parameters(), lr=0.1), stream=stream)
 
 
 def test_non_float32_parameters_are_refused():
@@ -148,6 +156,13 @@ def test_a_run_resumed_from_state_dict_takes_the_same_steps():
     with pytest.raises(ValueError, match="H=4"):
         lht.DiLoCo(other, torch.optim.SGD(other.parameters(), lr=0.1), sync="diloco:H=4").load_state_dict(
             saved["diloco"])
+
+
+def test_a_longhaul_group_of_one_averages_nothing():
+    out = diloco_cases.run("train", 1, args={"codec": "ef+int4", "H": 4, "rounds": 3})[0]["out"]
+    assert len(set(out["hashes"])) == 3
+    assert out["bytes_received"] == 0 and out["sent"]["wire"] == 0  # the codec has nothing to compress
+    assert max(out["ref_err"]) < 1e-6, out["ref_err"]
 
 
 @pytest.fixture(scope="module")
