@@ -2,11 +2,10 @@
 samples, then the replicas average their pseudo-gradients (compressed with --codec) and take one outer Nesterov step.
 
     export LH_JOB_KEY=$(python3 -c 'import secrets; print(secrets.token_hex(32))') PYTHONPATH=build/python
-    torchrun --nproc_per_node 2 examples/torch_diloco.py --codec ef+int4 --H 20
+    python3 -m longhaul.torchrun --nproc_per_node 2 examples/torch_diloco.py --codec ef+int4 --H 20
     python3 examples/torch_diloco.py            # a world of one, no torchrun
 
-(Debian's torchrun of torch 1.13 under Python 3.11 fails on its own default `--redirects 0` with "AttributeError:
-'NoneType' object has no attribute 'get'"; `torchrun --redirects 1 --tee 1 ...` avoids it.)
+(longhaul.torchrun is torchrun with the fix Debian's torch 1.13 needs under Python 3.11; a working torchrun does too.)
 
 The text comes from a fixed random order-2 Markov chain over 16 characters (the same on every rank), so the best
 possible loss is known: the chain's entropy, printed at the start.

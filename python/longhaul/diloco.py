@@ -20,10 +20,11 @@ from . import torch as _lht
 
 __all__ = ["DiLoCo"]
 
-# Codec streams (longhaul.torch.all_reduce's `stream`) of DiLoCo objects that name none: one each, counted from here
-# in creation order (the same on every rank when every rank makes its objects in the same order), clear of the small
-# ids callers pick for their own all-reduces.
-_FIRST_STREAM = 1 << 19
+# Codec streams (longhaul.torch.all_reduce's `stream`, below _MAX_STREAM: bridge.h's kMaxUserStream) of DiLoCo objects
+# that name none: one each, counted from _FIRST_STREAM in creation order (the same on every rank when every rank makes
+# its objects in the same order), clear of the small ids callers pick for their own all-reduces.
+_MAX_STREAM = 1 << 19
+_FIRST_STREAM = _MAX_STREAM - (1 << 16)
 _created = 0
 
 
@@ -48,8 +49,8 @@ class DiLoCo:
     is a world of one) through longhaul.torch.all_reduce with `codec` and a codec stream of its own, takes the outer
     step and puts θ_sync back into the parameters, bit-identical on every replica. The replicas must start from the
     same parameters (broadcast them first). Only parameters are averaged: buffers (e.g. BatchNorm's running stats)
-    stay each replica's own. `stream` (0 ≤ id < 2^20, the same on every rank) names the codec's error-feedback state;
-    by default each DiLoCo object takes the next id from 2^19 on, in the order this process makes them."""
+    stay each replica's own. `stream` (0 ≤ id < 2^19, the same on every rank) names the codec's error-feedback state;
+    by default each DiLoCo object takes the next id from 2^19 − 2^16 on, in the order this process makes them."""
 
     def __init__(self, model, inner_optimizer, sync="diloco:H=50,outer_lr=0.7,outer_momentum=0.9", codec="none",
                  group=None, stream=None):
@@ -65,8 +66,8 @@ class DiLoCo:
                                  "DiLoCo takes float32 CPU parameters")
         self._group = self._resolve(group)
         self.stream = _next_stream() if stream is None else int(stream)
-        if not 0 <= self.stream < 1 << 20:
-            raise ValueError(f"longhaul.torch.DiLoCo: stream {self.stream} is not in [0, 2^20)")
+        if not 0 <= self.stream < _MAX_STREAM:
+            raise ValueError(f"longhaul.torch.DiLoCo: stream {self.stream} is not in [0, 2^19)")
         self._sync = self._flat().clone()
         self._momentum = torch.zeros_like(self._sync)
         self._steps = 0

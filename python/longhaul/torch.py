@@ -16,7 +16,8 @@ import torch.distributed as dist
 
 from . import _C
 
-__all__ = ["set_codec", "codec", "all_reduce", "link_stats", "counters", "log_step", "LonghaulProcessGroup", "DiLoCo"]
+__all__ = ["set_codec", "codec", "set_p2p_codec", "p2p_codec", "all_reduce", "PowerSGDState", "powersgd_hook",
+           "link_stats", "counters", "log_step", "LonghaulProcessGroup", "DiLoCo"]
 
 LonghaulProcessGroup = _C.LonghaulProcessGroup
 
@@ -53,6 +54,40 @@ def set_codec(group, spec):
 def codec(group=None):
     """The codec chain of `group`'s float32 all-reduces."""
     return _group(group).codec
+
+
+def set_p2p_codec(group, spec):
+    """Encodes `group`'s point-to-point sends (send/isend/P2POp) with `spec` from the next one on, and decodes its
+    receives: compressed activations and gradients between the stages of a user's own pipeline. Both ends must set
+    the same; float32, float16 and bfloat16 tensors only while it is not "none". One codec stream per (peer, tag)
+    and way, so "ef+..." keeps its residuals per link."""
+    _C._set_p2p_codec(_group(group), spec)
+
+
+def p2p_codec(group=None):
+    """The codec of `group`'s point-to-point transfers."""
+    return _group(group).p2p_codec
+
+
+class PowerSGDState:
+    """The state of powersgd_hook: the group, the rank of the factors (1..1024), and the codec of P, Q and the
+    uncompressed rest on the wire ("none", "bf16", "fp16", ...)."""
+
+    def __init__(self, group=None, rank=4, wire="none"):
+        self.group = group
+        self.rank = int(rank)
+        self.wire = wire
+
+
+def powersgd_hook(state, bucket):
+    """A DDP comm hook (model.register_comm_hook(PowerSGDState(...), powersgd_hook)) running longhaul's PowerSGD, the
+    C++ jobs' two-round reducer: per weight matrix (gradient plus error feedback) P = M·Q is averaged, orthonormalized,
+    Q = Mᵀ·P̂ averaged, and M̂ = P̂·Q̂ᵀ replaces the gradient; Q warm-starts the next step; vectors are averaged as
+    they are. Every rank ends with the same bits."""
+    pg = _group(state.group)
+    shapes = [list(p.shape) for p in bucket.parameters()]
+    work = pg._powersgd(bucket.buffer(), bucket.index(), shapes, state.rank, state.wire)
+    return work.get_future().then(lambda fut: fut.value()[0])
 
 
 def all_reduce(tensor, codec="none", op="avg", group=None, stream=None, async_op=False):

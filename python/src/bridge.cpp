@@ -232,6 +232,12 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
   p->ucx_ = std::move(ucx).value();
   p->meter_ = std::make_shared<LinkMeter>(rank);
   p->ucx_->set_meter(p->meter_);
+  if (const char* link = std::getenv("LH_LINK"); link && *link) {
+    auto shape = parse_link_shape(link);
+    if (!shape.ok()) return join.fail(invalid_argument("LH_LINK='" + std::string(link) + "': " + shape.status().message()));
+    p->shape_ = *shape;
+    p->shaper_ = std::make_unique<LinkShaper>(*p->ucx_, p->shape_);
+  }
   LH_ASSIGN_OR_RETURN(const uint32_t epoch, agree_epoch(store, join, rank, world, key));
 
   std::string body(1, char(kEntryVersion));
@@ -251,6 +257,7 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
   for (int r = 0; r < world; ++r)
     if (r != rank) LH_RETURN_IF_ERROR(read_entry(join, r, world, epoch, key, &peers, &security));
   if (Status s = p->ucx_->connect(rank, peers, security); !s.ok()) return join.fail(s);
+  p->epoch_ = epoch;
 
   // Every plane connected before any packet flows (a plane drops packets from ranks it has not connected to yet).
   LH_RETURN_IF_ERROR(store_call("add longhaul/connected", [&] { store.add("longhaul/connected", 1); }));
@@ -260,11 +267,24 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
   return p;
 }
 
-Plane::~Plane() = default;
+Plane::~Plane() { shaper_.reset(); }
 
 std::shared_ptr<Plane> Plane::current() {
   std::lock_guard<std::mutex> lock(g_plane_mu);
   return g_plane.lock();
+}
+
+Status Plane::send_forged_for_tests(int peer, Tag tag, size_t bytes) {
+  WireHeader h;
+  h.packet.epoch = epoch_;
+  h.packet.sender = rank_;
+  h.packet.receiver = peer;
+  h.packet.tag_bits = tag.pack();
+  h.packet.seq = uint64_t(1) << 40;
+  h.length = bytes + kPacketTrailerBytes;
+  std::array<uint8_t, kWireHeaderBytes> header{};
+  write_wire_header(h, nullptr, header.data());
+  return ucx_->send_raw_for_tests(peer, header, Bytes(h.length, 0x5A)).wait(std::chrono::seconds(30));
 }
 
 Status Plane::claim_tag_group(int id, const std::string& group_name) {
@@ -286,7 +306,7 @@ void Plane::release_tag_group(int id) {
 Result<std::shared_ptr<Group>> Group::create(std::shared_ptr<Plane> plane, std::vector<int> members, int tag_group,
                                              std::string name, std::chrono::milliseconds timeout) {
   std::shared_ptr<Group> g(new Group());
-  LH_ASSIGN_OR_RETURN(g->collectives_, ProcessGroup::create(plane->data(), members, name, timeout));
+  LH_ASSIGN_OR_RETURN(g->collectives_, ProcessGroup::create(plane->net(), members, name, timeout));
   LH_RETURN_IF_ERROR(g->collectives_->set_tag_group(tag_group));
   LH_RETURN_IF_ERROR(plane->claim_tag_group(tag_group, name));
   g->plane_ = std::move(plane);
@@ -406,7 +426,7 @@ std::string Group::op_name(const char* what, uint32_t step) const {
 
 Status Group::transfer_all(const std::string& what, Tag tag, const std::vector<Part>& sends,
                            const std::vector<Part>& recvs) {
-  UcxDataPlane& plane = plane_->data();
+  DataPlane& plane = plane_->net();
   std::vector<Transfer> ts;
   std::vector<const Part*> parts;
   for (const Part& p : recvs) {
@@ -548,7 +568,8 @@ int Group::stream_of(const Buffer& b) {
   return id;
 }
 
-Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream) {
+Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream,
+                                    double raw_scale) {
   const uint32_t step = next_step();
   LH_RETURN_IF_ERROR(collectives_->begin_step(step));
   CollectiveOptions o;
@@ -556,6 +577,7 @@ Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const 
   o.average = kind == ReduceKind::avg;
   o.spec = spec;
   o.stream = stream >= 0 ? kExplicitStreams + stream : stream_of(inout);
+  o.raw_scale = raw_scale;
   Tensor t = Tensor::borrow(inout.data, {inout.numel}, DType::f32);
   LH_ASSIGN_OR_RETURN(int id, collectives_->start_all_reduce(t, o));
   return collectives_->wait(id);
@@ -564,7 +586,8 @@ Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const 
 Status Group::all_reduce(const Buffer& inout, ReduceKind kind) { return all_reduce_with(inout, kind, codec(), -1); }
 
 Status Group::all_reduce_with(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream) {
-  if (stream >= kExplicitStreams) return invalid_argument(name_ + ": codec stream " + std::to_string(stream) + " is not below 2^20");
+  if (stream >= kMaxUserStream)
+    return invalid_argument(name_ + ": codec stream " + std::to_string(stream) + " is not below 2^19");
   if (inout.elem == Elem::f32 && (kind == ReduceKind::sum || kind == ReduceKind::avg) && inout.numel > 0 &&
       size() > 1)
     return compressed_all_reduce(inout, kind, spec, stream);
@@ -642,39 +665,149 @@ Tag p2p_tag(int tag_group, int64_t tag) {
 }
 }  // namespace
 
-void Group::send(const Buffer& data, int dst, int64_t tag, std::function<void(const Status&)> done) {
-  if (tag < 0 || tag >= (int64_t(1) << 28) || dst < 0 || dst >= size() || dst == index_) {
-    done(invalid_argument(fmt::format("{}: send to group rank {} with tag {}: the peer must be another member and "
-                                      "0 <= tag < 2^28",
-                                      name_, dst, tag)));
-    return;
-  }
-  Transfer t = plane_->data().send_view(members_[dst], p2p_tag(tag_group_, tag), data.data, data.bytes());
+void Group::queue_transfer(Transfer t, std::function<void(const Status&)> done) {
   std::lock_guard<std::mutex> lock(mu_);
   transfers_.emplace_back(std::move(t), std::move(done));
   cv_.notify_all();
 }
 
-void Group::recv(const Buffer& data, int src, int64_t tag, std::function<void(const Status&)> done) {
-  if (tag < 0 || tag >= (int64_t(1) << 28) || src < 0 || src >= size() || src == index_) {
-    done(invalid_argument(fmt::format("{}: receive from group rank {} with tag {}: the peer must be another member "
-                                      "and 0 <= tag < 2^28",
-                                      name_, src, tag)));
-    return;
+namespace {
+Result<DType> codec_dtype(Elem e, const std::string& what) {
+  switch (e) {
+    case Elem::f32: return DType::f32;
+    case Elem::f16: return DType::f16;
+    case Elem::bf16: return DType::bf16;
+    default:
+      return invalid_argument(what + ": a p2p codec encodes float32, float16 or bfloat16 tensors, not " +
+                              elem_name(e) + " (set the p2p codec to none for them)");
   }
-  Transfer t = plane_->data().recv_into(members_[src], p2p_tag(tag_group_, tag), data.data, data.bytes());
-  const uint64_t want = data.bytes();
-  const std::string name = name_;
+}
+}  // namespace
+
+void Group::send(const Buffer& data, int dst, int64_t tag, std::function<void(const Status&)> done) {
+  const std::string what = fmt::format("{}: send to group rank {} with tag {}", name_, dst, tag);
+  if (tag < 0 || tag >= (int64_t(1) << 28) || dst < 0 || dst >= size() || dst == index_)
+    return done(invalid_argument(what + ": the peer must be another member and 0 <= tag < 2^28"));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (p2p_spec_ == "none") {
+    lock.unlock();
+    return queue_transfer(plane_->net().send_view(members_[dst], p2p_tag(tag_group_, tag), data.data, data.bytes()),
+                          std::move(done));
+  }
+  // Encoded on the caller's thread, in the order of the sends (the stream state sees them in order).
+  auto dtype = codec_dtype(data.elem, what);
+  if (!dtype.ok()) return lock.unlock(), done(dtype.status());
+  compress::StreamState& st =
+      p2p_states_.try_emplace({dst, tag, 0}, compress::StreamState(Role::kActivation)).first->second;
+  compress::Packet packet;
+  Status s = p2p_chain_.encode(Tensor::borrow(data.data, {data.numel}, *dtype), st, &packet);
+  lock.unlock();
+  if (!s.ok()) return done(Status(s.code(), what + ": " + s.message()));
+  queue_transfer(plane_->net().send(members_[dst], p2p_tag(tag_group_, tag), std::move(packet.bytes),
+                                    uint64_t(data.numel) * 4),
+                 std::move(done));
+}
+
+void Group::recv(const Buffer& data, int src, int64_t tag, std::function<void(const Status&)> done) {
+  const std::string what = fmt::format("{}: receive from group rank {} with tag {}", name_, src, tag);
+  if (tag < 0 || tag >= (int64_t(1) << 28) || src < 0 || src >= size() || src == index_)
+    return done(invalid_argument(what + ": the peer must be another member and 0 <= tag < 2^28"));
   const int rank = members_[src];
-  auto checked = [t, want, name, rank, done = std::move(done)](const Status& s) {
-    if (s.ok() && t.wire_bytes() != want)
-      return done(invalid_argument(fmt::format("{}: rank {} sent {} bytes, this rank's receive holds {}", name, rank,
-                                               t.wire_bytes(), want)));
-    done(s);
+  const uint64_t want = data.bytes();
+  if (p2p_codec() == "none") {
+    Transfer t = plane_->net().recv_into(rank, p2p_tag(tag_group_, tag), data.data, want);
+    auto checked = [t, want, what, rank, done = std::move(done)](const Status& s) {
+      if (s.ok() && t.wire_bytes() != want)
+        return done(invalid_argument(
+            fmt::format("{}: rank {} sent {} bytes, this receive holds {}", what, rank, t.wire_bytes(), want)));
+      done(s);
+    };
+    return queue_transfer(t, std::move(checked));
+  }
+  auto dtype = codec_dtype(data.elem, what);
+  if (!dtype.ok()) return done(dtype.status());
+  // Decoded on the transfer thread when it lands, with this (peer, tag)'s receive state.
+  Transfer t = plane_->net().recv(rank, p2p_tag(tag_group_, tag), want / elem_size(data.elem) * 4);
+  auto decode = [this, t, data, dt = *dtype, src, tag, what, done = std::move(done)](const Status& s) mutable {
+    if (!s.ok()) return done(s);
+    Bytes packet = t.take();
+    Tensor out = Tensor::borrow(data.data, {data.numel}, dt);
+    const Shape shape{data.numel};
+    compress::DecodeOptions o;
+    o.expect_shape = &shape;
+    std::lock_guard<std::mutex> lock(mu_);
+    compress::StreamState& st =
+        p2p_states_.try_emplace({src, tag, 1}, compress::StreamState(Role::kActivation)).first->second;
+    Status d = compress::decode_packet(packet.data(), packet.size(), st, &out, o);
+    done(d.ok() ? d : Status(d.code(), what + ": " + d.message()));
   };
+  queue_transfer(t, std::move(decode));
+}
+
+Status Group::forge_for_tests(int dst, int64_t tag) {
+  if (dst < 0 || dst >= size() || dst == index_) return invalid_argument("forge_for_tests: another member, please");
+  return plane_->send_forged_for_tests(members_[dst], p2p_tag(tag_group_, tag), 4096);
+}
+
+Status Group::set_p2p_codec(const std::string& spec) {
+  LH_ASSIGN_OR_RETURN(compress::CodecChain chain, compress::parse_codec_spec(spec));
+  if (chain.needs_sample_ids())
+    return invalid_argument("p2p codec '" + spec + "': delta needs sample ids, which send/recv do not carry");
   std::lock_guard<std::mutex> lock(mu_);
-  transfers_.emplace_back(std::move(t), std::move(checked));
-  cv_.notify_all();
+  p2p_spec_ = spec;
+  p2p_chain_ = std::move(chain);
+  return Status::Ok();
+}
+
+std::string Group::p2p_codec() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return p2p_spec_;
+}
+
+Status Group::powersgd(const Buffer& grads, int bucket, const std::vector<Shape>& shapes, int rank,
+                       const std::string& wire) {
+  const std::string what = fmt::format("{}: PowerSGD of bucket {}", name_, bucket);
+  if (grads.elem != Elem::f32) return invalid_argument(what + ": float32 gradients only, got " + elem_name(grads.elem));
+  if (rank < 1 || rank > 1024) return invalid_argument(what + ": rank " + std::to_string(rank) + " is outside 1..1024");
+  LH_RETURN_IF_ERROR(compress::parse_codec_spec(wire).status());
+  PowerSgdState& ps = powersgd_[bucket];
+  if (!ps.bucket || ps.shapes != shapes || ps.rank != rank) {  // DDP rebuilds its buckets after the first step
+    ParamGroup layout;
+    int64_t offset = 0;
+    for (const Shape& sh : shapes) {
+      ParamSlice slice;
+      slice.offset = offset;
+      const int64_t n = shape_numel(sh);
+      slice.shape = sh.size() >= 2 ? Shape{sh[0], sh[0] ? n / sh[0] : 0} : Shape{n};
+      offset += n;
+      layout.slices.push_back(slice);
+    }
+    if (offset != grads.numel)
+      return invalid_argument(fmt::format("{}: the parameters' shapes hold {} values, the bucket {}", what, offset,
+                                          grads.numel));
+    ps.bucket = std::make_unique<PowerSgdBucket>(layout, rank, 0x5057534744ull + uint64_t(bucket));
+    ps.shapes = shapes;
+    ps.rank = rank;
+  }
+  if (size() == 1) return Status::Ok();
+  // Each factor has a codec stream of its own per bucket: 3 per bucket, after the explicit ones.
+  // The meter counts P and Q as the matrices they stand for (raw bytes), as the C++ jobs' reducer does.
+  const PowerSgdBucket& b = *ps.bucket;
+  const double factor_scale =
+      b.p_values() + b.q_values() > 0 ? double(b.matrix_values()) / double(b.p_values() + b.q_values()) : 1.0;
+  auto reduce = [&](std::vector<float>& v, int k) -> Status {
+    if (v.empty()) return Status::Ok();
+    return compressed_all_reduce(Buffer{v.data(), int64_t(v.size()), Elem::f32}, ReduceKind::avg, wire,
+                                 kMaxUserStream + 3 * bucket + k, k == 1 ? 1.0 : factor_scale);
+  };
+  std::vector<float> p, rest, q;
+  ps.bucket->round1(static_cast<const float*>(grads.data), &p, &rest);
+  LH_RETURN_IF_ERROR(reduce(p, 0));
+  LH_RETURN_IF_ERROR(reduce(rest, 1));
+  ps.bucket->round2(p, &q);
+  LH_RETURN_IF_ERROR(reduce(q, 2));
+  ps.bucket->finish(static_cast<float*>(grads.data), q, rest);
+  return Status::Ok();
 }
 
 Status Group::set_codec(const std::string& spec) {

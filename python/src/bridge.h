@@ -17,9 +17,12 @@
 #include <thread>
 #include <vector>
 
+#include "comm/powersgd.h"
 #include "comm/process_group.h"
+#include "compress/codec_chain.h"
 #include "core/status.h"
 #include "transport/link_meter.h"
+#include "transport/link_shaper.h"
 #include "transport/ucx_data_plane.h"
 
 namespace lh::py {
@@ -54,7 +57,8 @@ class Plane {
   // The job secret comes from $LH_JOB_KEY (64 hex digits, or a passphrase) or the key file $LH_JOB_KEY_FILE
   // (`longhaul keygen`); without one, creation fails saying so. Every rank publishes its data-plane address and
   // public key in the store, sealed with a key derived from the secret; a peer's entry that does not verify fails
-  // creation naming that rank. Returns once every rank's plane is connected.
+  // creation naming that rank. Returns once every rank's plane is connected. $LH_LINK ("RATE[,DELAY]", as `launch
+  // --link`: "20M,50ms") makes every link this process sends on behave like such a link (the in-process shaper).
   static Result<std::shared_ptr<Plane>> create(const StoreOps& store, int rank, int world,
                                                std::chrono::milliseconds timeout);
   ~Plane();
@@ -62,11 +66,20 @@ class Plane {
   int rank() const { return rank_; }
   int world() const { return world_; }
   UcxDataPlane& data() { return *ucx_; }
+  // What the groups send and receive through: the shaper when $LH_LINK is set, else the UCX plane.
+  DataPlane& net() { return shaper_ ? static_cast<DataPlane&>(*shaper_) : *ucx_; }
+  // The shape $LH_LINK gave ("" when unshaped).
+  std::string link_shape() const { return shaper_ ? shape_.to_string() : ""; }
   const std::shared_ptr<LinkMeter>& meter() const { return meter_; }
 
   // Tag groups (0..255) in use in this process: a group takes one for its life.
   Status claim_tag_group(int id, const std::string& group_name);
   void release_tag_group(int id);
+
+  // Tests only: sends `bytes` to `peer` under `tag` with a wire header that has no MAC, as a stranger who reached the
+  // peer's port could: the peer must drop and count it (UcxDataPlane::auth_failures), and nothing of it may complete
+  // a receive.
+  Status send_forged_for_tests(int peer, Tag tag, size_t bytes);
 
   // The plane the default group made, while it lives (sub-groups use it).
   static std::shared_ptr<Plane> current();
@@ -74,7 +87,10 @@ class Plane {
  private:
   Plane() = default;
   int rank_ = -1, world_ = 0;
+  uint32_t epoch_ = 0;
   std::unique_ptr<UcxDataPlane> ucx_;
+  std::unique_ptr<LinkShaper> shaper_;  // over *ucx_, destroyed first
+  LinkShape shape_;
   std::shared_ptr<LinkMeter> meter_;
   std::mutex mu_;
   std::map<int, std::string> tag_groups_;
@@ -103,7 +119,7 @@ class Group {
   // per tensor); everything else is exact: every member's tensor reaches every member, which reduces them in member
   // order (f16/bf16 in f32, rounded once).
   Status all_reduce(const Buffer& inout, ReduceKind kind);
-  // The same with its own codec chain and codec stream (≥ 0: the error-feedback state it keeps across calls; −1: the
+  // The same with its own codec chain and codec stream (0 ≤ stream < 2^19: the error-feedback state it keeps across calls; −1: the
   // stream of the tensor's memory, as all_reduce does), for callers that compress some reductions and not others
   // (longhaul.torch.all_reduce, DiLoCo's pseudo-gradients).
   Status all_reduce_with(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream);
@@ -112,7 +128,15 @@ class Group {
   Status reduce_scatter(const std::vector<Buffer>& ins, const Buffer& out, ReduceKind kind);
   Status barrier();
 
+  // PowerSGD (comm/powersgd.h, the C++ jobs' two-round reducer) on one DDP gradient bucket, in place: `shapes` are
+  // its parameters' shapes in bucket order (each tensor of more than two dimensions a matrix of its first dimension
+  // by the rest); matrices whose factors are smaller go through P and Q, the rest is averaged as is, all on `wire`.
+  // The warm start and error feedback of bucket `bucket` persist across calls. Every rank ends with the same bits.
+  Status powersgd(const Buffer& grads, int bucket, const std::vector<Shape>& shapes, int rank, const std::string& wire);
+
   // Point-to-point, with torch's tag (0 ≤ tag < 2^28): starts now; `done` runs on the group's transfer thread.
+  // With a p2p codec other than none (set_p2p_codec), a float32/16 or bfloat16 tensor travels encoded, with one
+  // stream state per (peer, tag) and way: compressed activations and gradients for a user's own pipeline.
   void send(const Buffer& data, int dst, int64_t tag, std::function<void(const Status&)> done);
   void recv(const Buffer& data, int src, int64_t tag, std::function<void(const Status&)> done);
 
@@ -120,6 +144,10 @@ class Group {
   // the ops submitted after it; refuses a spec that does not parse, naming what is wrong.
   Status set_codec(const std::string& spec);
   std::string codec() const;
+  Status set_p2p_codec(const std::string& spec);
+  // Tests only: Plane::send_forged_for_tests to group rank `dst` under the point-to-point tag `tag`.
+  Status forge_for_tests(int dst, int64_t tag);
+  std::string p2p_codec() const;
 
  private:
   struct Part {
@@ -130,6 +158,7 @@ class Group {
   Group() = default;
   void run_ops();
   void run_transfers();
+  void queue_transfer(Transfer t, std::function<void(const Status&)> done);
   uint32_t next_step();
   Tag tag(uint32_t step, Role role) const;
   std::string op_name(const char* what, uint32_t step) const;
@@ -137,9 +166,11 @@ class Group {
   Status transfer_all(const std::string& what, Tag tag, const std::vector<Part>& sends, const std::vector<Part>& recvs);
   Status exchange_reduce(const std::string& what, Tag tag, const std::vector<const void*>& mine, const Buffer& out,
                          ReduceKind kind);
-  Status compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream);
+  Status compressed_all_reduce(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream,
+                               double raw_scale = 1.0);
   int stream_of(const Buffer& b);
-  static constexpr int kExplicitStreams = 1 << 20;  // explicit stream s is codec stream kExplicitStreams + s
+  // Explicit stream s is codec stream kExplicitStreams + s: a caller's below kMaxUserStream, PowerSGD's above.
+  static constexpr int kExplicitStreams = 1 << 20, kMaxUserStream = 1 << 19;
 
   std::shared_ptr<Plane> plane_;
   std::vector<int> members_;
@@ -153,6 +184,15 @@ class Group {
 
   mutable std::mutex mu_;
   std::string codec_ = "none";
+  std::string p2p_spec_ = "none";
+  compress::CodecChain p2p_chain_;
+  std::map<std::tuple<int, int64_t, int>, compress::StreamState> p2p_states_;  // (peer, tag, way)
+  struct PowerSgdState {
+    std::unique_ptr<PowerSgdBucket> bucket;
+    std::vector<Shape> shapes;
+    int rank = 0;
+  };
+  std::map<int, PowerSgdState> powersgd_;  // by DDP bucket index (group thread only)
   std::condition_variable cv_;
   bool stopping_ = false;
   std::deque<std::pair<std::function<Status()>, std::function<void(const Status&)>>> queue_;

@@ -139,6 +139,17 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
                [g = group_.get(), b, k, spec, stream] { return g->all_reduce_with(b, k, spec, stream); });
   }
 
+  // longhaul.torch.powersgd_hook: one DDP bucket's PowerSGD.
+  c10::intrusive_ptr<c10d::Work> powersgd(at::Tensor& grads, int bucket, std::vector<std::vector<int64_t>> shapes,
+                                          int rank, const std::string& wire) {
+    const Buffer b = buffer_of(grads, "the PowerSGD bucket");
+    if (Status s = compress::parse_codec_spec(wire).status(); !s.ok()) raise(s);
+    std::vector<Shape> sh(shapes.begin(), shapes.end());
+    return run(c10d::OpType::ALLREDUCE, {grads}, [g = group_.get(), b, bucket, sh, rank, wire] {
+      return g->powersgd(b, bucket, sh, rank, wire);
+    });
+  }
+
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions&) override {
     const at::Tensor& in = single(inputs, "allgather");
@@ -302,12 +313,22 @@ void bind_torch(pyb::module_& m) {
   pyb::class_<LonghaulProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<LonghaulProcessGroup>>(
       m, "LonghaulProcessGroup", "torch.distributed's \"longhaul\" backend (made by init_process_group / new_group)")
       .def_property_readonly("codec", [](LonghaulProcessGroup& pg) { return pg.group().codec(); })
+      .def_property_readonly("p2p_codec", [](LonghaulProcessGroup& pg) { return pg.group().p2p_codec(); })
       .def("_allreduce_coded", &LonghaulProcessGroup::allreduce_coded, pyb::arg("tensor"), pyb::arg("op"),
-           pyb::arg("spec"), pyb::arg("stream"));
+           pyb::arg("spec"), pyb::arg("stream"))
+      .def("_forge_for_tests",
+           [](LonghaulProcessGroup& pg, int dst, int64_t tag) {
+             if (Status s = pg.group().forge_for_tests(dst, tag); !s.ok()) raise(s);
+           })
+      .def("_powersgd", &LonghaulProcessGroup::powersgd, pyb::arg("grads"), pyb::arg("bucket"), pyb::arg("shapes"),
+           pyb::arg("rank"), pyb::arg("wire"));
   m.def("_create_process_group", &create_process_group, pyb::arg("store"), pyb::arg("group_rank"),
         pyb::arg("group_size"), pyb::arg("timeout_s"), pyb::arg("group_id"), pyb::arg("global_ranks"));
   m.def("_set_codec", [](LonghaulProcessGroup& pg, const std::string& spec) {
     if (Status s = pg.group().set_codec(spec); !s.ok()) raise(s);
+  });
+  m.def("_set_p2p_codec", [](LonghaulProcessGroup& pg, const std::string& spec) {
+    if (Status s = pg.group().set_p2p_codec(spec); !s.ok()) raise(s);
   });
   m.def("_metrics_line", [](int64_t step, std::optional<double> loss, const std::string& codec) {
     const double l = loss.value_or(0);
@@ -323,6 +344,7 @@ void bind_torch(pyb::module_& m) {
     d["auth_failures"] = p.data().auth_failures();
     d["dropped_packets"] = p.data().dropped_packets();
     d["transports"] = p.data().transports();
+    d["link"] = p.link_shape();
     return d;
   });
 }

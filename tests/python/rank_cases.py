@@ -234,6 +234,115 @@ def case_peer_dies():
         return {"error": str(e), "seconds": time.time() - start}
 
 
+def case_p2p_codec():
+    """Rank 0 sends to rank 1 through a p2p codec; rank 1 checks the bits against longhaul.codecs run locally."""
+    import longhaul.codecs as lhc
+
+    init()
+    spec = ARGS["codec"]
+    lht.set_p2p_codec(None, spec)
+    sent = [torch.randn(4097, generator=torch.Generator().manual_seed(i)) for i in range(5)]
+    ok = []
+    if RANK == 0:
+        for x in sent:
+            dist.send(x, 1, tag=3)
+    else:
+        codec, tx, rx = lhc.Codec(spec), lhc.StreamState("act"), lhc.StreamState("act")
+        for x in sent:
+            got = torch.empty(4097)
+            dist.recv(got, 0, tag=3)
+            want = lhc.decode(codec.encode(x, tx), state=rx)
+            ok.append(bool(torch.equal(got, want)))
+    line = lht.log_step(0)
+    # an int64 tensor cannot go through a codec: the send fails naming it
+    err = None
+    if RANK == 0:
+        try:
+            dist.send(torch.zeros(3, dtype=torch.int64), 1, tag=4)
+        except RuntimeError as e:
+            err = str(e)
+    dist.barrier()
+    dist.destroy_process_group()
+    act = [l for l in line["links"] if l["role"] == "act" and l["dir"] == "send"]
+    return {"ok": ok, "raw": sum(l["raw_bytes"] for l in act), "wire": sum(l["wire_bytes"] for l in act),
+            "error": err}
+
+
+def case_powersgd():
+    init()
+    pg = dist.distributed_c10d._get_default_group()
+    # every rank a different rank-1 matrix: their average has rank WORLD, which rank-WORLD factors hold exactly
+    def parts(r):
+        g = torch.Generator().manual_seed(r)
+        return torch.randn(64, 1, generator=g), torch.randn(1, 48, generator=g), torch.randn(48, generator=g)
+
+    errs = []
+    for it in range(3):
+        u, v, bias = parts(RANK)
+        buf = torch.cat([((u @ v) * (it + 1)).reshape(-1), bias])
+        pg._powersgd(buf, 0, [[64, 48], [48]], WORLD, "none").wait()
+        want_m = sum(parts(r)[0] @ parts(r)[1] for r in range(WORLD)) * (it + 1) / WORLD
+        want_b = sum(parts(r)[2] for r in range(WORLD)) / WORLD
+        errs.append([float((buf[:64 * 48].reshape(64, 48) - want_m).abs().max() / want_m.abs().max()),
+                     float((buf[64 * 48:] - want_b).abs().max())])
+    # and as a DDP comm hook: trains, bit-equal replicas
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=0.01)
+    model.register_comm_hook(lht.PowerSGDState(rank=2), lht.powersgd_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    teacher = torch.nn.Linear(32, 10)
+    losses, hashes = [], []
+    for step in range(20):
+        x = torch.randn(64, 32, generator=torch.Generator().manual_seed(100 * step + RANK))
+        loss = torch.nn.functional.cross_entropy(model(x), teacher(x).argmax(1).detach())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        hashes.append(hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest())
+    line = lht.log_step(0)
+    grad = [l for l in line["links"] if l["role"] == "grad" and l["dir"] == "send"]
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"errs": errs, "losses": losses, "hashes": hashes, "raw": sum(l["raw_bytes"] for l in grad),
+            "wire": sum(l["wire_bytes"] for l in grad)}
+
+
+def case_forged():
+    """Rank 0 sends rank 1 a packet without a valid MAC, then the genuine one under the same tag."""
+    init()
+    pg = dist.distributed_c10d._get_default_group()
+    x = torch.arange(1024, dtype=torch.float32)
+    got = torch.zeros(1024)
+    if RANK == 0:
+        pg._forge_for_tests(1, 5)
+        time.sleep(0.5)
+        dist.send(x, 1, tag=5)
+    else:
+        dist.recv(got, 0, tag=5)
+    counters = lht.counters()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"equal": bool(torch.equal(got, x)), "auth_failures": counters["auth_failures"]}
+
+
+def case_shaped():
+    """With LH_LINK set, 1 MB from rank 0 to rank 1 takes the emulated link's time."""
+    init()
+    x = torch.zeros(250000)  # 1 MB
+    dist.barrier()
+    start = time.time()
+    if RANK == 0:
+        dist.send(x, 1)
+    else:
+        dist.recv(x, 0)
+    elapsed = time.time() - start
+    stats = lht.link_stats()
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"seconds": elapsed, "bandwidth": stats["bandwidth"]}
+
+
 CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
 
 if __name__ == "__main__":

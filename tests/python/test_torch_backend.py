@@ -93,3 +93,43 @@ def test_a_peer_that_dies_fails_the_others_op_naming_it_within_the_timeout():
         assert out is not None and out["error"] is not None, res[r]
         assert "rank 2" in out["error"], out["error"]
         assert out["seconds"] < 25, out
+
+
+@pytest.mark.parametrize("codec", ["int8", "ef+int4"])
+def test_point_to_point_carries_a_codec_with_a_state_per_link(codec):
+    res = ranks.run("p2p_codec", 2, args={"codec": codec})
+    assert res[1]["out"]["ok"] == [True] * 5  # the bits longhaul.codecs gives, state carried across sends
+    out = res[0]["out"]
+    assert out["raw"] / out["wire"] > 3.5, out
+    assert "int64" in out["error"] and "p2p codec" in out["error"], out["error"]
+
+
+def test_powersgd_reconstructs_a_low_rank_average_and_trains_ddp_as_a_comm_hook():
+    res = ranks.run("powersgd", 2)
+    for r in range(2):
+        out = res[r]["out"]
+        for m_err, b_err in out["errs"]:
+            assert m_err < 1e-4 and b_err < 1e-5, out["errs"]
+        assert out["hashes"] == res[1 - r]["out"]["hashes"]
+        assert sum(out["losses"][-5:]) < sum(out["losses"][:5]), out["losses"]
+        assert out["raw"] / out["wire"] > 2, out
+
+
+def test_lh_link_shapes_every_link_like_launch_link():
+    res = ranks.run("shaped", 2, env={"LH_LINK": "8M,20ms"})
+    # 1 MB at 8 Mbit/s takes at least one second (being slower is allowed: the machine is shared)
+    assert res[1]["out"]["seconds"] >= 0.95, res[1]["out"]
+    bw = [b for b in res[0]["out"]["bandwidth"] if b["dir"] == "send"]
+    assert bw and all(b["bps"] <= 8.5e6 for b in bw), bw
+
+
+def test_a_bad_lh_link_is_named():
+    res = ranks.run("init", 2, env={"LH_LINK": "fast"}, args={"timeout": 10}, expect_ok=False)
+    assert "LH_LINK" in res[0]["out"]["error"], res[0]
+
+
+def test_a_forged_packet_is_counted_and_dropped_and_the_genuine_one_arrives():
+    res = ranks.run("forged", 2)
+    assert res[1]["out"]["equal"], res[1]
+    assert res[1]["out"]["auth_failures"] >= 1, res[1]
+    assert res[0]["out"]["auth_failures"] == 0, res[0]
