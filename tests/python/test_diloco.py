@@ -1,12 +1,17 @@
 """longhaul.torch.DiLoCo: at world 1 (no process group) against the inner optimizer alone and a hand-written outer
 step, bad input, resuming from state_dict, and in 2 real processes (diloco_cases.py starts them as torchrun would)."""
 import io
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import diloco_cases
 import longhaul.torch as lht
+import ranks
 
 
 def mlp(seed=0):
@@ -200,3 +205,16 @@ def test_ef_int4_sends_at_least_6x_fewer_pseudo_gradient_bytes_than_none(two_ran
             assert out["raw_bytes_received"] == out["received"]["raw"]
         # and ef+int4 trains about as well as none
         assert c["losses"][-1] < 1.1 * n["losses"][-1]
+
+
+def test_the_example_trains_under_torchrun_and_sends_far_less_than_every_step_ddp():
+    root = os.path.abspath(os.path.join(ranks.HERE, "..", ".."))
+    e = dict(os.environ, LH_JOB_KEY=ranks.KEY, OMP_NUM_THREADS="1", UCX_NET_DEVICES="lo")
+    cmd = [sys.executable, "-m", "longhaul.torchrun", "--nproc_per_node", "2", "--master_port", str(ranks.free_port()),
+           os.path.join(root, "examples", "torch_diloco.py"), "--codec", "ef+int4", "--H", "20", "--rounds", "10"]
+    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    losses = [float(x) for x in re.findall(r"rank 0's loss (\S+)", p.stdout)]
+    assert len(losses) == 10 and losses[-1] < 0.8 * losses[0], p.stdout
+    # ef+int4 is about 1/7.5 of float32, and one all-reduce per 20 steps: about 150x less than every-step DDP
+    assert float(re.search(r": (\S+)x more", p.stdout).group(1)) > 100, p.stdout
