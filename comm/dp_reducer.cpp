@@ -313,6 +313,14 @@ Status DpReducer::powersgd_finish() {
   return Status::Ok();
 }
 
+void diloco_outer_update(float* sync, float* momentum, const float* avg_delta, int64_t n, double lr, double mu) {
+  const float lr_f = float(lr), mu_f = float(mu);
+  for (int64_t k = 0; k < n; ++k) {
+    momentum[k] = mu_f * momentum[k] + avg_delta[k];
+    sync[k] -= lr_f * (avg_delta[k] + mu_f * momentum[k]);  // Nesterov
+  }
+}
+
 Status DpReducer::start_diloco(const std::vector<ParamGroup*>& groups, const SyncConfig& sync) {
   {
     Status s = check_grad_codec_spec(spec_, sync);
@@ -352,15 +360,10 @@ Status DpReducer::outer_step(const std::vector<ParamGroup*>& groups, const std::
     Status s = group_->wait_all();
     if (!s.ok()) return s.prepend("DiLoCo outer step");
   }
-  const float lr = float(sync_.outer_lr), mu = float(sync_.outer_momentum);
   for (size_t i = 0; i < groups.size(); ++i) {
-    const float* d = deltas[i].data<float>();
     std::vector<float>& a = anchor_[i];
-    std::vector<float>& m = momentum_[i];
-    for (size_t k = 0; k < a.size(); ++k) {
-      m[k] = mu * m[k] + d[k];
-      a[k] -= lr * (d[k] + mu * m[k]);  // Nesterov
-    }
+    diloco_outer_update(a.data(), momentum_[i].data(), deltas[i].data<float>(), int64_t(a.size()), sync_.outer_lr,
+                        sync_.outer_momentum);
     LH_RETURN_IF_ERROR(groups[i]->params.copy_from(Tensor::from_vector(a, groups[i]->params.shape())));
   }
   return Status::Ok();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,11 @@
 #include "grid/topology.h"
 
 namespace lh {
+
+// DiLoCo's outer step on one flat float32 vector of n parameters, in float32 as DpReducer::outer_step takes it:
+// m := μ·m + Δ; θ_sync := θ_sync − lr·(Δ + μ·m) (Nesterov), with `avg_delta` the replicas' average of
+// Δ = θ_sync − θ. The one definition of that update: the C++ jobs and longhaul.torch.DiLoCo both call it.
+void diloco_outer_update(float* sync, float* momentum, const float* avg_delta, int64_t n, double lr, double mu);
 
 class DpReducer {
  public:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from . import _C
 
 __all__ = ["set_codec", "codec", "set_p2p_codec", "p2p_codec", "all_reduce", "PowerSGDState", "powersgd_hook",
-           "link_stats", "counters", "log_step", "LonghaulProcessGroup"]
+           "link_stats", "counters", "log_step", "LonghaulProcessGroup", "DiLoCo"]
 
 LonghaulProcessGroup = _C.LonghaulProcessGroup
 
@@ -126,3 +126,6 @@ def log_step(step, loss=None, path=None, group=None):
         finally:
             os.close(fd)
     return json.loads(line)
+
+
+from .diloco import DiLoCo  # noqa: E402
