@@ -135,7 +135,8 @@ Status ProcessGroup::set_tag_group(int group) {
 }
 
 Tag ProcessGroup::tag(const Op& op, int packet) const {
-  const uint32_t step = tag_group_ < 0 ? uint32_t(op.step) : (uint32_t(tag_group_) << 16) | (uint32_t(op.step) & 0xFFFF);
+  const uint32_t step =
+      tag_group_ < 0 ? uint32_t(op.step) : (uint32_t(tag_group_) << 16) | (uint32_t(op.step) & 0xFFFF);
   return make_tag(step, uint16_t(op.seq), op.opt.role, uint8_t(packet));
 }
 

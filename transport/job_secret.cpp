@@ -14,7 +14,14 @@ namespace lh {
 namespace {
 
 constexpr char kKdfContext[crypto_kdf_CONTEXTBYTES + 1] = "lhctrl01";
-enum Subkey : uint64_t { kServerCurve = 1, kClientCurve = 2, kJoinProof = 3, kRelayRanks = 4, kPageToken = 5, kStoreEntry = 6 };
+enum Subkey : uint64_t {
+  kServerCurve = 1,
+  kClientCurve = 2,
+  kJoinProof = 3,
+  kRelayRanks = 4,
+  kPageToken = 5,
+  kStoreEntry = 6
+};
 
 void init_sodium() {
   static const int rc = sodium_init();  // thread-safe, idempotent; −1 only if no randomness is available

@@ -17,15 +17,19 @@ namespace lh::py {
 size_t elem_size(Elem e) {
   switch (e) {
     case Elem::f64:
-    case Elem::i64: return 8;
+    case Elem::i64:
+      return 8;
     case Elem::f32:
-    case Elem::i32: return 4;
+    case Elem::i32:
+      return 4;
     case Elem::f16:
     case Elem::bf16:
-    case Elem::i16: return 2;
+    case Elem::i16:
+      return 2;
     case Elem::i8:
     case Elem::u8:
-    case Elem::boolean: return 1;
+    case Elem::boolean:
+      return 1;
   }
   return 1;
 }
@@ -46,7 +50,9 @@ namespace {
 std::mutex g_plane_mu;
 std::weak_ptr<Plane> g_plane;
 
-std::string seconds_text(std::chrono::milliseconds t) { return fmt::format("{:.1f} s", t.count() / 1000.0); }
+std::string seconds_text(std::chrono::milliseconds t) {
+  return fmt::format("{:.1f} s", t.count() / 1000.0);
+}
 
 // The job secret from the environment (Plane::create says where it looks).
 Result<JobSecret> secret_from_env() {
@@ -91,7 +97,8 @@ Result<std::string> unseal(const std::string& value, const std::string& key, con
   if (crypto_auth_verify(reinterpret_cast<const uint8_t*>(value.data() + n),
                          reinterpret_cast<const uint8_t*>(value.data()), n,
                          reinterpret_cast<const uint8_t*>(key.data())) != 0)
-    return invalid_argument(what + " in the store does not verify with this job's secret: that rank has another "
+    return invalid_argument(what +
+                            " in the store does not verify with this job's secret: that rank has another "
                             "LH_JOB_KEY, or someone without the secret wrote it");
   return value.substr(0, n);
 }
@@ -140,8 +147,8 @@ class Join {
         return unavailable("rank " + std::to_string(from) + " could not join: " + why);
       }
       if (Clock::now() > deadline_)
-        return unavailable(fmt::format("rank {} published no {} within {} (not started, or another job's store?)",
-                                       from, what, seconds_text(timeout_)));
+        return unavailable(fmt::format("rank {} published no {} within {} (not started, or another job's store?)", from,
+                                       what, seconds_text(timeout_)));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
@@ -191,10 +198,10 @@ Result<uint32_t> agree_epoch(const StoreOps& store, Join& join, int rank, int wo
   if (body->size() != 12)
     return join.fail(corrupt("rank 0's epoch in the store is " + std::to_string(body->size()) + " bytes"));
   if (PacketProtection(get_u32(*body, 8)) != protection)
-    return join.fail(invalid_argument(
-        std::string("rank 0 protects packets with '") + packet_protection_name(PacketProtection(get_u32(*body, 8))) +
-        "', this rank (" + std::to_string(rank) + ") with '" + packet_protection_name(protection) +
-        "': set the same LH_DATA_PROTECTION everywhere"));
+    return join.fail(invalid_argument(std::string("rank 0 protects packets with '") +
+                                      packet_protection_name(PacketProtection(get_u32(*body, 8))) + "', this rank (" +
+                                      std::to_string(rank) + ") with '" + packet_protection_name(protection) +
+                                      "': set the same LH_DATA_PROTECTION everywhere"));
   if (int(get_u32(*body, 4)) != world)
     return join.fail(invalid_argument("rank 0 was started with a world of " + std::to_string(get_u32(*body, 4)) +
                                       " ranks, this rank (" + std::to_string(rank) + ") with " +
@@ -212,7 +219,8 @@ Status read_entry(Join& join, int r, int world, uint32_t epoch, const std::strin
   const std::string& e = *sealed;
   if (e.size() < kEntryFixed || uint8_t(e[0]) != kEntryVersion)
     return join.fail(corrupt(what + " is not a longhaul entry of version " + std::to_string(kEntryVersion)));
-  if (int(get_u32(e, 1)) != r) return join.fail(invalid_argument(what + " names rank " + std::to_string(get_u32(e, 1))));
+  if (int(get_u32(e, 1)) != r)
+    return join.fail(invalid_argument(what + " names rank " + std::to_string(get_u32(e, 1))));
   if (int(get_u32(e, 5)) != world)
     return join.fail(invalid_argument("rank " + std::to_string(r) + " was started with a world of " +
                                       std::to_string(get_u32(e, 5)) + " ranks, this rank with " +
@@ -251,7 +259,8 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
   p->ucx_->set_meter(p->meter_);
   if (const char* link = std::getenv("LH_LINK"); link && *link) {
     auto shape = parse_link_shape(link);
-    if (!shape.ok()) return join.fail(invalid_argument("LH_LINK='" + std::string(link) + "': " + shape.status().message()));
+    if (!shape.ok())
+      return join.fail(invalid_argument("LH_LINK='" + std::string(link) + "': " + shape.status().message()));
     p->shape_ = *shape;
     p->shaper_ = std::make_unique<LinkShaper>(*p->ucx_, p->shape_);
   }
@@ -286,7 +295,9 @@ Result<std::shared_ptr<Plane>> Plane::create(const StoreOps& store, int rank, in
   return p;
 }
 
-Plane::~Plane() { shaper_.reset(); }
+Plane::~Plane() {
+  shaper_.reset();
+}
 
 std::shared_ptr<Plane> Plane::current() {
   std::lock_guard<std::mutex> lock(g_plane_mu);
@@ -433,7 +444,9 @@ void Group::run_transfers() {
   }
 }
 
-uint32_t Group::next_step() { return ++ops_; }
+uint32_t Group::next_step() {
+  return ++ops_;
+}
 
 Tag Group::tag(uint32_t step, Role role) const {
   return make_tag((uint32_t(tag_group_) << 16) | (step & 0xFFFF), 0, role);
@@ -464,13 +477,14 @@ Status Group::transfer_all(const std::string& what, Tag tag, const std::vector<P
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     Status s = ts[i].wait(std::max(left, std::chrono::milliseconds(0)));
     if (!s.ok() && !ts[i].done())
-      s = unavailable(fmt::format("{}: {} rank {} within {}", what, recv ? "no data from" : "rank did not take data:",
-                                  rank, seconds_text(timeout_)));
+      s = unavailable(fmt::format("{}: {} rank {} within {}", what,
+                                  recv ? "no data from" : "rank did not take data:", rank, seconds_text(timeout_)));
     else if (!s.ok())
       s = Status(s.code(), fmt::format("{}: {} rank {} failed: {}", what, recv ? "the receive from" : "the send to",
                                        rank, s.message()));
     else if (recv && ts[i].wire_bytes() != parts[i]->bytes)
-      s = invalid_argument(fmt::format("{}: rank {} sent {} bytes, this rank expects {} (the ranks disagree on the "
+      s =
+          invalid_argument(fmt::format("{}: rank {} sent {} bytes, this rank expects {} (the ranks disagree on the "
                                        "tensor's size or dtype)",
                                        what, rank, ts[i].wire_bytes(), parts[i]->bytes));
     if (!s.ok() && first.ok()) first = s;
@@ -519,15 +533,23 @@ void reduce_elems(const std::vector<const void*>& srcs, void* out, int64_t n, Re
       switch (kind) {
         case ReduceKind::sum:
         case ReduceKind::avg:
-          if constexpr (std::is_same_v<E, Bool>) acc = acc || v;
-          else acc = A(acc + v);
+          if constexpr (std::is_same_v<E, Bool>)
+            acc = acc || v;
+          else
+            acc = A(acc + v);
           break;
         case ReduceKind::product:
-          if constexpr (std::is_same_v<E, Bool>) acc = acc && v;
-          else acc = A(acc * v);
+          if constexpr (std::is_same_v<E, Bool>)
+            acc = acc && v;
+          else
+            acc = A(acc * v);
           break;
-        case ReduceKind::min: acc = v < acc ? v : acc; break;
-        case ReduceKind::max: acc = v > acc ? v : acc; break;
+        case ReduceKind::min:
+          acc = v < acc ? v : acc;
+          break;
+        case ReduceKind::max:
+          acc = v > acc ? v : acc;
+          break;
       }
     }
     if constexpr (std::is_floating_point_v<A>)
@@ -538,25 +560,37 @@ void reduce_elems(const std::vector<const void*>& srcs, void* out, int64_t n, Re
 
 void reduce_any(Elem e, const std::vector<const void*>& srcs, void* out, int64_t n, ReduceKind kind) {
   switch (e) {
-    case Elem::f32: return reduce_elems<Plain<float>>(srcs, out, n, kind);
-    case Elem::f64: return reduce_elems<Plain<double>>(srcs, out, n, kind);
-    case Elem::f16: return reduce_elems<Half>(srcs, out, n, kind);
-    case Elem::bf16: return reduce_elems<BHalf>(srcs, out, n, kind);
-    case Elem::i64: return reduce_elems<Plain<int64_t>>(srcs, out, n, kind);
-    case Elem::i32: return reduce_elems<Plain<int32_t>>(srcs, out, n, kind);
-    case Elem::i16: return reduce_elems<Plain<int16_t>>(srcs, out, n, kind);
-    case Elem::i8: return reduce_elems<Plain<int8_t>>(srcs, out, n, kind);
-    case Elem::u8: return reduce_elems<Plain<uint8_t>>(srcs, out, n, kind);
-    case Elem::boolean: return reduce_elems<Bool>(srcs, out, n, kind);
+    case Elem::f32:
+      return reduce_elems<Plain<float>>(srcs, out, n, kind);
+    case Elem::f64:
+      return reduce_elems<Plain<double>>(srcs, out, n, kind);
+    case Elem::f16:
+      return reduce_elems<Half>(srcs, out, n, kind);
+    case Elem::bf16:
+      return reduce_elems<BHalf>(srcs, out, n, kind);
+    case Elem::i64:
+      return reduce_elems<Plain<int64_t>>(srcs, out, n, kind);
+    case Elem::i32:
+      return reduce_elems<Plain<int32_t>>(srcs, out, n, kind);
+    case Elem::i16:
+      return reduce_elems<Plain<int16_t>>(srcs, out, n, kind);
+    case Elem::i8:
+      return reduce_elems<Plain<int8_t>>(srcs, out, n, kind);
+    case Elem::u8:
+      return reduce_elems<Plain<uint8_t>>(srcs, out, n, kind);
+    case Elem::boolean:
+      return reduce_elems<Bool>(srcs, out, n, kind);
   }
 }
 
-bool is_float(Elem e) { return e == Elem::f32 || e == Elem::f64 || e == Elem::f16 || e == Elem::bf16; }
+bool is_float(Elem e) {
+  return e == Elem::f32 || e == Elem::f64 || e == Elem::f16 || e == Elem::bf16;
+}
 
 }  // namespace
 
-Status Group::exchange_reduce(const std::string& what, Tag tag, const std::vector<const void*>& mine,
-                              const Buffer& out, ReduceKind kind) {
+Status Group::exchange_reduce(const std::string& what, Tag tag, const std::vector<const void*>& mine, const Buffer& out,
+                              ReduceKind kind) {
   if (kind == ReduceKind::avg && !is_float(out.elem))
     return invalid_argument(what + ": AVG of " + elem_name(out.elem) +
                             " tensors is not defined (integers do not divide exactly); use SUM and divide");
@@ -607,21 +641,21 @@ Status Group::compressed_all_reduce(const Buffer& inout, ReduceKind kind, const 
   return collectives_->wait(id);
 }
 
-Status Group::all_reduce(const Buffer& inout, ReduceKind kind) { return all_reduce_with(inout, kind, codec(), -1); }
+Status Group::all_reduce(const Buffer& inout, ReduceKind kind) {
+  return all_reduce_with(inout, kind, codec(), -1);
+}
 
 Status Group::all_reduce_with(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream) {
   if (stream >= kMaxUserStream)
     return invalid_argument(name_ + ": codec stream " + std::to_string(stream) + " is not below 2^19");
-  if (inout.elem == Elem::f32 && (kind == ReduceKind::sum || kind == ReduceKind::avg) && inout.numel > 0 &&
-      size() > 1)
+  if (inout.elem == Elem::f32 && (kind == ReduceKind::sum || kind == ReduceKind::avg) && inout.numel > 0 && size() > 1)
     return compressed_all_reduce(inout, kind, spec, stream);
   const uint32_t step = next_step();
   const std::string what = op_name("all-reduce", step) + " (" + reduce_name(kind) + ", " + elem_name(inout.elem) + ")";
   if (spec != "none" && inout.elem == Elem::f32 && size() > 1)
-    return invalid_argument(what + ": the codec '" + spec + "' compresses SUM and AVG only; set the codec to none for " +
-                            reduce_name(kind));
-  return exchange_reduce(what, tag(step, Role::kWeightGrad), std::vector<const void*>(size(), inout.data), inout,
-                         kind);
+    return invalid_argument(what + ": the codec '" + spec +
+                            "' compresses SUM and AVG only; set the codec to none for " + reduce_name(kind));
+  return exchange_reduce(what, tag(step, Role::kWeightGrad), std::vector<const void*>(size(), inout.data), inout, kind);
 }
 
 Status Group::broadcast(const Buffer& inout, int root) {
@@ -659,7 +693,8 @@ Status Group::all_gather(const Buffer& in, const std::vector<Buffer>& outs) {
 
 Status Group::reduce_scatter(const std::vector<Buffer>& ins, const Buffer& out, ReduceKind kind) {
   const uint32_t step = next_step();
-  const std::string what = op_name("reduce-scatter", step) + " (" + reduce_name(kind) + ", " + elem_name(out.elem) + ")";
+  const std::string what =
+      op_name("reduce-scatter", step) + " (" + reduce_name(kind) + ", " + elem_name(out.elem) + ")";
   if (int(ins.size()) != size())
     return invalid_argument(what + ": " + std::to_string(ins.size()) + " inputs for a group of " +
                             std::to_string(size()));
@@ -698,12 +733,15 @@ void Group::queue_transfer(Transfer t, std::function<void(const Status&)> done) 
 namespace {
 Result<DType> codec_dtype(Elem e, const std::string& what) {
   switch (e) {
-    case Elem::f32: return DType::f32;
-    case Elem::f16: return DType::f16;
-    case Elem::bf16: return DType::bf16;
+    case Elem::f32:
+      return DType::f32;
+    case Elem::f16:
+      return DType::f16;
+    case Elem::bf16:
+      return DType::bf16;
     default:
-      return invalid_argument(what + ": a p2p codec encodes float32, float16 or bfloat16 tensors, not " +
-                              elem_name(e) + " (set the p2p codec to none for them)");
+      return invalid_argument(what + ": a p2p codec encodes float32, float16 or bfloat16 tensors, not " + elem_name(e) +
+                              " (set the p2p codec to none for them)");
   }
 }
 }  // namespace
@@ -727,9 +765,9 @@ void Group::send(const Buffer& data, int dst, int64_t tag, std::function<void(co
   Status s = p2p_chain_.encode(Tensor::borrow(data.data, {data.numel}, *dtype), st, &packet);
   lock.unlock();
   if (!s.ok()) return done(Status(s.code(), what + ": " + s.message()));
-  queue_transfer(plane_->net().send(members_[dst], p2p_tag(tag_group_, tag), std::move(packet.bytes),
-                                    uint64_t(data.numel) * 4),
-                 std::move(done));
+  queue_transfer(
+      plane_->net().send(members_[dst], p2p_tag(tag_group_, tag), std::move(packet.bytes), uint64_t(data.numel) * 4),
+      std::move(done));
 }
 
 void Group::recv(const Buffer& data, int src, int64_t tag, std::function<void(const Status&)> done) {
@@ -807,8 +845,8 @@ Status Group::powersgd(const Buffer& grads, int bucket, const std::vector<Shape>
       layout.slices.push_back(slice);
     }
     if (offset != grads.numel)
-      return invalid_argument(fmt::format("{}: the parameters' shapes hold {} values, the bucket {}", what, offset,
-                                          grads.numel));
+      return invalid_argument(
+          fmt::format("{}: the parameters' shapes hold {} values, the bucket {}", what, offset, grads.numel));
     ps.bucket = std::make_unique<PowerSgdBucket>(layout, rank, 0x5057534744ull + uint64_t(bucket));
     ps.shapes = shapes;
     ps.rank = rank;

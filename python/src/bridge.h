@@ -119,9 +119,9 @@ class Group {
   // per tensor); everything else is exact: every member's tensor reaches every member, which reduces them in member
   // order (f16/bf16 in f32, rounded once).
   Status all_reduce(const Buffer& inout, ReduceKind kind);
-  // The same with its own codec chain and codec stream (0 ≤ stream < 2^19: the error-feedback state it keeps across calls; −1: the
-  // stream of the tensor's memory, as all_reduce does), for callers that compress some reductions and not others
-  // (longhaul.torch.all_reduce, DiLoCo's pseudo-gradients).
+  // The same with its own codec chain and codec stream (0 ≤ stream < 2^19: the error-feedback state it keeps across
+  // calls; −1: the stream of the tensor's memory, as all_reduce does), for callers that compress some reductions and
+  // not others (longhaul.torch.all_reduce, DiLoCo's pseudo-gradients).
   Status all_reduce_with(const Buffer& inout, ReduceKind kind, const std::string& spec, int stream);
   Status broadcast(const Buffer& inout, int root);
   Status all_gather(const Buffer& in, const std::vector<Buffer>& outs);
@@ -179,7 +179,7 @@ class Group {
   std::string name_;
   std::chrono::milliseconds timeout_{0};
   std::unique_ptr<ProcessGroup> collectives_;
-  uint32_t ops_ = 0;  // collectives started (group thread only)
+  uint32_t ops_ = 0;                                      // collectives started (group thread only)
   std::map<std::pair<uintptr_t, int64_t>, int> streams_;  // (data, numel) → codec stream (group thread only)
 
   mutable std::mutex mu_;

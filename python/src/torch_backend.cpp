@@ -1,13 +1,13 @@
 // defines: the "longhaul" backend of torch.distributed — lh::py::LonghaulProcessGroup (a c10d::ProcessGroup over
 // bridge.h's Group) and its Work — and longhaul._C's functions for it (longhaul/torch.py registers the backend).
 // The only translation unit that includes torch's headers.
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/python.h>
 
 #include <functional>
 #include <regex>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "compress/codec_chain.h"
 #include "python/src/bridge.h"
@@ -30,16 +30,26 @@ std::string status_text(const Status& s) {
 
 Elem elem_of(const at::Tensor& t, const char* what) {
   switch (t.scalar_type()) {
-    case at::kFloat: return Elem::f32;
-    case at::kDouble: return Elem::f64;
-    case at::kHalf: return Elem::f16;
-    case at::kBFloat16: return Elem::bf16;
-    case at::kLong: return Elem::i64;
-    case at::kInt: return Elem::i32;
-    case at::kShort: return Elem::i16;
-    case at::kChar: return Elem::i8;
-    case at::kByte: return Elem::u8;
-    case at::kBool: return Elem::boolean;
+    case at::kFloat:
+      return Elem::f32;
+    case at::kDouble:
+      return Elem::f64;
+    case at::kHalf:
+      return Elem::f16;
+    case at::kBFloat16:
+      return Elem::bf16;
+    case at::kLong:
+      return Elem::i64;
+    case at::kInt:
+      return Elem::i32;
+    case at::kShort:
+      return Elem::i16;
+    case at::kChar:
+      return Elem::i8;
+    case at::kByte:
+      return Elem::u8;
+    case at::kBool:
+      return Elem::boolean;
     default:
       TORCH_CHECK(false, "longhaul: ", what, " has dtype ", t.scalar_type(),
                   ", which the longhaul backend does not move (float32/64, float16, bfloat16, int8/16/32/64, uint8, "
@@ -50,7 +60,8 @@ Elem elem_of(const at::Tensor& t, const char* what) {
 // A tensor the bridge may read and write in place: CPU, dense, contiguous.
 Buffer buffer_of(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), "longhaul: ", what, " is an undefined tensor");
-  TORCH_CHECK(t.layout() == at::kStrided, "longhaul: ", what, " is a sparse tensor; the longhaul backend moves dense ones");
+  TORCH_CHECK(t.layout() == at::kStrided, "longhaul: ", what,
+              " is a sparse tensor; the longhaul backend moves dense ones");
   TORCH_CHECK(t.device().is_cpu(), "longhaul: ", what, " is on ", t.device(),
               "; this longhaul backend moves CPU tensors (a torch with CUDA is not verified)");
   TORCH_CHECK(t.is_contiguous(), "longhaul: ", what, " is not contiguous (call .contiguous() first)");
@@ -64,12 +75,18 @@ const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* op) {
 
 ReduceKind kind_of(const c10d::ReduceOp& op) {
   switch (op.op_) {
-    case c10d::ReduceOp::SUM: return ReduceKind::sum;
-    case c10d::ReduceOp::AVG: return ReduceKind::avg;
-    case c10d::ReduceOp::MIN: return ReduceKind::min;
-    case c10d::ReduceOp::MAX: return ReduceKind::max;
-    case c10d::ReduceOp::PRODUCT: return ReduceKind::product;
-    default: TORCH_CHECK(false, "longhaul: reduce op ", int(op.op_), " is not supported (SUM, AVG, MIN, MAX, PRODUCT)");
+    case c10d::ReduceOp::SUM:
+      return ReduceKind::sum;
+    case c10d::ReduceOp::AVG:
+      return ReduceKind::avg;
+    case c10d::ReduceOp::MIN:
+      return ReduceKind::min;
+    case c10d::ReduceOp::MAX:
+      return ReduceKind::max;
+    case c10d::ReduceOp::PRODUCT:
+      return ReduceKind::product;
+    default:
+      TORCH_CHECK(false, "longhaul: reduce op ", int(op.op_), " is not supported (SUM, AVG, MIN, MAX, PRODUCT)");
   }
 }
 
@@ -138,8 +155,10 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
                                                  int stream) {
     const Buffer b = buffer_of(t, "all_reduce's tensor");
     ReduceKind k = ReduceKind::sum;
-    if (op == "avg") k = ReduceKind::avg;
-    else if (op != "sum") throw pyb::value_error("longhaul: all_reduce's op is 'sum' or 'avg', got '" + op + "'");
+    if (op == "avg")
+      k = ReduceKind::avg;
+    else if (op != "sum")
+      throw pyb::value_error("longhaul: all_reduce's op is 'sum' or 'avg', got '" + op + "'");
     if (Status s = compress::parse_codec_spec(spec).status(); !s.ok()) raise(s);
     if (stream < -1) throw pyb::value_error("longhaul: all_reduce's stream is a non-negative id (or None)");
     return run(c10d::OpType::ALLREDUCE, {t},
@@ -152,9 +171,8 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
     const Buffer b = buffer_of(grads, "the PowerSGD bucket");
     if (Status s = compress::parse_codec_spec(wire).status(); !s.ok()) raise(s);
     std::vector<Shape> sh(shapes.begin(), shapes.end());
-    return run(c10d::OpType::ALLREDUCE, {grads}, [g = group_.get(), b, bucket, sh, rank, wire] {
-      return g->powersgd(b, bucket, sh, rank, wire);
-    });
+    return run(c10d::OpType::ALLREDUCE, {grads},
+               [g = group_.get(), b, bucket, sh, rank, wire] { return g->powersgd(b, bucket, sh, rank, wire); });
   }
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -184,8 +202,7 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
     std::vector<Buffer> outs;
     for (int j = 0; j < getSize(); ++j)
       outs.push_back(Buffer{static_cast<char*>(o.data) + j * b.bytes(), b.numel, b.elem});
-    return run(c10d::OpType::_ALLGATHER_BASE, {output},
-               [g = group_.get(), b, outs] { return g->all_gather(b, outs); });
+    return run(c10d::OpType::_ALLGATHER_BASE, {output}, [g = group_.get(), b, outs] { return g->all_gather(b, outs); });
   }
 
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -210,9 +227,9 @@ class LonghaulProcessGroup : public c10d::ProcessGroup {
     const Buffer in = buffer_of(input, "_reduce_scatter_base's input");
     const Buffer o = buffer_of(output, "_reduce_scatter_base's output");
     TORCH_CHECK(output.scalar_type() == input.scalar_type() && input.numel() == output.numel() * getSize(),
-                "longhaul: _reduce_scatter_base's input must hold the group size (", getSize(),
-                ") times the output's ", output.numel(), " elements of ", output.scalar_type(), ", got ",
-                input.numel(), " of ", input.scalar_type());
+                "longhaul: _reduce_scatter_base's input must hold the group size (", getSize(), ") times the output's ",
+                output.numel(), " elements of ", output.scalar_type(), ", got ", input.numel(), " of ",
+                input.scalar_type());
     std::vector<Buffer> ins;
     for (int j = 0; j < getSize(); ++j)
       ins.push_back(Buffer{static_cast<char*>(in.data) + j * o.bytes(), o.numel, o.elem});
@@ -286,13 +303,16 @@ c10::intrusive_ptr<LonghaulProcessGroup> create_process_group(const c10::intrusi
       ops.add = [store](const std::string& k, int64_t d) { return store->add(k, d); };
       ops.check = [store](const std::string& k) { return store->check({k}); };
       auto made = Plane::create(ops, group_rank, group_size, timeout);
-      if (made.ok()) plane = std::move(made).value();
-      else s = made.status();
+      if (made.ok())
+        plane = std::move(made).value();
+      else
+        s = made.status();
       for (int r = 0; r < group_size; ++r) members.push_back(r);
     } else {
       plane = Plane::current();
       if (!plane)
-        s = invalid_argument("longhaul: group '" + group_id + "' needs the default group to use the longhaul backend "
+        s = invalid_argument("longhaul: group '" + group_id +
+                             "' needs the default group to use the longhaul backend "
                              "too (init_process_group(\"longhaul\", ...)): it owns the process's data plane");
       for (int64_t r : global_ranks) members.push_back(int(r));
     }
