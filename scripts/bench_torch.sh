@@ -18,7 +18,7 @@ port() { echo $((30000 + RANDOM % 20000)); }
 for n in 2 4; do
   for codec in none ef+int4; do
     "$PY" -m longhaul.torchrun --nproc_per_node "$n" --master_port "$(port)" scripts/bench_torch_allreduce.py \
-      --codec "$codec" 2>&1 | grep -v Warning
+      --codec "$codec" 2>&1 | grep -v Warning || true
     echo
   done
 done

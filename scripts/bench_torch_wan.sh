@@ -22,7 +22,7 @@ run() {  # run SETTING-ARGS...: one training run on all namespaces
   local port=$((30000 + RANDOM % 20000)) pids=()
   for i in $(seq 0 $((N - 1))); do
     bash scripts/wan.sh exec "$i" env RANK="$i" WORLD_SIZE="$N" LOCAL_RANK=0 MASTER_ADDR="$MASTER" MASTER_PORT="$port" \
-      PYTHONPATH="$PWD/$BUILD/python" LH_JOB_KEY="$KEY" OMP_NUM_THREADS=1 UCX_NET_DEVICES=eth0 \
+      PYTHONPATH="$PWD/$BUILD/python" LH_JOB_KEY="$KEY" OMP_NUM_THREADS=1 UCX_NET_DEVICES=eth0 GLOO_SOCKET_IFNAME=eth0 \
       "$PY" scripts/bench_torch_gpt.py --steps "$STEPS" "$@" 2> >(grep -v Warning >&2) &
     pids+=($!)
   done
