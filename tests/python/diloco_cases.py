@@ -4,47 +4,14 @@ for rank_cases.py."""
 import hashlib
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from datetime import timedelta
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
 def run(case, world, args=None, timeout=240):
-    """Starts `world` processes of this file running `case`; returns {rank: {"rc", "out", "stderr"}} and raises
-    ranks.RankFailure when one fails."""
+    """Starts `world` processes of this file running `case` (ranks.run); raises ranks.RankFailure when one fails."""
     import ranks
 
-    port = ranks.free_port()
-    procs, results = {}, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(world):
-            e = dict(os.environ)
-            e.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": str(world),
-                      "LOCAL_RANK": str(r), "LH_JOB_KEY": ranks.KEY, "OMP_NUM_THREADS": "1", "UCX_NET_DEVICES": "lo",
-                      "CASE_OUT": os.path.join(tmp, f"out{r}.json"), "CASE_ARGS": json.dumps(args or {})})
-            procs[r] = subprocess.Popen([sys.executable, os.path.abspath(__file__), case], env=e,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for r, p in procs.items():
-            try:
-                _, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs.values():
-                    q.kill()
-                _, err = p.communicate()
-                err += f"\n(killed after {timeout} s)"
-            out_path = os.path.join(tmp, f"out{r}.json")
-            out = None
-            if os.path.exists(out_path):
-                with open(out_path) as f:
-                    out = json.load(f)
-            results[r] = {"rc": p.returncode, "out": out, "stderr": err}
-    if any(x["rc"] != 0 for x in results.values()):
-        raise ranks.RankFailure(results)
-    return results
+    return ranks.run(case, world, args=args, timeout=timeout, script=os.path.basename(__file__))
 
 
 def params_hash(model):
@@ -140,11 +107,7 @@ def case_train():
     return out
 
 
-CASES = {k[5:]: v for k, v in globals().items() if k.startswith("case_")}
-
 if __name__ == "__main__":
-    result = CASES[sys.argv[1]]()
-    with open(os.environ["CASE_OUT"], "w") as f:
-        json.dump(result, f)
-    sys.stdout.flush()
-    os._exit(0)
+    import ranks
+
+    ranks.serve(globals())

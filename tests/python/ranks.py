@@ -23,10 +23,10 @@ class RankFailure(Exception):
         self.results = results
 
 
-def run(case, world, args=None, env=None, rank_env=None, timeout=240, expect_ok=True):
-    """Starts `world` processes of rank_cases.py running `case`; returns {rank: {"rc", "out" (the case's return value,
-    or None), "stderr"}}. env: for every rank; rank_env: {rank: {...}} on top. Raises RankFailure when a rank fails and
-    expect_ok."""
+def run(case, world, args=None, env=None, rank_env=None, timeout=240, expect_ok=True, script="rank_cases.py"):
+    """Starts `world` processes of `script` (a case file beside this one) running `case`; returns {rank: {"rc", "out"
+    (the case's return value, or None), "stderr"}}. env: for every rank; rank_env: {rank: {...}} on top. Raises
+    RankFailure when a rank fails and expect_ok."""
     port = free_port()
     procs = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -38,7 +38,7 @@ def run(case, world, args=None, env=None, rank_env=None, timeout=240, expect_ok=
             e.update(env or {})
             e.update((rank_env or {}).get(r, {}))
             e = {k: v for k, v in e.items() if v is not None}
-            procs[r] = subprocess.Popen([sys.executable, os.path.join(HERE, "rank_cases.py"), case], env=e,
+            procs[r] = subprocess.Popen([sys.executable, os.path.join(HERE, script), case], env=e,
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         results = {}
         for r, p in procs.items():
@@ -58,3 +58,14 @@ def run(case, world, args=None, env=None, rank_env=None, timeout=240, expect_ok=
     if expect_ok and any(x["rc"] != 0 for x in results.values()):
         raise RankFailure(results)
     return results
+
+
+def serve(namespace):
+    """A case file's main: runs the `case_NAME` function of `namespace` (the file's globals()) that argv names and
+    writes its return value as JSON to $CASE_OUT."""
+    cases = {k[5:]: v for k, v in namespace.items() if k.startswith("case_")}
+    result = cases[sys.argv[1]]()
+    with open(os.environ["CASE_OUT"], "w") as f:
+        json.dump(result, f)
+    sys.stdout.flush()
+    os._exit(0)  # a case may leave a group whose peer is gone (peer_dies): do not wait on teardown
